@@ -1,0 +1,31 @@
+# FindNCCL: locates NVIDIA's NCCL (header nccl.h, library libnccl).
+# Searches NCCL_ROOT, CUDA_HOME / the CUDA toolkit, and PyTorch's wheel layout
+# (site-packages/nvidia/nccl) so a GPU machine with only PyTorch works too.
+# Defines NCCL_FOUND, NCCL_INCLUDE_DIR, NCCL_LIBRARY, NCCL_VERSION and the
+# imported target NCCL::NCCL.
+set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME} $ENV{CUDA_HOME}
+  /usr/local/cuda /usr/local /usr)
+
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints}
+  PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+
+if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_major REGEX "^#define NCCL_MAJOR [0-9]+")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_minor REGEX "^#define NCCL_MINOR [0-9]+")
+  string(REGEX MATCH "[0-9]+" _nccl_major "${_nccl_major}")
+  string(REGEX MATCH "[0-9]+" _nccl_minor "${_nccl_minor}")
+  set(NCCL_VERSION "${_nccl_major}.${_nccl_minor}")
+endif()
+
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(NCCL
+  REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR VERSION_VAR NCCL_VERSION)
+
+if(NCCL_FOUND AND NOT TARGET NCCL::NCCL)
+  add_library(NCCL::NCCL UNKNOWN IMPORTED)
+  set_target_properties(NCCL::NCCL PROPERTIES
+    IMPORTED_LOCATION "${NCCL_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+endif()
+mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)

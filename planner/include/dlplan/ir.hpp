@@ -1,0 +1,86 @@
+// The model IR (DESIGN.md, "Model IR"): a DAG of ops over per-sample tensors.
+// The batch dimension is implicit; the plan chooses the micro-batch.
+//
+// A Model is what the loader produces from IR JSON after validation and shape
+// inference: tensors (model inputs first, then one output per node), nodes in
+// a topological order (Boost.Graph), units, and the parameter list.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dlplan {
+
+enum class DType { f32, i32 };
+const char* to_string(DType d);
+
+using Shape = std::vector<int64_t>;
+int64_t numel(const Shape& s);
+std::string to_string(const Shape& s);
+
+enum class OpKind {
+  embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
+  rmsnorm, gelu, relu, silu, tanh, sigmoid, add, mul, attention, maxpool2d,
+  avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy,
+};
+const char* to_string(OpKind op);
+
+struct TensorInfo {
+  std::string name;   // model input name, or the producing node's name
+  Shape shape;        // per sample
+  DType dtype = DType::f32;
+  int producer = -1;  // node index, -1 for a model input
+};
+
+// Attributes with every default filled in (the loader validates names/types).
+struct Attrs {
+  nlohmann::ordered_json values = nlohmann::ordered_json::object();
+  int64_t integer(const char* key) const;
+  double number(const char* key) const;
+  bool flag(const char* key) const;
+  std::string text(const char* key) const;
+  std::array<int64_t, 2> pair(const char* key) const;  // int or [h, w]
+  bool has(const char* key) const { return values.contains(key) && !values[key].is_null(); }
+};
+
+struct Node {
+  std::string name;
+  OpKind op{};
+  std::vector<int> inputs;  // tensor ids
+  int output = -1;          // tensor id
+  int unit = 0;             // index into Model::units; 0 is the root unit
+  Attrs attrs;
+};
+
+// One parameter tensor (or buffer) with the node that owns it.
+struct ParamInfo {
+  std::string name;     // "<node>.weight", "<node>.bias", ...
+  int node = -1;
+  int unit = 0;         // tied parameters belong to the root unit
+  int64_t numel = 0;
+  bool weight_decay = false;  // weights of linear, conv and embedding
+};
+
+struct Model {
+  std::string name;
+  std::string source;                 // file name or zoo name, for messages
+  std::vector<TensorInfo> tensors;    // model inputs first, then node outputs
+  std::vector<int> inputs;            // tensor ids of the model inputs
+  std::vector<Node> nodes;            // topological order
+  std::vector<std::string> units;     // units[0] == "" is the root unit
+  std::vector<ParamInfo> params;      // parameters, in node order
+  std::vector<ParamInfo> buffers;     // non-trainable state (BN running stats)
+  nlohmann::ordered_json ir;          // the IR with defaults made explicit
+
+  int64_t parameter_count() const;
+  int64_t buffer_count() const;
+  const TensorInfo& tensor(int id) const { return tensors.at(static_cast<size_t>(id)); }
+  const TensorInfo& output_of(const Node& n) const { return tensor(n.output); }
+  int node_index(const std::string& name) const;  // -1 if absent
+};
+
+}  // namespace dlplan

@@ -1,0 +1,28 @@
+// Loading the model IR: JSON -> validated, shape-inferred Model.
+// Every user error names the file and the node (dlplan::Error).
+#pragma once
+
+#include "dlplan/ir.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace dlplan {
+
+// `source` names the document in messages (a file path or a zoo name).
+Model parse_model(const nlohmann::json& ir, const std::string& source);
+Model load_model_file(const std::string& path);
+
+// A zoo name ("gpt2") or a path to an IR JSON file.
+Model load_model(const std::string& name_or_path);
+
+// The same model with every token input ([T] i32) of length `seq_len`. Checked
+// against position tables; a model without token inputs is an error.
+Model with_seq_len(const Model& m, int64_t seq_len);
+
+// Tokens per sample (the length of the token inputs) or 0 for non-token models.
+int64_t tokens_per_sample(const Model& m);
+
+}  // namespace dlplan

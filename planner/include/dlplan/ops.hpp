@@ -1,0 +1,74 @@
+// One declaration per op, read by the planner's cost models and (later) by the
+// executor: attributes and their defaults, shape inference, parameters,
+// FLOPs, and the tensors the op keeps from forward for backward.
+//
+// Everything here is per sample; the step walk multiplies by the micro-batch
+// (except tensors marked per_batch, such as BatchNorm's batch statistics).
+#pragma once
+
+#include "dlplan/ir.hpp"
+
+#include <string>
+#include <vector>
+
+namespace dlplan {
+
+// Element types of declared tensors. `compute` is the activation dtype of the
+// plan: bf16 under bf16-mixed, f32 under fp32.
+enum class Elem { compute, f32, i32, u8 };
+
+// A tensor the op keeps for backward.
+//   input:  the op's input `input` (shared: counted once however many ops keep it)
+//   output: the op's own output (shared likewise)
+//   own:    a tensor only this op creates (norm statistics, probabilities, masks)
+struct SavedTensor {
+  enum class Ref { input, output, own };
+  Ref ref = Ref::own;
+  int input = -1;          // with Ref::input
+  std::string what;        // with Ref::own: "probs", "mask", "mean", ...
+  int64_t numel = 0;       // with Ref::own: elements per sample (per batch if per_batch)
+  Elem elem = Elem::compute;
+  bool per_batch = false;
+};
+
+// A temporary that lives only while the op's forward or backward runs.
+struct TempTensor {
+  std::string what;
+  int64_t numel = 0;
+  Elem elem = Elem::compute;
+};
+
+struct ParamDecl {
+  std::string suffix;  // "weight", "bias", "q.weight", ...
+  int64_t numel = 0;
+  bool weight_decay = false;
+};
+
+struct OpDecl {
+  std::vector<ParamDecl> params;
+  std::vector<ParamDecl> buffers;      // fp32, not trained (BN running stats)
+  std::vector<SavedTensor> saved;
+  std::vector<TempTensor> fwd_temps;
+  std::vector<TempTensor> bwd_temps;
+  double fwd_flops = 0;                // per sample
+  double bwd_flops = 0;                // per sample (input and weight gradients)
+  int gemms = 0;                       // GEMM calls in forward (each gets the library workspace)
+};
+
+struct DeclOptions {
+  bool flash_attention = false;  // keep log-sum-exp instead of probabilities
+};
+
+// Validates `n`'s attributes against the op's schema, fills defaults, and
+// infers the output tensor. Throws dlplan::Error naming the node.
+void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string& where);
+// Derived defaults (max_len, kv_heads, head_dim, pool stride) are filled here.
+TensorInfo infer_output(const Model& m, Node& n, const std::string& where);
+int op_input_count(OpKind op);
+bool op_from_string(const std::string& s, OpKind& out);
+std::vector<std::string> op_names();
+
+// The declaration of `n` in model `m` (shapes already inferred).
+OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt = {});
+
+}  // namespace dlplan

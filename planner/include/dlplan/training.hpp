@@ -1,0 +1,67 @@
+// The training knobs a plan fixes: strategy, precision, optimizer,
+// checkpointing, attention implementation, micro-batch and accumulation.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace dlplan {
+
+enum class Strategy { ddp, zero1, zero2, zero3 };
+enum class Precision { fp32, bf16_mixed };
+enum class OptimizerKind { adamw, sgd, sgd_momentum };
+enum class Checkpointing { none, units };
+enum class AttentionImpl { math, flash };
+
+inline constexpr std::array<Strategy, 4> kAllStrategies = {Strategy::ddp, Strategy::zero1, Strategy::zero2,
+                                                           Strategy::zero3};
+
+std::string to_string(Strategy s);
+std::string to_string(Precision p);
+std::string to_string(OptimizerKind o);
+std::string to_string(Checkpointing c);
+std::string to_string(AttentionImpl a);
+// Parsers throw dlplan::Error listing the accepted names.
+Strategy parse_strategy(std::string_view s);
+Precision parse_precision(std::string_view s);
+OptimizerKind parse_optimizer(std::string_view s);
+Checkpointing parse_checkpointing(std::string_view s);
+AttentionImpl parse_attention(std::string_view s);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double lr = 3e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double momentum = 0.9;       // sgd-momentum
+  double clip_norm = 1.0;      // global-norm clipping; 0 disables
+  int warmup_steps = 0;
+  double min_lr = 0.0;         // cosine schedule floor
+};
+
+struct TrainingConfig {
+  Strategy strategy = Strategy::ddp;
+  Precision precision = Precision::bf16_mixed;
+  OptimizerConfig optimizer;
+  Checkpointing checkpointing = Checkpointing::none;
+  AttentionImpl attention = AttentionImpl::math;
+  int64_t micro_batch = 1;
+  int64_t grad_accum = 1;
+  double bucket_mb = 25.0;     // DDP / ZeRO-1 gradient bucket cap (PyTorch DDP's default)
+  int prefetch = 1;            // ZeRO-3 units gathered ahead of the one computing
+  bool syncbn = false;
+  int syncbn_group = 0;        // ranks per SyncBN group; 0: all ranks
+};
+
+// Bytes per element of what the strategy keeps (DESIGN.md, "Strategies"):
+// bf16-mixed keeps bf16 params and grads, fp32 master + moments (ZeRO's K = 12
+// with Adam); fp32 keeps everything in fp32.
+int param_bytes(Precision p);
+int grad_bytes(Precision p);
+int activation_bytes(Precision p);
+int optimizer_bytes_per_param(Precision p, OptimizerKind o);
+
+}  // namespace dlplan

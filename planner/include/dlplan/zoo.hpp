@@ -1,0 +1,125 @@
+// The model zoo: C++ builders for the model families dlplan ships.
+// Each builder returns the model as IR JSON (DESIGN.md, "Model IR"), so the
+// zoo's files in models/ and a user's own `dlplan model gpt --layers ...` come
+// from the same code. Parameter counts equal the frameworks' own exactly
+// (torchvision, Hugging Face); tests/planner/zoo_test.cpp asserts them.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlplan::zoo {
+
+using Json = nlohmann::ordered_json;
+
+// GPT-2 style decoder: learned positions, pre-LN, GELU(tanh) MLP, tied head.
+struct GptConfig {
+  std::string name = "gpt";
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int vocab = 50257;
+  int context = 1024;      // position table length and default sequence length
+  int mlp_hidden = 0;      // 0: 4 * hidden
+  double dropout = 0.1;    // embedding, attention-probability and residual dropout
+  bool tie_head = true;    // lm_head shares wte's weight
+};
+Json build_gpt(const GptConfig& c);
+
+// Llama style decoder: RMSNorm, rotary positions, SwiGLU MLP, no biases, GQA.
+struct LlamaConfig {
+  std::string name = "llama";
+  int layers = 32;
+  int hidden = 4096;
+  int heads = 32;
+  int kv_heads = 0;        // 0: heads (no grouped-query attention)
+  int head_dim = 0;        // 0: hidden / heads
+  int intermediate = 11008;
+  int vocab = 32000;
+  int context = 4096;      // default sequence length
+  double rms_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_head = false;
+};
+Json build_llama(const LlamaConfig& c);
+
+// BERT encoder (post-LN) with token types and pooler, plus a classifier head.
+struct BertConfig {
+  std::string name = "bert";
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int intermediate = 3072;
+  int vocab = 30522;
+  int max_positions = 512;
+  int type_vocab = 2;
+  int context = 512;       // default sequence length
+  int classes = 2;         // classifier head on the pooled output; must be > 0 (the loss needs logits)
+  double dropout = 0.1;
+  double ln_eps = 1e-12;
+};
+Json build_bert(const BertConfig& c);
+
+// Vision Transformer as torchvision's vit_b_16: conv patchify, class token,
+// learned positions, pre-LN encoder, head on the class token.
+struct VitConfig {
+  std::string name = "vit";
+  int image = 224;
+  int channels = 3;
+  int patch = 16;
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int mlp_hidden = 3072;
+  int classes = 1000;
+  double dropout = 0.0;
+  double ln_eps = 1e-6;
+};
+Json build_vit(const VitConfig& c);
+
+// ResNet as torchvision: basic blocks (resnet18/34) or bottlenecks (50/101/152).
+struct ResnetConfig {
+  std::string name = "resnet";
+  std::vector<int> blocks = {2, 2, 2, 2};
+  bool bottleneck = false;
+  int width = 64;          // stem channels; stage s has width * 2^s (x4 for bottleneck outputs)
+  int classes = 1000;
+  int image = 224;
+  int channels = 3;
+};
+Json build_resnet(const ResnetConfig& c);
+
+// Small fully connected classifier on a feature vector.
+struct MlpConfig {
+  std::string name = "mlp";
+  int features = 64;
+  std::vector<int> hidden = {128, 128};
+  int classes = 10;
+};
+Json build_mlp(const MlpConfig& c);
+
+// Small convolutional classifier with batchnorm.
+struct CnnConfig {
+  std::string name = "cnn";
+  int image = 16;
+  int channels = 3;
+  std::vector<int> widths = {16, 32};
+  int classes = 10;
+};
+Json build_cnn(const CnnConfig& c);
+
+// The named zoo ("vit-b16", "gpt2", "tiny-gpt", ...): names in a stable order,
+// and the IR of one by name (nullopt when unknown).
+struct ZooEntry {
+  std::string name;
+  std::string family;      // gpt, llama, bert, vit, resnet, mlp, cnn
+  std::string source;      // where its numbers come from
+};
+const std::vector<ZooEntry>& zoo_entries();
+std::optional<Json> zoo_model(std::string_view name);
+
+}  // namespace dlplan::zoo

@@ -1,0 +1,48 @@
+#include "dlplan/ir.hpp"
+
+#include "dlplan/error.hpp"
+
+#include <fmt/format.h>
+
+namespace dlplan {
+
+const char* to_string(DType d) { return d == DType::f32 ? "f32" : "i32"; }
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string to_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+int64_t Attrs::integer(const char* key) const { return values.at(key).get<int64_t>(); }
+double Attrs::number(const char* key) const { return values.at(key).get<double>(); }
+bool Attrs::flag(const char* key) const { return values.at(key).get<bool>(); }
+std::string Attrs::text(const char* key) const { return values.at(key).get<std::string>(); }
+
+std::array<int64_t, 2> Attrs::pair(const char* key) const {
+  const auto& v = values.at(key);
+  if (v.is_array()) return {v[0].get<int64_t>(), v[1].get<int64_t>()};
+  return {v.get<int64_t>(), v.get<int64_t>()};
+}
+
+int64_t Model::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.numel;
+  return n;
+}
+
+int64_t Model::buffer_count() const {
+  int64_t n = 0;
+  for (const auto& b : buffers) n += b.numel;
+  return n;
+}
+
+int Model::node_index(const std::string& name) const {
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace dlplan

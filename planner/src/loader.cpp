@@ -1,0 +1,260 @@
+// JSON IR -> Model: structure checks, attribute checks (ops_schema.cpp), a
+// Boost.Graph of the data flow for cycle detection and topological order, and
+// shape inference in that order.
+#include "dlplan/loader.hpp"
+
+#include "dlplan/error.hpp"
+#include "dlplan/ops.hpp"
+#include "dlplan/zoo.hpp"
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
+#include <boost/graph/topological_sort.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace dlplan {
+namespace {
+
+using Json = nlohmann::json;
+using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS>;
+
+[[noreturn]] void fail(const std::string& src, const std::string& msg) { throw Error(fmt::format("{}: {}", src, msg)); }
+
+std::string node_label(const Json& node, size_t i) {
+  if (node.is_object() && node.contains("name") && node["name"].is_string())
+    return fmt::format("node '{}'", node["name"].get<std::string>());
+  return fmt::format("node #{}", i);
+}
+
+// Records the first back edge DFS meets: an edge that closes a cycle.
+struct CycleFinder : boost::default_dfs_visitor {
+  std::vector<std::pair<size_t, size_t>>* back;
+  void back_edge(Graph::edge_descriptor e, const Graph& g) const {
+    if (back->empty()) back->emplace_back(boost::source(e, g), boost::target(e, g));
+  }
+};
+
+void parse_inputs(const Json& ir, const std::string& src, Model& m) {
+  if (!ir.contains("inputs") || !ir["inputs"].is_object() || ir["inputs"].empty())
+    fail(src, "'inputs' must be a non-empty object of {name: {\"shape\": [...], \"dtype\": ...}}");
+  for (const auto& [name, spec] : ir["inputs"].items()) {
+    auto where = fmt::format("input '{}'", name);
+    if (!spec.is_object()) fail(src, where + " must be an object with 'shape' and 'dtype'");
+    for (const auto& [key, v] : spec.items())
+      if (key != "shape" && key != "dtype") fail(src, fmt::format("{}: unknown field '{}'", where, key));
+    if (!spec.contains("shape") || !spec["shape"].is_array()) fail(src, where + ": 'shape' must be an array of positive integers");
+    TensorInfo t;
+    t.name = name;
+    int64_t elems = 1;
+    for (const auto& d : spec["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() <= 0)
+        fail(src, fmt::format("{}: shape {} must hold positive integers", where, spec["shape"].dump()));
+      if (elems > (int64_t{1} << 48) / d.get<int64_t>()) fail(src, where + ": shape is too large (more than 2^48 elements)");
+      elems *= d.get<int64_t>();
+      t.shape.push_back(d.get<int64_t>());
+    }
+    std::string dtype = spec.value("dtype", std::string("f32"));
+    if (!spec.contains("dtype") || !spec["dtype"].is_string() || (dtype != "f32" && dtype != "i32"))
+      fail(src, fmt::format("{}: 'dtype' must be \"f32\" or \"i32\"", where));
+    t.dtype = dtype == "f32" ? DType::f32 : DType::i32;
+    m.inputs.push_back(static_cast<int>(m.tensors.size()));
+    m.tensors.push_back(std::move(t));
+  }
+}
+
+// The nodes' structure: name, op, in, unit. Returns the raw node objects.
+std::vector<Node> parse_node_headers(const Json& ir, const std::string& src, const Model& m,
+                                     std::map<std::string, int>& node_by_name) {
+  if (!ir.contains("nodes") || !ir["nodes"].is_array() || ir["nodes"].empty())
+    fail(src, "'nodes' must be a non-empty array");
+  std::set<std::string> input_names;
+  for (int id : m.inputs) input_names.insert(m.tensor(id).name);
+  std::vector<Node> nodes;
+  const auto& arr = ir["nodes"];
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const Json& j = arr[i];
+    auto label = node_label(j, i);
+    if (!j.is_object()) fail(src, label + " must be an object");
+    if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty())
+      fail(src, label + ": 'name' must be a non-empty string");
+    Node n;
+    n.name = j["name"].get<std::string>();
+    if (input_names.count(n.name)) fail(src, fmt::format("{}: duplicate name (a model input has it too)", label));
+    if (!node_by_name.emplace(n.name, static_cast<int>(i)).second) fail(src, label + ": duplicate node name");
+    if (!j.contains("op") || !j["op"].is_string()) fail(src, label + ": 'op' must be a string");
+    if (!op_from_string(j["op"].get<std::string>(), n.op))
+      fail(src, fmt::format("{}: unknown op '{}' (known: {})", label, j["op"].get<std::string>(), fmt::join(op_names(), ", ")));
+    if (!j.contains("in") || !j["in"].is_array()) fail(src, label + ": 'in' must be an array of input names");
+    size_t want = static_cast<size_t>(op_input_count(n.op));
+    if (j["in"].size() != want)
+      fail(src, fmt::format("{} ({}): takes {} input{}, got {}", label, to_string(n.op), want, want == 1 ? "" : "s", j["in"].size()));
+    for (const auto& e : j["in"])
+      if (!e.is_string()) fail(src, fmt::format("{}: 'in' entries must be strings, got {}", label, e.dump()));
+    if (j.contains("unit") && !(j["unit"].is_string() && !j["unit"].get<std::string>().empty()))
+      fail(src, label + ": 'unit' must be a non-empty string");
+    nodes.push_back(std::move(n));
+  }
+  return nodes;
+}
+
+// Node order for shape inference and execution: the file's order when it is
+// already topological (the order the author wrote), else Boost's topological
+// order. A cycle is an error naming two of its nodes.
+std::vector<size_t> topological_order(const Json& arr, const std::string& src, const std::vector<Node>& nodes,
+                                      const std::map<std::string, int>& node_by_name, const Model& m) {
+  const size_t n = nodes.size();
+  Graph g(n);
+  bool file_order_ok = true;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& e : arr[i]["in"]) {
+      auto name = e.get<std::string>();
+      auto it = node_by_name.find(name);
+      if (it == node_by_name.end()) {
+        bool is_input = false;
+        for (int id : m.inputs) is_input |= m.tensor(id).name == name;
+        if (!is_input)
+          fail(src, fmt::format("node '{}': input '{}' is neither a model input nor a node", nodes[i].name, name));
+        continue;
+      }
+      size_t from = static_cast<size_t>(it->second);
+      if (from == i) fail(src, fmt::format("node '{}': takes its own output as input (a cycle)", nodes[i].name));
+      boost::add_edge(from, i, g);
+      if (from > i) file_order_ok = false;
+    }
+  std::vector<std::pair<size_t, size_t>> back;
+  boost::depth_first_search(g, boost::visitor(CycleFinder{{}, &back}));
+  if (!back.empty())
+    fail(src, fmt::format("cycle: node '{}' feeds node '{}', which already depends on it", nodes[back[0].first].name,
+                          nodes[back[0].second].name));
+  std::vector<size_t> order;
+  if (file_order_ok) {
+    for (size_t i = 0; i < n; ++i) order.push_back(i);
+  } else {
+    std::vector<Graph::vertex_descriptor> rev;
+    boost::topological_sort(g, std::back_inserter(rev));
+    order.assign(rev.rbegin(), rev.rend());
+  }
+  return order;
+}
+
+void collect_params(Model& m) {
+  for (size_t i = 0; i < m.nodes.size(); ++i) {
+    const Node& n = m.nodes[i];
+    OpDecl d = declare(m, n);
+    for (const auto& p : d.params)
+      m.params.push_back({n.name + "." + p.suffix, static_cast<int>(i), n.unit, p.numel, p.weight_decay});
+    for (const auto& b : d.buffers)
+      m.buffers.push_back({n.name + "." + b.suffix, static_cast<int>(i), n.unit, b.numel, false});
+  }
+}
+
+}  // namespace
+
+Model parse_model(const Json& ir, const std::string& src) {
+  if (!ir.is_object()) fail(src, "the model must be a JSON object with 'name', 'inputs' and 'nodes'");
+  for (const auto& [key, v] : ir.items())
+    if (key != "name" && key != "inputs" && key != "nodes") fail(src, fmt::format("unknown top-level field '{}'", key));
+  Model m;
+  m.source = src;
+  m.name = ir.contains("name") && ir["name"].is_string() ? ir["name"].get<std::string>()
+                                                         : std::filesystem::path(src).stem().string();
+  parse_inputs(ir, src, m);
+  std::map<std::string, int> node_by_name;
+  std::vector<Node> headers = parse_node_headers(ir, src, m, node_by_name);
+  const auto& arr = ir["nodes"];
+  std::vector<size_t> order = topological_order(arr, src, headers, node_by_name, m);
+
+  std::map<std::string, int> tensor_by_name;
+  for (int id : m.inputs) tensor_by_name[m.tensor(id).name] = id;
+  m.units = {""};
+  for (size_t pos : order) {
+    Node n = headers[pos];
+    const Json& raw = arr[pos];
+    for (const auto& e : raw["in"]) n.inputs.push_back(tensor_by_name.at(e.get<std::string>()));
+    if (raw.contains("unit")) {
+      auto u = raw["unit"].get<std::string>();
+      auto it = std::find(m.units.begin(), m.units.end(), u);
+      n.unit = static_cast<int>(it - m.units.begin());
+      if (it == m.units.end()) m.units.push_back(u);
+    }
+    check_and_fill_attrs(n, raw, src);
+    TensorInfo out = infer_output(m, n, src);
+    out.producer = static_cast<int>(m.nodes.size());
+    n.output = static_cast<int>(m.tensors.size());
+    tensor_by_name[n.name] = n.output;
+    m.tensors.push_back(std::move(out));
+    m.nodes.push_back(std::move(n));
+  }
+  // Tied parameters belong to the root unit: both users need them gathered.
+  for (auto& n : m.nodes)
+    if (n.op == OpKind::linear && n.attrs.has("tie")) m.nodes[static_cast<size_t>(m.node_index(n.attrs.text("tie")))].unit = 0;
+
+  int losses = 0;
+  for (const auto& n : m.nodes) losses += n.op == OpKind::cross_entropy;
+  if (losses != 1) fail(src, fmt::format("a model needs exactly one cross_entropy loss node, found {}", losses));
+  collect_params(m);
+
+  // The IR as planned: every default explicit, nodes in execution order.
+  m.ir = nlohmann::ordered_json::object();
+  m.ir["name"] = m.name;
+  m.ir["inputs"] = nlohmann::ordered_json::object();
+  for (int id : m.inputs) {
+    const auto& t = m.tensor(id);
+    m.ir["inputs"][t.name] = {{"shape", t.shape}, {"dtype", to_string(t.dtype)}};
+  }
+  m.ir["nodes"] = nlohmann::ordered_json::array();
+  for (const auto& n : m.nodes) {
+    nlohmann::ordered_json j = {{"name", n.name}, {"op", to_string(n.op)}, {"in", nlohmann::ordered_json::array()}};
+    for (int id : n.inputs) j["in"].push_back(m.tensor(id).name);
+    for (const auto& [k, v] : n.attrs.values.items())
+      if (!v.is_null()) j[k] = v;
+    if (const auto& raw = arr[static_cast<size_t>(node_by_name.at(n.name))]; raw.contains("unit")) j["unit"] = raw["unit"];
+    m.ir["nodes"].push_back(std::move(j));
+  }
+  return m;
+}
+
+Model load_model_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(fmt::format("{}: cannot open model file", path));
+  Json j;
+  try {
+    j = Json::parse(f);
+  } catch (const Json::parse_error& e) {
+    throw Error(fmt::format("{}: malformed JSON at byte {}: {}", path, e.byte, e.what()));
+  }
+  return parse_model(j, path);
+}
+
+Model load_model(const std::string& name_or_path) {
+  if (auto ir = zoo::zoo_model(name_or_path)) return parse_model(Json(*ir), name_or_path);
+  if (std::filesystem::exists(name_or_path)) return load_model_file(name_or_path);
+  std::vector<std::string> names;
+  for (const auto& e : zoo::zoo_entries()) names.push_back(e.name);
+  throw Error(fmt::format("{}: no such file, and not a zoo model (zoo: {})", name_or_path, fmt::join(names, ", ")));
+}
+
+int64_t tokens_per_sample(const Model& m) {
+  for (int id : m.inputs) {
+    const auto& t = m.tensor(id);
+    if (t.dtype == DType::i32 && t.shape.size() == 1) return t.shape[0];
+  }
+  return 0;
+}
+
+Model with_seq_len(const Model& m, int64_t seq_len) {
+  if (seq_len <= 0) throw Error(fmt::format("{}: --seq-len must be positive, got {}", m.source, seq_len));
+  if (tokens_per_sample(m) == 0)
+    throw Error(fmt::format("{}: --seq-len applies to token inputs ([T] i32), and this model has none", m.source));
+  Json ir = m.ir;
+  for (auto& [name, spec] : ir["inputs"].items())
+    if (spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = seq_len;
+  return parse_model(ir, m.source);
+}
+
+}  // namespace dlplan

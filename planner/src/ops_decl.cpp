@@ -1,0 +1,205 @@
+// The per-op declaration: parameters, FLOPs, saved tensors and temporaries.
+// This is the one place that says what each op keeps for backward; the step
+// walk (memory.cpp) and the executor both read it.
+//
+// FLOPs count multiply-adds as 2. Backward of a GEMM is 2x forward (input
+// gradient and weight gradient). Attention counts the full T x T score matrix
+// even when causal, as model-FLOPs conventions do (PaLM, appendix B).
+#include "dlplan/ops.hpp"
+
+namespace dlplan {
+namespace {
+
+using Ref = SavedTensor::Ref;
+
+SavedTensor keep_input(int i) { return {Ref::input, i, "", 0, Elem::compute, false}; }
+SavedTensor keep_output() { return {Ref::output, -1, "", 0, Elem::compute, false}; }
+SavedTensor keep_own(std::string what, int64_t numel, Elem e, bool per_batch = false) {
+  return {Ref::own, -1, std::move(what), numel, e, per_batch};
+}
+
+// Rows of a [*, D] tensor: every dimension but the last.
+int64_t rows(const Shape& s) { return s.empty() ? 1 : numel(s) / s.back(); }
+
+void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, OpDecl& d) {
+  const Shape& x = m.tensor(n.inputs[0]).shape;
+  const int64_t T = x[0], D = x[1];
+  const int64_t H = n.attrs.integer("heads"), KV = n.attrs.integer("kv_heads"), hd = n.attrs.integer("head_dim");
+  const bool bias = n.attrs.flag("bias");
+  const double p = n.attrs.number("dropout");
+
+  d.params = {{"q.weight", D * H * hd, true}, {"k.weight", D * KV * hd, true},
+              {"v.weight", D * KV * hd, true}, {"o.weight", H * hd * D, true}};
+  if (bias)
+    for (auto [suffix, size] : {std::pair{"q.bias", H * hd}, {"k.bias", KV * hd}, {"v.bias", KV * hd}, {"o.bias", D}})
+      d.params.push_back({suffix, size, false});
+
+  const double proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D;
+  const double scores = 2.0 * H * T * T * hd;  // Q K^T, and again for P V
+  d.fwd_flops = proj + 2 * scores;
+  d.bwd_flops = 2 * d.fwd_flops;
+  d.gemms = 4;
+
+  // Saved for backward (Korthikanti et al. 2022, Sec. 4.1, with h = H*hd):
+  // the QKV GEMM's input 2sbh, Q and K 4sbh, V 2sbh, the output projection's
+  // input 2sbh; math: softmax output 2as^2b, its dropout mask as^2b and the
+  // dropped probabilities 2as^2b; flash: only the log-sum-exp (fp32).
+  d.saved.push_back(keep_input(0));
+  d.saved.push_back(keep_own("q", T * H * hd, Elem::compute));
+  d.saved.push_back(keep_own("k", T * KV * hd, Elem::compute));
+  d.saved.push_back(keep_own("v", T * KV * hd, Elem::compute));
+  d.saved.push_back(keep_own("context", T * H * hd, Elem::compute));
+  if (opt.flash_attention) {
+    d.saved.push_back(keep_own("lse", H * T, Elem::f32));
+    d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", T * KV * hd, Elem::compute},
+                   {"dv", T * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute}};
+  } else {
+    d.saved.push_back(keep_own("probs", H * T * T, Elem::compute));
+    if (p > 0) {
+      d.saved.push_back(keep_own("probs_mask", H * T * T, Elem::u8));
+      d.saved.push_back(keep_own("probs_dropped", H * T * T, Elem::compute));
+    }
+    d.fwd_temps = {{"scores", H * T * T, Elem::compute}};
+    d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", T * KV * hd, Elem::compute},
+                   {"dv", T * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute},
+                   {"dprobs", H * T * T, Elem::compute}};
+  }
+}
+
+}  // namespace
+
+OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
+  OpDecl d;
+  const TensorInfo& out = m.output_of(n);
+  const int64_t out_elems = numel(out.shape);
+  auto in_shape = [&](int i) -> const Shape& { return m.tensor(n.inputs[static_cast<size_t>(i)]).shape; };
+
+  switch (n.op) {
+    case OpKind::embedding: {
+      d.params = {{"weight", n.attrs.integer("num") * n.attrs.integer("dim"), true}};
+      d.saved = {keep_input(0)};  // the ids, to scatter the gradient
+      d.fwd_flops = 0;
+      d.bwd_flops = static_cast<double>(out_elems);  // scatter-add
+      break;
+    }
+    case OpKind::pos_embedding: {
+      d.params = {{"weight", n.attrs.integer("max_len") * in_shape(0)[1], true}};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    }
+    case OpKind::cls_token: {
+      d.params = {{"weight", in_shape(0)[1], false}};
+      break;
+    }
+    case OpKind::linear: {
+      const int64_t in = in_shape(0).back(), o = n.attrs.integer("out");
+      if (!n.attrs.has("tie")) d.params.push_back({"weight", in * o, true});
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false});
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 2.0 * rows(in_shape(0)) * in * o;
+      d.bwd_flops = 2 * d.fwd_flops;
+      d.gemms = 1;
+      break;
+    }
+    case OpKind::conv2d: {
+      const int64_t c = in_shape(0)[0], o = n.attrs.integer("out"), g = n.attrs.integer("groups");
+      const auto k = n.attrs.pair("kernel");
+      d.params = {{"weight", o * (c / g) * k[0] * k[1], true}};
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false});
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 2.0 * out_elems * (c / g) * k[0] * k[1];
+      d.bwd_flops = 2 * d.fwd_flops;
+      d.gemms = 1;
+      break;
+    }
+    case OpKind::batchnorm: {
+      const int64_t c = in_shape(0)[0];
+      d.params = {{"weight", c, false}, {"bias", c, false}};
+      d.buffers = {{"running_mean", c, false}, {"running_var", c, false}};
+      // Batch statistics are per channel over the whole micro-batch.
+      d.saved = {keep_input(0), keep_own("mean", c, Elem::f32, true), keep_own("invstd", c, Elem::f32, true)};
+      d.fwd_flops = 8.0 * out_elems;
+      d.bwd_flops = 12.0 * out_elems;
+      break;
+    }
+    case OpKind::layernorm: {
+      const int64_t dim = in_shape(0).back(), r = rows(in_shape(0));
+      d.params = {{"weight", dim, false}};
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", dim, false});
+      d.saved = {keep_input(0), keep_own("mean", r, Elem::f32), keep_own("rstd", r, Elem::f32)};
+      d.fwd_flops = 8.0 * out_elems;
+      d.bwd_flops = 12.0 * out_elems;
+      break;
+    }
+    case OpKind::rmsnorm: {
+      d.params = {{"weight", in_shape(0).back(), false}};
+      d.saved = {keep_input(0), keep_own("rstd", rows(in_shape(0)), Elem::f32)};
+      d.fwd_flops = 6.0 * out_elems;
+      d.bwd_flops = 10.0 * out_elems;
+      break;
+    }
+    case OpKind::gelu:
+    case OpKind::silu:
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 8.0 * out_elems;
+      d.bwd_flops = 12.0 * out_elems;
+      break;
+    case OpKind::relu:
+    case OpKind::tanh:
+    case OpKind::sigmoid:
+      d.saved = {keep_output()};  // the derivative is a function of the output
+      d.fwd_flops = 4.0 * out_elems;
+      d.bwd_flops = 2.0 * out_elems;
+      break;
+    case OpKind::add:
+      d.fwd_flops = static_cast<double>(out_elems);
+      break;
+    case OpKind::mul:
+      d.saved = {keep_input(0), keep_input(1)};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = 2.0 * out_elems;
+      break;
+    case OpKind::attention:
+      declare_attention(m, n, opt, d);
+      break;
+    case OpKind::maxpool2d: {
+      const auto k = n.attrs.pair("kernel");
+      d.saved = {keep_own("argmax", out_elems, Elem::i32)};
+      d.fwd_flops = static_cast<double>(out_elems) * k[0] * k[1];
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    }
+    case OpKind::avgpool2d: {
+      const auto k = n.attrs.pair("kernel");
+      d.fwd_flops = static_cast<double>(out_elems) * k[0] * k[1];
+      d.bwd_flops = d.fwd_flops;
+      break;
+    }
+    case OpKind::global_avgpool:
+      d.fwd_flops = static_cast<double>(numel(in_shape(0)));
+      d.bwd_flops = d.fwd_flops;
+      break;
+    case OpKind::flatten:
+    case OpKind::tokens:
+    case OpKind::select:
+      break;
+    case OpKind::dropout:
+      if (n.attrs.number("p") > 0) d.saved = {keep_own("mask", out_elems, Elem::u8)};
+      d.fwd_flops = 2.0 * out_elems;
+      d.bwd_flops = 1.0 * out_elems;
+      break;
+    case OpKind::cross_entropy: {
+      // The softmax probabilities in fp32 (its gradient is probs - onehot), and
+      // the targets, which are part of the batch.
+      const Shape& logits = in_shape(0);
+      d.saved = {keep_own("probs", numel(logits), Elem::f32), keep_input(1)};
+      d.fwd_flops = 5.0 * numel(logits);
+      d.bwd_flops = 2.0 * numel(logits);
+      break;
+    }
+  }
+  return d;
+}
+
+}  // namespace dlplan

@@ -1,0 +1,377 @@
+// Attribute schemas and shape inference for every op of DESIGN.md's table.
+#include "dlplan/error.hpp"
+#include "dlplan/ops.hpp"
+
+#include <fmt/format.h>
+
+#include <limits>
+#include <optional>
+
+namespace dlplan {
+namespace {
+
+using Json = nlohmann::json;
+
+enum class AttrType { integer, number, boolean, text, int_or_pair };
+
+// `def` null: required. A string "(derived)" default: filled by shape inference.
+// `optional_null`: may be absent and stays null (linear's tie).
+struct AttrSpec {
+  const char* key;
+  AttrType type;
+  Json def;
+  bool optional_null = false;
+};
+
+struct OpSpec {
+  OpKind kind;
+  const char* name;
+  int inputs;
+  std::vector<AttrSpec> attrs;
+};
+
+const Json kDerived = "(derived)";
+
+const std::vector<OpSpec>& op_table() {
+  using T = AttrType;
+  static const std::vector<OpSpec> table = {
+      {OpKind::embedding, "embedding", 1, {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}}},
+      {OpKind::pos_embedding, "pos_embedding", 1, {{"max_len", T::integer, kDerived}}},
+      {OpKind::cls_token, "cls_token", 1, {}},
+      {OpKind::linear, "linear", 1,
+       {{"out", T::integer, nullptr}, {"bias", T::boolean, true}, {"tie", T::text, nullptr, true}}},
+      {OpKind::conv2d, "conv2d", 1,
+       {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
+        {"padding", T::int_or_pair, 0}, {"groups", T::integer, 1}, {"bias", T::boolean, true}}},
+      {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
+      {OpKind::layernorm, "layernorm", 1, {{"eps", T::number, 1e-5}, {"bias", T::boolean, true}}},
+      {OpKind::rmsnorm, "rmsnorm", 1, {{"eps", T::number, 1e-6}}},
+      {OpKind::gelu, "gelu", 1, {{"approximate", T::text, "none"}}},
+      {OpKind::relu, "relu", 1, {}},
+      {OpKind::silu, "silu", 1, {}},
+      {OpKind::tanh, "tanh", 1, {}},
+      {OpKind::sigmoid, "sigmoid", 1, {}},
+      {OpKind::add, "add", 2, {}},
+      {OpKind::mul, "mul", 2, {}},
+      {OpKind::attention, "attention", 1,
+       {{"heads", T::integer, nullptr}, {"kv_heads", T::integer, kDerived}, {"head_dim", T::integer, kDerived},
+        {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"dropout", T::number, 0.0},
+        {"rope", T::boolean, false}, {"rope_theta", T::number, 10000.0}}},
+      {OpKind::maxpool2d, "maxpool2d", 1,
+       {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
+      {OpKind::avgpool2d, "avgpool2d", 1,
+       {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
+      {OpKind::global_avgpool, "global_avgpool", 1, {}},
+      {OpKind::flatten, "flatten", 1, {}},
+      {OpKind::tokens, "tokens", 1, {}},
+      {OpKind::select, "select", 1, {{"index", T::integer, 0}}},
+      {OpKind::dropout, "dropout", 1, {{"p", T::number, nullptr}}},
+      {OpKind::cross_entropy, "cross_entropy", 2, {}},
+  };
+  return table;
+}
+
+const OpSpec& spec_of(OpKind k) {
+  for (const auto& s : op_table())
+    if (s.kind == k) return s;
+  throw std::logic_error("op without a spec");
+}
+
+const char* type_name(AttrType t) {
+  switch (t) {
+    case AttrType::integer: return "an integer";
+    case AttrType::number: return "a number";
+    case AttrType::boolean: return "true or false";
+    case AttrType::text: return "a string";
+    case AttrType::int_or_pair: return "an integer or [h, w]";
+  }
+  return "?";
+}
+
+bool type_ok(AttrType t, const Json& v) {
+  switch (t) {
+    case AttrType::integer: return v.is_number_integer();
+    case AttrType::number: return v.is_number();
+    case AttrType::boolean: return v.is_boolean();
+    case AttrType::text: return v.is_string();
+    case AttrType::int_or_pair:
+      return v.is_number_integer() ||
+             (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer());
+  }
+  return false;
+}
+
+// Error helper: "<file>: node '<name>' (<op>): <message>".
+struct NodeError {
+  const std::string& where;
+  const Node& n;
+  template <typename... Args>
+  [[noreturn]] void operator()(fmt::format_string<Args...> f, Args&&... args) const {
+    throw Error(fmt::format("{}: node '{}' ({}): {}", where, n.name, to_string(n.op),
+                            fmt::format(f, std::forward<Args>(args)...)));
+  }
+};
+
+// Sizes beyond 2^48 elements per tensor are refused: far beyond any device,
+// and products of such sizes would overflow 64-bit byte counts.
+constexpr int64_t kMaxElems = int64_t{1} << 48;
+
+int64_t checked_numel(const Shape& s, const NodeError& fail) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d <= 0) fail("output shape {} has a non-positive dimension", to_string(s));
+    if (n > kMaxElems / d) fail("output shape {} is too large (more than 2^48 elements)", to_string(s));
+    n *= d;
+  }
+  return n;
+}
+
+int64_t positive(const Node& n, const char* key, const NodeError& fail) {
+  int64_t v = n.attrs.integer(key);
+  if (v <= 0) fail("attribute '{}' must be positive, got {}", key, v);
+  if (v > kMaxElems) fail("attribute '{}' = {} is too large", key, v);
+  return v;
+}
+
+const TensorInfo& expect_rank(const Model& m, const Node& n, int input, size_t min_rank, size_t max_rank,
+                              const char* what, const NodeError& fail) {
+  const TensorInfo& t = m.tensor(n.inputs[static_cast<size_t>(input)]);
+  if (t.shape.size() < min_rank || t.shape.size() > max_rank)
+    fail("input '{}' has shape {}, expected {}", t.name, to_string(t.shape), what);
+  return t;
+}
+
+void expect_float(const TensorInfo& t, const NodeError& fail) {
+  if (t.dtype != DType::f32) fail("input '{}' is {}, expected f32", t.name, to_string(t.dtype));
+}
+
+// Output size of a window op (conv, pooling): floor((in + 2p - k) / s) + 1.
+int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const char* axis, const NodeError& fail) {
+  if (k <= 0 || s <= 0 || p < 0) fail("kernel and stride must be positive and padding non-negative");
+  int64_t span = in + 2 * p - k;
+  if (span < 0) fail("kernel {} does not fit the input's {} of {} with padding {}", k, axis, in, p);
+  return span / s + 1;
+}
+
+}  // namespace
+
+const char* to_string(OpKind op) { return spec_of(op).name; }
+
+int op_input_count(OpKind op) { return spec_of(op).inputs; }
+
+bool op_from_string(const std::string& s, OpKind& out) {
+  for (const auto& spec : op_table())
+    if (s == spec.name) {
+      out = spec.kind;
+      return true;
+    }
+  return false;
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names;
+  for (const auto& spec : op_table()) names.emplace_back(spec.name);
+  return names;
+}
+
+void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string& where) {
+  const OpSpec& spec = spec_of(n.op);
+  NodeError fail{where, n};
+  for (const auto& [key, value] : raw.items()) {
+    if (key == "name" || key == "op" || key == "in" || key == "unit") continue;
+    const AttrSpec* a = nullptr;
+    for (const auto& s : spec.attrs)
+      if (key == s.key) a = &s;
+    if (!a) {
+      std::vector<std::string> known;
+      for (const auto& s : spec.attrs) known.emplace_back(s.key);
+      fail("unknown attribute '{}' (known: {})", key, known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", ")));
+    }
+    if (!type_ok(a->type, value)) fail("attribute '{}' must be {}, got {}", key, type_name(a->type), value.dump());
+  }
+  for (const auto& s : spec.attrs) {
+    if (raw.contains(s.key)) {
+      n.attrs.values[s.key] = raw.at(s.key);
+    } else if (s.optional_null) {
+      n.attrs.values[s.key] = nullptr;
+    } else if (s.def.is_null()) {
+      fail("missing required attribute '{}'", s.key);
+    } else if (s.def != kDerived) {
+      n.attrs.values[s.key] = s.def;
+    }
+  }
+  if (n.op == OpKind::gelu) {
+    auto a = n.attrs.text("approximate");
+    if (a != "none" && a != "tanh") fail("attribute 'approximate' must be \"none\" or \"tanh\", got \"{}\"", a);
+  }
+  for (const char* key : {"dropout", "p"})
+    if (n.attrs.has(key)) {
+      double p = n.attrs.number(key);
+      if (!(p >= 0.0 && p < 1.0)) fail("attribute '{}' must be in [0, 1), got {}", key, p);
+    }
+  for (const char* key : {"eps", "rope_theta"})
+    if (n.attrs.has(key) && !(n.attrs.number(key) > 0)) fail("attribute '{}' must be positive", key);
+}
+
+TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
+  NodeError fail{where, n};
+  TensorInfo out;
+  out.name = n.name;
+  out.dtype = DType::f32;
+  auto in = [&](int i) -> const TensorInfo& { return m.tensor(n.inputs[static_cast<size_t>(i)]); };
+  auto any_rank = std::numeric_limits<size_t>::max();
+
+  switch (n.op) {
+    case OpKind::embedding: {
+      const auto& ids = in(0);
+      if (ids.dtype != DType::i32) fail("input '{}' must be i32 ids, got {}", ids.name, to_string(ids.dtype));
+      positive(n, "num", fail);
+      out.shape = ids.shape;
+      out.shape.push_back(positive(n, "dim", fail));
+      break;
+    }
+    case OpKind::pos_embedding: {
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
+      expect_float(x, fail);
+      if (!n.attrs.has("max_len")) n.attrs.values["max_len"] = x.shape[0];
+      int64_t max_len = positive(n, "max_len", fail);
+      if (x.shape[0] > max_len)
+        fail("sequence length {} exceeds the position table's max_len {}", x.shape[0], max_len);
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::cls_token: {
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
+      expect_float(x, fail);
+      out.shape = {x.shape[0] + 1, x.shape[1]};
+      break;
+    }
+    case OpKind::linear: {
+      const auto& x = expect_rank(m, n, 0, 1, any_rank, "[*, in]", fail);
+      expect_float(x, fail);
+      out.shape = x.shape;
+      out.shape.back() = positive(n, "out", fail);
+      if (n.attrs.has("tie")) {
+        auto target = n.attrs.text("tie");
+        int t = m.node_index(target);
+        if (t < 0) fail("tie names '{}', which is not a node", target);
+        const Node& e = m.nodes[static_cast<size_t>(t)];
+        if (e.op != OpKind::embedding) fail("tie names '{}', which is a {}, not an embedding", target, to_string(e.op));
+        if (e.attrs.integer("num") != out.shape.back() || e.attrs.integer("dim") != x.shape.back())
+          fail("tie to '{}' needs [out, in] = [{}, {}] to equal its [num, dim] = [{}, {}]", target,
+               out.shape.back(), x.shape.back(), e.attrs.integer("num"), e.attrs.integer("dim"));
+      }
+      break;
+    }
+    case OpKind::conv2d: {
+      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+      expect_float(x, fail);
+      int64_t o = positive(n, "out", fail), g = positive(n, "groups", fail);
+      if (x.shape[0] % g != 0 || o % g != 0)
+        fail("groups {} must divide both the input channels {} and out {}", g, x.shape[0], o);
+      auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
+      out.shape = {o, window_out(x.shape[1], k[0], s[0], p[0], "height", fail),
+                   window_out(x.shape[2], k[1], s[1], p[1], "width", fail)};
+      break;
+    }
+    case OpKind::batchnorm: {
+      const auto& x = expect_rank(m, n, 0, 1, any_rank, "[C, ...]", fail);
+      expect_float(x, fail);
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::layernorm:
+    case OpKind::rmsnorm:
+    case OpKind::gelu:
+    case OpKind::relu:
+    case OpKind::silu:
+    case OpKind::tanh:
+    case OpKind::sigmoid:
+    case OpKind::dropout: {
+      const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
+      expect_float(x, fail);
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::add:
+    case OpKind::mul: {
+      const auto &a = in(0), &b = in(1);
+      expect_float(a, fail);
+      expect_float(b, fail);
+      if (a.shape != b.shape)
+        fail("inputs '{}' {} and '{}' {} must have the same shape", a.name, to_string(a.shape), b.name,
+             to_string(b.shape));
+      out.shape = a.shape;
+      break;
+    }
+    case OpKind::attention: {
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
+      expect_float(x, fail);
+      int64_t d = x.shape[1], heads = positive(n, "heads", fail);
+      if (!n.attrs.has("kv_heads")) n.attrs.values["kv_heads"] = heads;
+      if (!n.attrs.has("head_dim")) {
+        if (d % heads != 0) fail("model width {} is not divisible by heads {}; give head_dim", d, heads);
+        n.attrs.values["head_dim"] = d / heads;
+      }
+      int64_t kv = positive(n, "kv_heads", fail);
+      positive(n, "head_dim", fail);
+      if (heads % kv != 0) fail("kv_heads {} must divide heads {}", kv, heads);
+      if (n.attrs.flag("rope") && n.attrs.integer("head_dim") % 2 != 0) fail("rope needs an even head_dim");
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::maxpool2d:
+    case OpKind::avgpool2d: {
+      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+      expect_float(x, fail);
+      if (!n.attrs.has("stride")) n.attrs.values["stride"] = n.attrs.values["kernel"];
+      auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
+      if (p[0] * 2 > k[0] || p[1] * 2 > k[1]) fail("padding must be at most half the kernel");
+      out.shape = {x.shape[0], window_out(x.shape[1], k[0], s[0], p[0], "height", fail),
+                   window_out(x.shape[2], k[1], s[1], p[1], "width", fail)};
+      break;
+    }
+    case OpKind::global_avgpool: {
+      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+      expect_float(x, fail);
+      out.shape = {x.shape[0]};
+      break;
+    }
+    case OpKind::flatten: {
+      const auto& x = in(0);
+      expect_float(x, fail);
+      out.shape = {numel(x.shape)};
+      break;
+    }
+    case OpKind::tokens: {
+      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+      expect_float(x, fail);
+      out.shape = {x.shape[1] * x.shape[2], x.shape[0]};
+      break;
+    }
+    case OpKind::select: {
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
+      expect_float(x, fail);
+      int64_t i = n.attrs.integer("index");
+      if (i < 0 || i >= x.shape[0]) fail("index {} is outside [0, {})", i, x.shape[0]);
+      out.shape = {x.shape[1]};
+      break;
+    }
+    case OpKind::cross_entropy: {
+      const auto& logits = expect_rank(m, n, 0, 1, any_rank, "[*, K]", fail);
+      const auto& targets = in(1);
+      expect_float(logits, fail);
+      if (targets.dtype != DType::i32) fail("targets '{}' must be i32, got {}", targets.name, to_string(targets.dtype));
+      Shape lead(logits.shape.begin(), logits.shape.end() - 1);
+      if (lead != targets.shape)
+        fail("targets '{}' have shape {}, expected {} to match logits {}", targets.name, to_string(targets.shape),
+             to_string(lead), to_string(logits.shape));
+      out.shape = {};
+      break;
+    }
+  }
+  checked_numel(out.shape, fail);
+  return out;
+}
+
+}  // namespace dlplan

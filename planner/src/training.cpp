@@ -1,0 +1,82 @@
+#include "dlplan/training.hpp"
+
+#include "dlplan/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+namespace dlplan {
+namespace {
+
+template <typename E>
+E parse_enum(std::string_view s, const char* what, const std::vector<std::pair<std::string, E>>& names) {
+  std::string lower(s);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::vector<std::string> known;
+  for (const auto& [name, value] : names) {
+    if (lower == name) return value;
+    known.push_back(name);
+  }
+  throw Error(fmt::format("unknown {} '{}' (choose one of: {})", what, s, fmt::join(known, ", ")));
+}
+
+}  // namespace
+
+std::string to_string(Strategy s) {
+  switch (s) {
+    case Strategy::ddp: return "ddp";
+    case Strategy::zero1: return "zero1";
+    case Strategy::zero2: return "zero2";
+    case Strategy::zero3: return "zero3";
+  }
+  return "?";
+}
+std::string to_string(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16-mixed"; }
+std::string to_string(OptimizerKind o) {
+  switch (o) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::sgd_momentum: return "sgd-momentum";
+  }
+  return "?";
+}
+std::string to_string(Checkpointing c) { return c == Checkpointing::none ? "none" : "units"; }
+std::string to_string(AttentionImpl a) { return a == AttentionImpl::math ? "math" : "flash"; }
+
+Strategy parse_strategy(std::string_view s) {
+  return parse_enum<Strategy>(s, "strategy", {{"ddp", Strategy::ddp}, {"zero1", Strategy::zero1},
+                                              {"zero2", Strategy::zero2}, {"zero3", Strategy::zero3}});
+}
+Precision parse_precision(std::string_view s) {
+  return parse_enum<Precision>(s, "precision", {{"fp32", Precision::fp32}, {"bf16-mixed", Precision::bf16_mixed}});
+}
+OptimizerKind parse_optimizer(std::string_view s) {
+  return parse_enum<OptimizerKind>(s, "optimizer", {{"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd},
+                                                    {"sgd-momentum", OptimizerKind::sgd_momentum}});
+}
+Checkpointing parse_checkpointing(std::string_view s) {
+  return parse_enum<Checkpointing>(s, "checkpointing", {{"none", Checkpointing::none}, {"units", Checkpointing::units}});
+}
+AttentionImpl parse_attention(std::string_view s) {
+  return parse_enum<AttentionImpl>(s, "attention implementation", {{"math", AttentionImpl::math}, {"flash", AttentionImpl::flash}});
+}
+
+int param_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+int grad_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+int activation_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+
+int optimizer_bytes_per_param(Precision p, OptimizerKind o) {
+  int master = p == Precision::bf16_mixed ? 4 : 0;  // fp32 master copy
+  switch (o) {
+    case OptimizerKind::adamw: return master + 8;     // m and v in fp32
+    case OptimizerKind::sgd: return master;
+    case OptimizerKind::sgd_momentum: return master + 4;
+  }
+  return master;
+}
+
+}  // namespace dlplan

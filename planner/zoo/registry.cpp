@@ -1,0 +1,131 @@
+// The named zoo: each entry's configuration and where its numbers come from
+// (models/README.md lists the same with parameter counts).
+#include "dlplan/zoo.hpp"
+
+#include <functional>
+#include <utility>
+
+namespace dlplan::zoo {
+namespace {
+
+struct Model {
+  ZooEntry entry;
+  std::function<Json()> build;
+};
+
+Json gpt2(const char* name, int layers, int hidden, int heads) {
+  GptConfig c;
+  c.name = name;
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  return build_gpt(c);
+}
+
+Json resnet(const char* name, std::vector<int> blocks, bool bottleneck) {
+  ResnetConfig c;
+  c.name = name;
+  c.blocks = std::move(blocks);
+  c.bottleneck = bottleneck;
+  return build_resnet(c);
+}
+
+Json vit_b16() {
+  VitConfig c;
+  c.name = "vit-b16";
+  return build_vit(c);
+}
+
+Json bert_base() {
+  BertConfig c;
+  c.name = "bert-base";
+  return build_bert(c);
+}
+
+Json llama2_7b() {
+  LlamaConfig c;
+  c.name = "llama2-7b";
+  return build_llama(c);
+}
+
+Json tiny_mlp() {
+  MlpConfig c;
+  c.name = "tiny-mlp";
+  return build_mlp(c);
+}
+
+Json tiny_cnn() {
+  CnnConfig c;
+  c.name = "tiny-cnn";
+  return build_cnn(c);
+}
+
+Json tiny_vit() {
+  VitConfig c;
+  c.name = "tiny-vit";
+  c.image = 16;
+  c.patch = 4;
+  c.layers = 2;
+  c.hidden = 64;
+  c.heads = 4;
+  c.mlp_hidden = 128;
+  c.classes = 10;
+  return build_vit(c);
+}
+
+Json tiny_gpt() {
+  GptConfig c;
+  c.name = "tiny-gpt";
+  c.layers = 2;
+  c.hidden = 64;
+  c.heads = 4;
+  c.vocab = 256;
+  c.context = 64;
+  c.dropout = 0.0;  // deterministic, so executor parity tests compare exactly
+  return build_gpt(c);
+}
+
+const std::vector<Model>& models() {
+  static const std::vector<Model> all = {
+      {{"vit-b16", "vit", "torchvision.models.vit_b_16 (patch 16, 12 layers, hidden 768, 12 heads, mlp 3072)"},
+       vit_b16},
+      {{"resnet18", "resnet", "torchvision.models.resnet18 (BasicBlock, layers [2, 2, 2, 2])"},
+       [] { return resnet("resnet18", {2, 2, 2, 2}, false); }},
+      {{"resnet50", "resnet", "torchvision.models.resnet50 (Bottleneck, layers [3, 4, 6, 3])"},
+       [] { return resnet("resnet50", {3, 4, 6, 3}, true); }},
+      {{"gpt2", "gpt", "Hugging Face gpt2 (GPT2LMHeadModel: n_layer 12, n_embd 768, n_head 12, vocab 50257, n_positions 1024)"},
+       [] { return gpt2("gpt2", 12, 768, 12); }},
+      {{"gpt2-medium", "gpt", "Hugging Face gpt2-medium (GPT2LMHeadModel: n_layer 24, n_embd 1024, n_head 16, vocab 50257, n_positions 1024)"},
+       [] { return gpt2("gpt2-medium", 24, 1024, 16); }},
+      {{"bert-base", "bert", "Hugging Face bert-base-uncased (BertModel + pooler) with a 2-class BertForSequenceClassification head"},
+       bert_base},
+      {{"llama2-7b", "llama", "Hugging Face meta-llama/Llama-2-7b-hf (LlamaForCausalLM: 32 layers, hidden 4096, 32 heads, intermediate 11008, vocab 32000)"},
+       llama2_7b},
+      {{"tiny-mlp", "mlp", "dlplan test model: 64 -> 128 -> 128 -> 10"}, tiny_mlp},
+      {{"tiny-cnn", "cnn", "dlplan test model: 3x16x16, conv widths 16, 32, 10 classes"}, tiny_cnn},
+      {{"tiny-vit", "vit", "dlplan test model: vit_b_16 layout at 16x16, patch 4, 2 layers, hidden 64, 4 heads"},
+       tiny_vit},
+      {{"tiny-gpt", "gpt", "dlplan test model: GPT-2 layout, 2 layers, hidden 64, 4 heads, vocab 256, context 64"},
+       tiny_gpt},
+  };
+  return all;
+}
+
+}  // namespace
+
+const std::vector<ZooEntry>& zoo_entries() {
+  static const std::vector<ZooEntry> entries = [] {
+    std::vector<ZooEntry> out;
+    for (const auto& m : models()) out.push_back(m.entry);
+    return out;
+  }();
+  return entries;
+}
+
+std::optional<Json> zoo_model(std::string_view name) {
+  for (const auto& m : models())
+    if (m.entry.name == name) return m.build();
+  return std::nullopt;
+}
+
+}  // namespace dlplan::zoo
