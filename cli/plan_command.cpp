@@ -29,7 +29,11 @@ Cluster make_cluster(const PlanFlags& f, const CLI::App& app) {
     if (app.count("--gpu")) throw Error("give either --gpu or --cluster, not both");
     c = load_cluster_file(f.cluster_file);
   } else {
-    c.device = find_device(f.gpu);
+    try {
+      c.device = find_device(f.gpu);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--gpu: {}", e.what()));
+    }
   }
   if (f.gpus < 0 || f.nodes < 0) throw Error("--gpus and --nodes must be positive");
   int nodes = f.nodes > 0 ? f.nodes : (f.gpus > 0 || f.cluster_file.empty() ? 1 : c.nodes);

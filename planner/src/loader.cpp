@@ -58,9 +58,12 @@ void parse_inputs(const Json& ir, const std::string& src, Model& m) {
       elems *= d.get<int64_t>();
       t.shape.push_back(d.get<int64_t>());
     }
-    std::string dtype = spec.value("dtype", std::string("f32"));
-    if (!spec.contains("dtype") || !spec["dtype"].is_string() || (dtype != "f32" && dtype != "i32"))
-      fail(src, fmt::format("{}: 'dtype' must be \"f32\" or \"i32\"", where));
+    // Check the type before reading: a number here must not escape as a json type_error.
+    if (!spec.contains("dtype") || !spec["dtype"].is_string() ||
+        (spec["dtype"].get<std::string>() != "f32" && spec["dtype"].get<std::string>() != "i32"))
+      fail(src, fmt::format("{}: 'dtype' must be \"f32\" or \"i32\", got {}", where,
+                            spec.contains("dtype") ? spec["dtype"].dump() : std::string("nothing")));
+    const std::string dtype = spec["dtype"].get<std::string>();
     t.dtype = dtype == "f32" ? DType::f32 : DType::i32;
     m.inputs.push_back(static_cast<int>(m.tensors.size()));
     m.tensors.push_back(std::move(t));
@@ -194,9 +197,12 @@ Model parse_model(const Json& ir, const std::string& src) {
   for (auto& n : m.nodes)
     if (n.op == OpKind::linear && n.attrs.has("tie")) m.nodes[static_cast<size_t>(m.node_index(n.attrs.text("tie")))].unit = 0;
 
-  int losses = 0;
-  for (const auto& n : m.nodes) losses += n.op == OpKind::cross_entropy;
-  if (losses != 1) fail(src, fmt::format("a model needs exactly one cross_entropy loss node, found {}", losses));
+  std::vector<std::string> losses;
+  for (const auto& n : m.nodes)
+    if (n.op == OpKind::cross_entropy) losses.push_back("'" + n.name + "'");
+  if (losses.size() != 1)
+    fail(src, fmt::format("a model needs exactly one cross_entropy loss node, found {}{}", losses.size(),
+                          losses.empty() ? std::string() : fmt::format(" ({})", fmt::join(losses, ", "))));
   collect_params(m);
 
   // The IR as planned: every default explicit, nodes in execution order.
@@ -220,6 +226,8 @@ Model parse_model(const Json& ir, const std::string& src) {
 }
 
 Model load_model_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(fmt::format("{}: is a folder, not a model file", path));
   std::ifstream f(path);
   if (!f) throw Error(fmt::format("{}: cannot open model file", path));
   Json j;
@@ -250,7 +258,7 @@ int64_t tokens_per_sample(const Model& m) {
 Model with_seq_len(const Model& m, int64_t seq_len) {
   if (seq_len <= 0) throw Error(fmt::format("{}: --seq-len must be positive, got {}", m.source, seq_len));
   if (tokens_per_sample(m) == 0)
-    throw Error(fmt::format("{}: --seq-len applies to token inputs ([T] i32), and this model has none", m.source));
+    throw Error(fmt::format("{}: the model has no token inputs ([T] i32), so --seq-len does not apply", m.source));
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())
     if (spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = seq_len;

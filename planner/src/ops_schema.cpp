@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <initializer_list>
 #include <limits>
 #include <optional>
 
@@ -145,9 +146,20 @@ void expect_float(const TensorInfo& t, const NodeError& fail) {
   if (t.dtype != DType::f32) fail("input '{}' is {}, expected f32", t.name, to_string(t.dtype));
 }
 
+// A parameter tensor obeys the same bound as activations: a product of sizes
+// each allowed on its own (num x dim, in x out) could otherwise overflow the
+// 64-bit counts downstream and come out as a silent wrong number.
+void check_weight(const char* what, std::initializer_list<int64_t> dims, const NodeError& fail) {
+  double n = 1;
+  for (int64_t d : dims) n *= static_cast<double>(d);
+  if (n > static_cast<double>(kMaxElems))
+    fail("{} would hold {:.3g} elements, too large (more than 2^48)", what, n);
+}
+
 // Output size of a window op (conv, pooling): floor((in + 2p - k) / s) + 1.
 int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const char* axis, const NodeError& fail) {
   if (k <= 0 || s <= 0 || p < 0) fail("kernel and stride must be positive and padding non-negative");
+  if (k > kMaxElems || s > kMaxElems || p > kMaxElems) fail("kernel, stride or padding is too large");
   int64_t span = in + 2 * p - k;
   if (span < 0) fail("kernel {} does not fit the input's {} of {} with padding {}", k, axis, in, p);
   return span / s + 1;
@@ -225,9 +237,10 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::embedding: {
       const auto& ids = in(0);
       if (ids.dtype != DType::i32) fail("input '{}' must be i32 ids, got {}", ids.name, to_string(ids.dtype));
-      positive(n, "num", fail);
+      int64_t num = positive(n, "num", fail), dim = positive(n, "dim", fail);
+      check_weight("the weight [num, dim]", {num, dim}, fail);
       out.shape = ids.shape;
-      out.shape.push_back(positive(n, "dim", fail));
+      out.shape.push_back(dim);
       break;
     }
     case OpKind::pos_embedding: {
@@ -237,6 +250,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       int64_t max_len = positive(n, "max_len", fail);
       if (x.shape[0] > max_len)
         fail("sequence length {} exceeds the position table's max_len {}", x.shape[0], max_len);
+      check_weight("the position table [max_len, D]", {max_len, x.shape[1]}, fail);
       out.shape = x.shape;
       break;
     }
@@ -251,6 +265,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       expect_float(x, fail);
       out.shape = x.shape;
       out.shape.back() = positive(n, "out", fail);
+      if (!n.attrs.has("tie")) check_weight("the weight [out, in]", {out.shape.back(), x.shape.back()}, fail);
       if (n.attrs.has("tie")) {
         auto target = n.attrs.text("tie");
         int t = m.node_index(target);
@@ -272,6 +287,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
       out.shape = {o, window_out(x.shape[1], k[0], s[0], p[0], "height", fail),
                    window_out(x.shape[2], k[1], s[1], p[1], "width", fail)};
+      check_weight("the weight [out, C/groups, kh, kw]", {o, x.shape[0] / g, k[0], k[1]}, fail);
       break;
     }
     case OpKind::batchnorm: {
@@ -314,7 +330,8 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         n.attrs.values["head_dim"] = d / heads;
       }
       int64_t kv = positive(n, "kv_heads", fail);
-      positive(n, "head_dim", fail);
+      int64_t hd = positive(n, "head_dim", fail);
+      check_weight("the q, k, v projections", {d, heads + 2 * kv, hd}, fail);
       if (heads % kv != 0) fail("kv_heads {} must divide heads {}", kv, heads);
       if (n.attrs.flag("rope") && n.attrs.integer("head_dim") % 2 != 0) fail("rope needs an even head_dim");
       out.shape = x.shape;

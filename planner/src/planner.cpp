@@ -73,47 +73,60 @@ std::string need_sentence(const StrategyResult& r) {
                      format_bytes(r.runtime_bytes), kFragmentationMargin * 100, format_bytes(r.capacity_bytes));
 }
 
-// The smallest change that makes some strategy fit, tried in order of cost.
+// The smallest change that makes some strategy fit. Changes are tried from
+// the cheapest (a flag that costs some recomputation) to the dearest (more
+// GPUs, then several changes together); the first that fits is named.
 std::vector<std::string> suggest_changes(const PlanRequest& req, const TrainingConfig& base) {
-  std::vector<std::string> out;
-  auto try_plan = [&](const Cluster& c, const TrainingConfig& t) -> std::optional<StrategyResult> {
-    auto rows = evaluate_all(req.model, c, t, false);
-    auto s = pick(rows);
-    if (!s) return std::nullopt;
-    return rows[static_cast<size_t>(simplicity(*s))];
+  struct Candidate {
+    std::string what;
+    Cluster cluster;
+    TrainingConfig training;
   };
-  if (base.checkpointing == Checkpointing::none) {
-    TrainingConfig t = base;
-    t.checkpointing = Checkpointing::units;
-    if (auto r = try_plan(req.cluster, t)) {
-      out.push_back(fmt::format("Enable activation checkpointing (--checkpointing units): {} then peaks at {} and fits.",
-                                to_string(r->strategy), format_bytes(r->walk.peak)));
-      return out;
+  std::vector<Candidate> candidates;
+  const bool ckpt_off = base.checkpointing == Checkpointing::none, math = base.attention == AttentionImpl::math;
+  auto with = [&](bool ckpt, bool flash, int64_t micro_batch, int gpu_factor) {
+    Candidate c{{}, req.cluster, base};
+    std::vector<std::string> parts;
+    if (ckpt && ckpt_off) {
+      c.training.checkpointing = Checkpointing::units;
+      parts.push_back("activation checkpointing (--checkpointing units)");
+    }
+    if (flash && math) {
+      c.training.attention = AttentionImpl::flash;
+      parts.push_back("flash attention (--attention flash)");
+    }
+    if (micro_batch < base.micro_batch) {
+      c.training.micro_batch = micro_batch;
+      c.training.grad_accum = base.grad_accum * (base.micro_batch / micro_batch);
+      parts.push_back(fmt::format("micro-batch {} with --grad-accum {} (same global batch)", micro_batch, c.training.grad_accum));
+    }
+    if (gpu_factor > 1) {
+      auto& cl = c.cluster;
+      if (cl.nodes == 1 && cl.gpus_per_node * gpu_factor <= 8) cl.gpus_per_node *= gpu_factor;
+      else cl.nodes *= gpu_factor;
+      parts.push_back(fmt::format("{} GPUs ({} node{} x {})", cl.world(), cl.nodes, cl.nodes == 1 ? "" : "s", cl.gpus_per_node));
+    }
+    if (parts.empty()) return;
+    c.what = fmt::format("{}", fmt::join(parts, " + "));
+    candidates.push_back(std::move(c));
+  };
+  with(true, false, base.micro_batch, 1);
+  with(false, true, base.micro_batch, 1);
+  with(true, true, base.micro_batch, 1);
+  for (int64_t b = base.micro_batch / 2; b >= 1; b /= 2) with(true, true, b, 1);
+  for (int f = 2; f <= 64; f *= 2) with(false, false, base.micro_batch, f);
+  for (int f = 2; f <= 64; f *= 2) with(true, true, 1, f);
+
+  for (const auto& c : candidates) {
+    auto rows = evaluate_all(req.model, c.cluster, c.training, false);
+    if (auto s = pick(rows)) {
+      const auto& r = rows[static_cast<size_t>(simplicity(*s))];
+      return {fmt::format("Smallest change that fits: {}; {} then peaks at {} per GPU.", c.what, to_string(r.strategy),
+                          format_bytes(static_cast<double>(r.walk.peak)))};
     }
   }
-  for (int64_t b = base.micro_batch / 2; b >= 1; b /= 2) {
-    TrainingConfig t = base;
-    t.micro_batch = b;
-    t.grad_accum = base.grad_accum * (base.micro_batch / b);
-    if (auto r = try_plan(req.cluster, t)) {
-      out.push_back(fmt::format("Lower the micro-batch to {} with --grad-accum {} (same global batch): {} then peaks at {} and fits.",
-                                b, t.grad_accum, to_string(r->strategy), format_bytes(r->walk.peak)));
-      return out;
-    }
-  }
-  for (int factor = 2; factor <= 64; factor *= 2) {
-    Cluster c = req.cluster;
-    if (c.nodes == 1 && c.gpus_per_node * factor <= 8) c.gpus_per_node *= factor;
-    else c.nodes *= factor;
-    TrainingConfig t = base;
-    if (auto r = try_plan(c, t)) {
-      out.push_back(fmt::format("Use more GPUs: with {} ({} node{} x {}) {} peaks at {} and fits.", c.world(), c.nodes,
-                                c.nodes == 1 ? "" : "s", c.gpus_per_node, to_string(r->strategy), format_bytes(r->walk.peak)));
-      return out;
-    }
-  }
-  out.push_back("Even 64x the GPUs with checkpointing would not fit: the model is too large for this device.");
-  return out;
+  return {"Even 64x the GPUs with checkpointing, flash attention and micro-batch 1 would not fit: "
+          "the model is too large for this device."};
 }
 
 Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResult>& rows, const TrainingConfig& base) {

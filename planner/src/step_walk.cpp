@@ -129,7 +129,7 @@ struct InFlight {
 class Walker {
  public:
   Walker(const Model& m, const Cluster& cl, const TrainingConfig& cfg, const WalkOptions& opt, StepWalk& out)
-      : m_(m), cl_(cl), cfg_(cfg), out_(out), pool_(out, opt), N_(cl.world()), b_(cfg.micro_batch) {
+      : m_(m), cl_(cl), cfg_(cfg), out_(out), pool_(out, opt), N_(cl.world()), b_(cfg.micro_batch), explain_(opt.explain) {
     DeclOptions dopt;
     dopt.flash_attention = cfg.attention == AttentionImpl::flash;
     for (const auto& n : m.nodes) decls_.push_back(declare(m, n, dopt));
@@ -291,6 +291,11 @@ class Walker {
     pool_.alloc(Category::optimizer, st[2], "optimizer state", "optimizer");
     for (int t : m_.inputs)
       pool_.alloc(Category::workspace, tensor_bytes(t), "batch: " + m_.tensor(t).name, "data loader");
+    // The GEMM library's workspace (cuBLAS) is allocated once per handle and
+    // cached for the run, as PyTorch does; 0 on the cpu device.
+    bool gemms = false;
+    for (const auto& d : decls_) gemms |= d.gemms > 0;
+    if (gemms) pool_.alloc(Category::workspace, cl_.device.gemm_workspace_bytes, "GEMM workspace", "cuBLAS");
     if (cfg_.strategy == Strategy::zero3 && unit_params_[0] > 0 && N_ > 1) {
       int64_t bytes = pad_to(unit_params_[0], N_) * pbytes_;
       root_gathered_ = pool_.alloc(Category::gathered, bytes, "root unit parameters", "zero3");
@@ -302,12 +307,17 @@ class Walker {
   // Reasons to keep each tensor after its forward consumers ran.
   void count_keeps() {
     keep_.assign(m_.tensors.size(), 0);
+    holders_.assign(m_.tensors.size(), {});
     fwd_uses_.assign(m_.tensors.size(), 0);
     for (size_t i = 0; i < m_.nodes.size(); ++i) {
       for (int t : m_.nodes[i].inputs) fwd_uses_[static_cast<size_t>(t)]++;
       if (checkpointed(static_cast<int>(i))) continue;
       for (const auto& s : decls_[i].saved)
-        if (s.ref != SavedTensor::Ref::own) keep_[static_cast<size_t>(saved_tensor_id(static_cast<int>(i), s))]++;
+        if (s.ref != SavedTensor::Ref::own) {
+          auto t = static_cast<size_t>(saved_tensor_id(static_cast<int>(i), s));
+          keep_[t]++;
+          add_holder(t, m_.nodes[i].name);
+        }
     }
     if (cfg_.checkpointing != Checkpointing::units) return;
     unit_inputs_.assign(m_.units.size(), {});
@@ -321,9 +331,16 @@ class Walker {
         if (outside && std::find(list.begin(), list.end(), t) == list.end()) {
           list.push_back(t);
           keep_[static_cast<size_t>(t)]++;
+          add_holder(static_cast<size_t>(t), "checkpoint of " + m_.units[static_cast<size_t>(u)]);
         }
       }
     }
+  }
+
+  void add_holder(size_t t, const std::string& who) {
+    if (!explain_) return;
+    auto& h = holders_[t];
+    h += h.empty() ? who : ", " + who;
   }
 
   void release(int t) {
@@ -332,12 +349,10 @@ class Walker {
     if (--k == 0 && fwd_uses_[static_cast<size_t>(t)] == 0) pool_.free(live_[static_cast<size_t>(t)]);
   }
 
-  void op_temps(const OpDecl& d, const std::vector<TempTensor>& temps, const std::string& holder,
+  void op_temps(const std::vector<TempTensor>& temps, const std::string& holder,
                 std::vector<int64_t>& ids) {
     for (const auto& t : temps)
       ids.push_back(pool_.alloc(Category::workspace, t.numel * b_ * elem_bytes(t.elem), holder + "." + t.what, holder));
-    if (d.gemms > 0)
-      ids.push_back(pool_.alloc(Category::workspace, cl_.device.gemm_workspace_bytes, "GEMM workspace", holder));
   }
 
   // Runs node i's forward (or its recomputation): output, own saved tensors,
@@ -347,10 +362,10 @@ class Walker {
     const OpDecl& d = decls_[static_cast<size_t>(i)];
     const size_t out = static_cast<size_t>(n.output);
     std::vector<int64_t> temps;
-    op_temps(d, d.fwd_temps, n.name, temps);
+    op_temps(d.fwd_temps, n.name, temps);
     if (live_[out] < 0) {
       Category c = keep_[out] > 0 ? Category::activations : Category::workspace;
-      live_[out] = pool_.alloc(c, tensor_bytes(n.output), n.name, n.name);
+      live_[out] = pool_.alloc(c, tensor_bytes(n.output), n.name, holders_[out].empty() ? n.name : holders_[out]);
     }
     const bool keeps = ph == Phase::recompute || !checkpointed(i);
     if (keeps)
@@ -464,7 +479,7 @@ class Walker {
       }
       compute_event(n.name, Phase::backward, i, d.bwd_flops * static_cast<double>(b_), 2 * op_traffic(i));
       std::vector<int64_t> temps;
-      op_temps(d, d.bwd_temps, n.name, temps);
+      op_temps(d.bwd_temps, n.name, temps);
       for (int t : n.inputs) {
         if (is_model_input(t) || m_.tensor(t).dtype != DType::f32 || grad_[static_cast<size_t>(t)] >= 0) continue;
         grad_[static_cast<size_t>(t)] = pool_.alloc(Category::workspace, tensor_bytes(t), "grad of " + m_.tensor(t).name, n.name);
@@ -587,6 +602,8 @@ class Walker {
   std::set<int> unit_grad_started_;
 
   std::vector<int> keep_, fwd_uses_;
+  std::vector<std::string> holders_;  // with explain: the ops keeping each tensor
+  const bool explain_;
   std::vector<std::vector<int>> unit_inputs_;
   std::vector<int64_t> live_, grad_;
   std::vector<std::vector<int64_t>> own_;

@@ -1,0 +1,625 @@
+// The IR loader on bad input: every class of user error ends in one
+// dlplan::Error whose one-line message names the file, the node (or input /
+// field) and the problem -- never a crash, another exception type, or a model
+// that silently loads with a wrong number. Positive controls show the same
+// base model loads when it is not broken, so each failure is the mutation's.
+#include "dlplan/error.hpp"
+#include "dlplan/ir.hpp"
+#include "dlplan/loader.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+
+namespace dlplan {
+namespace {
+
+using J = nlohmann::json;
+
+// A small valid classifier: x [8] f32 -> linear 4 -> cross_entropy with a
+// scalar-per-sample label.
+J base() {
+  return J::parse(R"({
+    "name": "base",
+    "inputs": {"x": {"shape": [8], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+    "nodes": [
+      {"name": "fc", "op": "linear", "in": ["x"], "out": 4},
+      {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+    ]
+  })");
+}
+
+// A sequence model: x [4, 8] f32 feeding `middle`, whose last node is "mid";
+// then select -> linear 3 -> loss.
+J seq_model(const J& middle) {
+  J ir = J::parse(R"({
+    "inputs": {"x": {"shape": [4, 8], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+    "nodes": []
+  })");
+  for (const auto& n : middle) ir["nodes"].push_back(n);
+  ir["nodes"].push_back({{"name", "cls"}, {"op", "select"}, {"in", {"mid"}}});
+  ir["nodes"].push_back({{"name", "head"}, {"op", "linear"}, {"in", {"cls"}}, {"out", 3}});
+  ir["nodes"].push_back({{"name", "loss"}, {"op", "cross_entropy"}, {"in", {"head", "label"}}});
+  return ir;
+}
+
+// A token model: tokens [5] i32 -> embedding 10 x 6 -> linear `head_out`
+// (tied to the embedding when `tie`) -> loss against targets [5].
+J token_model(int head_out, bool tie) {
+  J ir = J::parse(R"({
+    "inputs": {"tokens": {"shape": [5], "dtype": "i32"}, "targets": {"shape": [5], "dtype": "i32"}},
+    "nodes": [
+      {"name": "emb", "op": "embedding", "in": ["tokens"], "num": 10, "dim": 6},
+      {"name": "head", "op": "linear", "in": ["emb"], "bias": false},
+      {"name": "loss", "op": "cross_entropy", "in": ["head", "targets"]}
+    ]
+  })");
+  ir["nodes"][1]["out"] = head_out;
+  if (tie) ir["nodes"][1]["tie"] = "emb";
+  return ir;
+}
+
+// An image model: img [3, 4, 4] -> conv2d (attributes `conv`) -> flatten ->
+// linear 2 -> loss.
+J image_model(const J& conv) {
+  J ir = J::parse(R"({
+    "inputs": {"img": {"shape": [3, 4, 4], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+    "nodes": [
+      {"name": "conv", "op": "conv2d", "in": ["img"]},
+      {"name": "flat", "op": "flatten", "in": ["conv"]},
+      {"name": "head", "op": "linear", "in": ["flat"], "out": 2},
+      {"name": "loss", "op": "cross_entropy", "in": ["head", "label"]}
+    ]
+  })");
+  for (const auto& [k, v] : conv.items()) ir["nodes"][0][k] = v;
+  return ir;
+}
+
+J& node(J& ir, const std::string& name) {
+  for (auto& n : ir["nodes"])
+    if (n["name"] == name) return n;
+  throw std::logic_error("test model has no node " + name);
+}
+
+// The message of the dlplan::Error that loading `ir` as "bad.json" throws.
+// Any other exception type, or none, fails the test.
+std::string load_error(const J& ir) {
+  try {
+    Model m = parse_model(ir, "bad.json");
+    ADD_FAILURE() << "loaded without error; " << m.nodes.size() << " nodes, " << m.parameter_count() << " parameters";
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-dlplan exception: " << e.what();
+  }
+  return "";
+}
+
+// Loading `ir` fails with one line holding "bad.json" and every part.
+void expect_error(const J& ir, std::initializer_list<std::string> parts) {
+  const std::string msg = load_error(ir);
+  EXPECT_NE(msg.find("bad.json"), std::string::npos) << "message does not name the file: " << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "message is not one line: " << msg;
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+}
+
+// ---- positive controls -------------------------------------------------------
+
+TEST(LoaderValid, BaseModelLoads) {
+  Model m = parse_model(base(), "base.json");
+  ASSERT_EQ(m.nodes.size(), 2u);
+  EXPECT_EQ(m.nodes[0].name, "fc");
+  EXPECT_EQ(m.output_of(m.nodes[0]).shape, (Shape{4}));
+  EXPECT_EQ(m.parameter_count(), 8 * 4 + 4);
+  EXPECT_EQ(m.source, "base.json");
+}
+
+TEST(LoaderValid, ScalarLabelIsOneIntegerPerSample) {
+  Model m = parse_model(base(), "base.json");
+  int id = -1;
+  for (int i : m.inputs)
+    if (m.tensor(i).name == "label") id = i;
+  ASSERT_GE(id, 0);
+  const auto& label = m.tensor(id);
+  EXPECT_EQ(label.dtype, DType::i32);
+  EXPECT_TRUE(label.shape.empty());
+  EXPECT_EQ(numel(label.shape), 1);
+  EXPECT_EQ(m.output_of(m.nodes[1]).shape, Shape{});
+}
+
+TEST(LoaderValid, KernelAsHeightWidthPair) {
+  J ir = image_model({{"out", 5}, {"kernel", {3, 1}}});
+  node(ir, "conv")["padding"] = {1, 0};
+  Model m = parse_model(ir, "pair.json");
+  // H' = 4 + 2 - 3 + 1 = 4, W' = 4 + 0 - 1 + 1 = 4; weight 5 * 3 * 3 * 1.
+  EXPECT_EQ(m.output_of(m.nodes[0]).shape, (Shape{5, 4, 4}));
+  EXPECT_EQ(m.params[0].numel, 5 * 3 * 3 * 1);
+  // Control: a square kernel of 3 without padding gives a different shape.
+  Model sq = parse_model(image_model({{"out", 5}, {"kernel", 3}}), "sq.json");
+  EXPECT_EQ(sq.output_of(sq.nodes[0]).shape, (Shape{5, 2, 2}));
+}
+
+TEST(LoaderValid, OutOfOrderNodesLoadInTopologicalOrder) {
+  J ir = seq_model(J::array({{{"name", "mid"}, {"op", "gelu"}, {"in", {"x"}}}}));
+  // Reverse the node list: loss, head, cls, mid.
+  J rev = J::array();
+  for (auto it = ir["nodes"].rbegin(); it != ir["nodes"].rend(); ++it) rev.push_back(*it);
+  ir["nodes"] = rev;
+  Model m = parse_model(ir, "rev.json");
+  ASSERT_EQ(m.nodes.size(), 4u);
+  // Every input of every node is a model input or an earlier node's output.
+  for (size_t i = 0; i < m.nodes.size(); ++i)
+    for (int id : m.nodes[i].inputs) {
+      int producer = m.tensor(id).producer;
+      EXPECT_LT(producer, static_cast<int>(i)) << m.nodes[i].name;
+    }
+  EXPECT_EQ(m.nodes.front().name, "mid");
+  EXPECT_EQ(m.nodes.back().name, "loss");
+  EXPECT_EQ(m.output_of(m.nodes[2]).shape, (Shape{3}));
+}
+
+TEST(LoaderValid, TiedHeadLoads) {
+  Model m = parse_model(token_model(10, true), "tied.json");
+  EXPECT_EQ(m.parameter_count(), 10 * 6);  // the head's weight is the embedding's
+}
+
+// ---- ops and attributes --------------------------------------------------------
+
+TEST(LoaderError, UnknownOp) {
+  J ir = base();
+  node(ir, "fc")["op"] = "linaer";
+  expect_error(ir, {"node 'fc'", "unknown op 'linaer'", "linear"});
+}
+
+TEST(LoaderError, UnknownAttribute) {
+  J ir = base();
+  node(ir, "fc")["outs"] = 4;
+  expect_error(ir, {"node 'fc'", "unknown attribute 'outs'"});
+}
+
+TEST(LoaderError, MissingRequiredAttribute) {
+  J ir = base();
+  node(ir, "fc").erase("out");
+  expect_error(ir, {"node 'fc'", "missing required attribute 'out'"});
+}
+
+TEST(LoaderError, StringWhereIntegerExpected) {
+  J ir = base();
+  node(ir, "fc")["out"] = "4";
+  expect_error(ir, {"node 'fc'", "attribute 'out' must be an integer"});
+}
+
+TEST(LoaderError, FloatWhereIntegerExpected) {
+  J ir = base();
+  node(ir, "fc")["out"] = 4.5;
+  expect_error(ir, {"node 'fc'", "attribute 'out' must be an integer"});
+}
+
+TEST(LoaderError, BoolWhereNumberExpected) {
+  expect_error(seq_model(J::array({{{"name", "mid"}, {"op", "dropout"}, {"in", {"x"}}, {"p", true}}})),
+               {"node 'mid'", "attribute 'p' must be a number", "true"});
+}
+
+TEST(LoaderError, NumberWhereBoolExpected) {
+  J ir = base();
+  node(ir, "fc")["bias"] = 1;
+  expect_error(ir, {"node 'fc'", "attribute 'bias' must be true or false"});
+}
+
+TEST(LoaderError, KernelOfThreeValues) {
+  expect_error(image_model({{"out", 2}, {"kernel", {1, 2, 3}}}), {"node 'conv'", "attribute 'kernel'", "[h, w]"});
+}
+
+TEST(LoaderError, MissingInput) {
+  J ir = base();
+  node(ir, "fc")["in"] = {"y"};
+  expect_error(ir, {"node 'fc'", "input 'y' is neither a model input nor a node"});
+}
+
+TEST(LoaderError, WrongNumberOfInputs) {
+  J ir = base();
+  node(ir, "fc")["in"] = {"x", "x"};
+  expect_error(ir, {"node 'fc'", "takes 1 input, got 2"});
+  J ir2 = base();
+  node(ir2, "loss")["in"] = {"fc"};
+  expect_error(ir2, {"node 'loss'", "takes 2 inputs, got 1"});
+}
+
+TEST(LoaderError, InputsNotAnArray) {
+  J ir = base();
+  node(ir, "fc")["in"] = "x";
+  expect_error(ir, {"node 'fc'", "'in' must be an array"});
+}
+
+TEST(LoaderError, NodeWithoutName) {
+  J ir = base();
+  node(ir, "fc").erase("name");
+  expect_error(ir, {"node #0", "'name'"});
+}
+
+// ---- shapes ------------------------------------------------------------------
+
+TEST(LoaderError, AddOfDifferentShapes) {
+  J ir = base();
+  ir["nodes"] = J::parse(R"([
+    {"name": "h", "op": "linear", "in": ["x"], "out": 4},
+    {"name": "sum", "op": "add", "in": ["x", "h"]},
+    {"name": "fc", "op": "linear", "in": ["sum"], "out": 4},
+    {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+  ])");
+  expect_error(ir, {"node 'sum'", "'x' [8]", "'h' [4]", "same shape"});
+}
+
+TEST(LoaderError, TieToWrongShapedEmbedding) {
+  expect_error(token_model(12, true), {"node 'head'", "tie to 'emb'", "[12, 6]", "[10, 6]"});
+}
+
+TEST(LoaderError, TieToNonEmbedding) {
+  J ir = base();
+  ir["nodes"] = J::parse(R"([
+    {"name": "a", "op": "linear", "in": ["x"], "out": 8},
+    {"name": "fc", "op": "linear", "in": ["a"], "out": 4, "tie": "a"},
+    {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+  ])");
+  expect_error(ir, {"node 'fc'", "tie names 'a'", "not an embedding"});
+}
+
+TEST(LoaderError, CrossEntropyTargetsOfWrongShape) {
+  J ir = base();
+  ir["inputs"]["label"]["shape"] = {3};
+  expect_error(ir, {"node 'loss'", "targets 'label'", "[3]", "expected []"});
+}
+
+TEST(LoaderError, CrossEntropyFloatTargets) {
+  J ir = base();
+  ir["inputs"]["label"]["dtype"] = "f32";
+  expect_error(ir, {"node 'loss'", "targets 'label' must be i32"});
+}
+
+TEST(LoaderError, ConvKernelLargerThanInput) {
+  expect_error(image_model({{"out", 2}, {"kernel", 5}}), {"node 'conv'", "kernel 5 does not fit", "height of 4"});
+}
+
+TEST(LoaderError, ConvOnWrongRank) {
+  J ir = base();
+  ir["nodes"][0] = {{"name", "fc"}, {"op", "conv2d"}, {"in", {"x"}}, {"out", 4}, {"kernel", 1}};
+  expect_error(ir, {"node 'fc'", "input 'x' has shape [8]", "[C, H, W]"});
+}
+
+// ---- graph structure ---------------------------------------------------------
+
+TEST(LoaderError, Cycle) {
+  J ir = base();
+  ir["nodes"] = J::parse(R"([
+    {"name": "a", "op": "gelu", "in": ["b"]},
+    {"name": "b", "op": "gelu", "in": ["a"]},
+    {"name": "fc", "op": "linear", "in": ["b"], "out": 4},
+    {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+  ])");
+  expect_error(ir, {"cycle", "node 'a'", "node 'b'"});
+}
+
+TEST(LoaderError, SelfLoop) {
+  J ir = base();
+  node(ir, "fc")["in"] = {"fc"};
+  expect_error(ir, {"node 'fc'", "its own output", "cycle"});
+}
+
+TEST(LoaderError, DuplicateNodeName) {
+  J ir = base();
+  ir["nodes"].insert(ir["nodes"].begin(), J{{"name", "fc"}, {"op", "relu"}, {"in", {"x"}}});
+  expect_error(ir, {"node 'fc'", "duplicate node name"});
+}
+
+TEST(LoaderError, NodeNamedLikeModelInput) {
+  J ir = base();
+  ir["nodes"].insert(ir["nodes"].begin(), J{{"name", "x"}, {"op", "relu"}, {"in", {"x"}}});
+  expect_error(ir, {"node 'x'", "duplicate name", "model input"});
+}
+
+// ---- sizes -------------------------------------------------------------------
+
+TEST(LoaderError, LinearOutZero) {
+  J ir = base();
+  node(ir, "fc")["out"] = 0;
+  expect_error(ir, {"node 'fc'", "attribute 'out' must be positive, got 0"});
+}
+
+TEST(LoaderError, InputShapeWithZero) {
+  J ir = base();
+  ir["inputs"]["x"]["shape"] = {0};
+  expect_error(ir, {"input 'x'", "positive integers"});
+}
+
+TEST(LoaderError, InputShapeWithMinusOne) {
+  J ir = base();
+  ir["inputs"]["x"]["shape"] = {8, -1};
+  expect_error(ir, {"input 'x'", "positive integers"});
+}
+
+TEST(LoaderError, InputShapeOverflows) {
+  J ir = base();
+  ir["inputs"]["x"]["shape"] = {int64_t{1} << 40, int64_t{1} << 40};
+  expect_error(ir, {"input 'x'", "too large"});
+}
+
+TEST(LoaderError, OutputShapeOverflows) {
+  // Each factor is allowed; the output [2^30, 2^30] is not.
+  J ir = base();
+  ir["inputs"]["x"]["shape"] = {int64_t{1} << 30, 8};
+  node(ir, "fc")["out"] = int64_t{1} << 30;
+  expect_error(ir, {"node 'fc'", "too large"});
+}
+
+TEST(LoaderError, HugeEmbeddingTable) {
+  J ir = token_model(10, false);
+  node(ir, "emb")["num"] = int64_t{1} << 62;
+  expect_error(ir, {"node 'emb'", "'num'", "too large"});
+}
+
+TEST(LoaderError, LinearWeightOverflows) {
+  // Input [2^30] and out 2^30 are each allowed; the weight (2^60) is not.
+  J ir = base();
+  ir["inputs"]["x"]["shape"] = {int64_t{1} << 30};
+  node(ir, "fc")["out"] = int64_t{1} << 30;
+  expect_error(ir, {"node 'fc'", "weight [out, in]", "too large"});
+}
+
+TEST(LoaderError, EmbeddingWeightOverflows) {
+  J ir = token_model(10, false);
+  node(ir, "emb")["num"] = int64_t{1} << 40;
+  node(ir, "emb")["dim"] = int64_t{1} << 20;
+  expect_error(ir, {"node 'emb'", "weight [num, dim]", "too large"});
+}
+
+TEST(LoaderError, HugePadding) {
+  expect_error(image_model({{"out", 2}, {"kernel", 1}, {"padding", int64_t{1} << 62}}), {"node 'conv'", "too large"});
+}
+
+// ---- dtypes ------------------------------------------------------------------
+
+TEST(LoaderError, EmbeddingOfFloatIds) {
+  J ir = token_model(10, false);
+  ir["inputs"]["tokens"]["dtype"] = "f32";
+  expect_error(ir, {"node 'emb'", "'tokens' must be i32 ids", "f32"});
+}
+
+TEST(LoaderError, BadDtypeString) {
+  J ir = base();
+  ir["inputs"]["x"]["dtype"] = "f16";
+  expect_error(ir, {"input 'x'", "'dtype' must be \"f32\" or \"i32\""});
+}
+
+TEST(LoaderError, DtypeNotAString) {
+  J ir = base();
+  ir["inputs"]["x"]["dtype"] = 32;
+  expect_error(ir, {"input 'x'", "'dtype' must be \"f32\" or \"i32\""});
+}
+
+TEST(LoaderError, LinearOnIntegerInput) {
+  J ir = base();
+  ir["inputs"]["x"]["dtype"] = "i32";
+  expect_error(ir, {"node 'fc'", "input 'x' is i32, expected f32"});
+}
+
+// ---- op-specific limits ------------------------------------------------------
+
+TEST(LoaderError, SelectIndexOutOfRange) {
+  J ir = seq_model(J::array({{{"name", "mid"}, {"op", "gelu"}, {"in", {"x"}}}}));
+  node(ir, "cls")["index"] = 4;
+  expect_error(ir, {"node 'cls'", "index 4 is outside [0, 4)"});
+  node(ir, "cls")["index"] = -1;
+  expect_error(ir, {"node 'cls'", "index -1 is outside"});
+  node(ir, "cls")["index"] = 3;  // control: the last position is fine
+  EXPECT_NO_THROW(parse_model(ir, "ok.json"));
+}
+
+TEST(LoaderError, DropoutProbabilityOne) {
+  J mid = J::array({{{"name", "mid"}, {"op", "dropout"}, {"in", {"x"}}, {"p", 1.0}}});
+  expect_error(seq_model(mid), {"node 'mid'", "attribute 'p' must be in [0, 1)", "got 1"});
+  mid[0]["p"] = 0.9;  // control
+  EXPECT_NO_THROW(parse_model(seq_model(mid), "ok.json"));
+}
+
+TEST(LoaderError, DropoutProbabilityRequired) {
+  expect_error(seq_model(J::array({{{"name", "mid"}, {"op", "dropout"}, {"in", {"x"}}}})),
+               {"node 'mid'", "missing required attribute 'p'"});
+}
+
+TEST(LoaderError, PosEmbeddingLongerThanTable) {
+  J mid = J::array({{{"name", "mid"}, {"op", "pos_embedding"}, {"in", {"x"}}, {"max_len", 2}}});
+  expect_error(seq_model(mid), {"node 'mid'", "sequence length 4 exceeds", "max_len 2"});
+  mid[0]["max_len"] = 4;  // control
+  EXPECT_NO_THROW(parse_model(seq_model(mid), "ok.json"));
+}
+
+TEST(LoaderError, AttentionHeadsNotDividingWidth) {
+  J mid = J::array({{{"name", "mid"}, {"op", "attention"}, {"in", {"x"}}, {"heads", 3}}});
+  expect_error(seq_model(mid), {"node 'mid'", "width 8 is not divisible by heads 3"});
+  mid[0]["heads"] = 2;  // control
+  EXPECT_NO_THROW(parse_model(seq_model(mid), "ok.json"));
+}
+
+TEST(LoaderError, GeluApproximateUnknown) {
+  expect_error(seq_model(J::array({{{"name", "mid"}, {"op", "gelu"}, {"in", {"x"}}, {"approximate", "fast"}}})),
+               {"node 'mid'", "'approximate'", "fast"});
+}
+
+// ---- top level ---------------------------------------------------------------
+
+TEST(LoaderError, MissingNodes) {
+  J ir = base();
+  ir.erase("nodes");
+  expect_error(ir, {"'nodes' must be a non-empty array"});
+}
+
+TEST(LoaderError, MissingInputs) {
+  J ir = base();
+  ir.erase("inputs");
+  expect_error(ir, {"'inputs' must be a non-empty object"});
+}
+
+TEST(LoaderError, UnknownTopLevelField) {
+  J ir = base();
+  ir["layers"] = 3;
+  expect_error(ir, {"unknown top-level field 'layers'"});
+}
+
+TEST(LoaderError, UnknownInputField) {
+  J ir = base();
+  ir["inputs"]["x"]["layout"] = "nchw";
+  expect_error(ir, {"input 'x'", "unknown field 'layout'"});
+}
+
+TEST(LoaderError, NotAnObject) { expect_error(J::array({1, 2}), {"JSON object"}); }
+
+TEST(LoaderError, NoLossNode) {
+  J ir = base();
+  ir["nodes"].erase(1);
+  expect_error(ir, {"exactly one cross_entropy loss node, found 0"});
+}
+
+TEST(LoaderError, TwoLossNodes) {
+  J ir = base();
+  ir["nodes"].push_back({{"name", "loss2"}, {"op", "cross_entropy"}, {"in", {"fc", "label"}}});
+  expect_error(ir, {"exactly one cross_entropy loss node, found 2", "'loss'", "'loss2'"});
+}
+
+// ---- files and the zoo -------------------------------------------------------
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  return path;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-dlplan exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+TEST(LoaderFile, ValidFileLoads) {
+  const auto path = write_temp("dlplan_loader_ok.json", base().dump());
+  Model m = load_model_file(path);
+  EXPECT_EQ(m.name, "base");
+  EXPECT_EQ(m.source, path);
+}
+
+TEST(LoaderFile, MissingFile) {
+  const std::string path = ::testing::TempDir() + "dlplan_no_such_model.json";
+  std::remove(path.c_str());
+  const auto msg = error_of([&] { load_model_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+}
+
+TEST(LoaderFile, DirectoryIsNotAModel) {
+  const std::string dir = ::testing::TempDir();
+  const auto msg = error_of([&] { load_model(dir); });
+  EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a model file"), std::string::npos) << msg;
+}
+
+TEST(LoaderFile, EmptyFile) {
+  const auto path = write_temp("dlplan_loader_empty.json", "");
+  const auto msg = error_of([&] { load_model_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
+}
+
+TEST(LoaderFile, MalformedJson) {
+  const auto path = write_temp("dlplan_loader_malformed.json", "{\"name\": \"m\", \"inputs\": {,}}");
+  const auto msg = error_of([&] { load_model_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
+}
+
+TEST(LoaderFile, TruncatedJson) {
+  std::string text = base().dump();
+  const auto path = write_temp("dlplan_loader_truncated.json", text.substr(0, text.size() / 2));
+  const auto msg = error_of([&] { load_model_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
+}
+
+TEST(LoaderFile, SemanticErrorNamesThePath) {
+  J ir = base();
+  node(ir, "fc")["out"] = -3;
+  const auto path = write_temp("dlplan_loader_bad_out.json", ir.dump());
+  const auto msg = error_of([&] { load_model_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("node 'fc'"), std::string::npos) << msg;
+}
+
+TEST(LoaderZoo, UnknownNameListsTheZoo) {
+  const auto msg = error_of([] { load_model("no-such-model"); });
+  EXPECT_NE(msg.find("no-such-model"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("zoo"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpt2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tiny-gpt"), std::string::npos) << msg;
+}
+
+TEST(LoaderZoo, ZooNameAndFileAgree) {
+  Model by_name = load_model("tiny-gpt");
+  Model by_file = load_model(std::string(DLPLAN_SOURCE_DIR) + "/models/tiny-gpt.json");
+  EXPECT_EQ(by_name.parameter_count(), by_file.parameter_count());
+  EXPECT_EQ(by_name.ir, by_file.ir);
+}
+
+// ---- with_seq_len ------------------------------------------------------------
+
+TEST(SeqLen, GptShorterSequenceLoads) {
+  Model m = load_model("tiny-gpt");
+  const int64_t before = tokens_per_sample(m);
+  ASSERT_GT(before, 32);
+  Model s = with_seq_len(m, 32);
+  EXPECT_EQ(tokens_per_sample(s), 32);
+  for (int id : s.inputs) {
+    const auto& t = s.tensor(id);
+    if (t.dtype == DType::i32) {
+      EXPECT_EQ(t.shape, (Shape{32})) << t.name;
+    }
+  }
+  EXPECT_EQ(s.parameter_count(), m.parameter_count());  // the position table keeps its size
+  EXPECT_EQ(tokens_per_sample(m), before);              // the original is untouched
+}
+
+TEST(SeqLen, LongerThanPositionTable) {
+  Model m = load_model("tiny-gpt");
+  const auto msg = error_of([&] { with_seq_len(m, 10000); });
+  EXPECT_NE(msg.find("tiny-gpt"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("node 'wpe'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("sequence length 10000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_len"), std::string::npos) << msg;
+}
+
+TEST(SeqLen, NonPositive) {
+  Model m = load_model("tiny-gpt");
+  const auto msg = error_of([&] { with_seq_len(m, 0); });
+  EXPECT_NE(msg.find("must be positive"), std::string::npos) << msg;
+}
+
+TEST(SeqLen, VisionModelHasNoTokenInputs) {
+  Model m = load_model("tiny-cnn");
+  EXPECT_EQ(tokens_per_sample(m), 0);
+  const auto msg = error_of([&] { with_seq_len(m, 32); });
+  EXPECT_NE(msg.find("tiny-cnn"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no token inputs"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dlplan
