@@ -202,6 +202,23 @@ CollectiveCost collective_cost(const Cluster& cluster, Collective op, double byt
       t = intra.ring_rs_ag(S) + inter.ring_bcast(shard) + intra.ring_rs_ag(S);
       break;
   }
+  // Flat ring across all n ranks, as NCCL builds it by default: one ring per
+  // channel, each leaving a node through a different NIC (rail-aligned), so
+  // the ring's bandwidth is the slower of the NVLink ring and the g NICs of a
+  // node together; every step waits for a network hop. NCCL's tuner picks the
+  // faster algorithm for the size (tuning.cc), and so do we.
+  const Level flat{n, std::min(intra.bw, g * inter.bw), d.net_hop_latency_s};
+  double flat_t = -1;
+  switch (op) {
+    case Collective::AllReduce: flat_t = flat.ring_ar(S); break;
+    case Collective::ReduceScatter:
+    case Collective::AllGather: flat_t = flat.ring_rs_ag(S); break;
+    case Collective::Broadcast: break;  // scatter + all-gather above is the better one
+  }
+  if (flat_t >= 0 && flat_t < t) {
+    t = flat_t;
+    algo = "ring";
+  }
   out.seconds = d.base_latency_s + t;
   out.algorithm = algo;
   return out;
