@@ -1,0 +1,645 @@
+// Builds the step program (see step_program.hpp for the rules it encodes).
+#include "dlplan/step_program.hpp"
+
+#include "dlplan/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+
+namespace dlplan {
+
+const char* to_string(Category c) {
+  switch (c) {
+    case Category::params: return "params";
+    case Category::grads: return "grads";
+    case Category::optimizer: return "optimizer";
+    case Category::activations: return "activations";
+    case Category::gathered: return "gathered";
+    case Category::comm: return "comm";
+    case Category::workspace: return "workspace";
+  }
+  return "?";
+}
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::recompute: return "recompute";
+    case Phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+int64_t total(const CategoryBytes& b) {
+  int64_t t = 0;
+  for (int64_t v : b) t += v;
+  return t;
+}
+
+int64_t pad_to(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+std::vector<int64_t> unit_parameter_counts(const Model& m) {
+  std::vector<int64_t> counts(m.units.size(), 0);
+  for (const auto& p : m.params) counts[static_cast<size_t>(p.unit)] += p.numel;
+  return counts;
+}
+
+CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg) {
+  const int64_t N = world;
+  int64_t full = 0, padded = 0, shard = 0;
+  for (int64_t p : unit_parameter_counts(m)) {
+    full += p;
+    padded += pad_to(p, N);
+    shard += pad_to(p, N) / N;
+  }
+  const int64_t pb = param_bytes(cfg.precision), gb = grad_bytes(cfg.precision);
+  const int64_t ob = optimizer_bytes_per_param(cfg.precision, cfg.optimizer.kind);
+  CategoryBytes s{};
+  // ZeRO-1/2 keep full parameters in padded flat buffers, so that the updated
+  // shards are all-gathered in place.
+  switch (cfg.strategy) {
+    case Strategy::ddp: s[0] = full * pb; s[1] = full * gb; s[2] = full * ob; break;
+    case Strategy::zero1: s[0] = padded * pb; s[1] = full * gb; s[2] = shard * ob; break;
+    case Strategy::zero2: s[0] = padded * pb; s[1] = shard * gb; s[2] = shard * ob; break;
+    case Strategy::zero3: s[0] = shard * pb; s[1] = shard * gb; s[2] = shard * ob; break;
+  }
+  if (N == 1) s[0] = full * pb, s[1] = full * gb, s[2] = full * ob;
+  s[0] += m.buffer_count() * 4;  // fp32 running statistics, replicated
+  return s;
+}
+
+namespace {
+
+class Emitter {
+ public:
+  Emitter(const Model& m, const Cluster& cl, const TrainingConfig& cfg, bool names, StepProgram& out)
+      : m_(m), cl_(cl), cfg_(cfg), names_(names), out_(out), N_(cl.world()), b_(cfg.micro_batch) {
+    DeclOptions dopt;
+    dopt.flash_attention = cfg.attention == AttentionImpl::flash;
+    for (const auto& n : m.nodes) out_.decls.push_back(declare(m, n, dopt));
+    act_ = activation_bytes(cfg.precision);
+    pbytes_ = param_bytes(cfg.precision);
+    gbytes_ = grad_bytes(cfg.precision);
+    unit_params_ = unit_parameter_counts(m);
+    index_units();
+    index_params();
+  }
+
+  void run() {
+    persistent();
+    forward();
+    backward();
+    optimizer();
+  }
+
+ private:
+  const OpDecl& decl(int i) const { return out_.decls[static_cast<size_t>(i)]; }
+  const Node& node(int i) const { return m_.nodes[static_cast<size_t>(i)]; }
+  bool checkpointed(int i) const { return cfg_.checkpointing == Checkpointing::units && node(i).unit != 0; }
+  bool is_model_input(int t) const { return m_.tensor(t).producer < 0; }
+  int64_t elem_bytes(Elem e) const { return e == Elem::compute ? act_ : e == Elem::u8 ? 1 : 4; }
+  int64_t tensor_bytes(int t) const {
+    const auto& ti = m_.tensor(t);
+    return numel(ti.shape) * b_ * (ti.dtype == DType::i32 ? 4 : act_);
+  }
+  int64_t own_bytes(const SavedTensor& s) const { return s.numel * (s.per_batch ? 1 : b_) * elem_bytes(s.elem); }
+  int saved_tensor_id(int i, const SavedTensor& s) const {
+    return s.ref == SavedTensor::Ref::input ? node(i).inputs[static_cast<size_t>(s.input)] : node(i).output;
+  }
+  const std::string& unit_name(int u) const { return m_.units[static_cast<size_t>(u)]; }
+  std::string unit_label(int u) const { return u == 0 ? std::string("root") : unit_name(u); }
+
+  // ---- instructions -------------------------------------------------------
+  int alloc(Role role, Category c, int64_t bytes, When when = When::every) {
+    Instr in;
+    in.kind = Instr::Kind::alloc;
+    in.when = when;
+    in.slot = out_.slots++;
+    in.role = role;
+    in.category = c;
+    in.bytes = bytes;
+    out_.instrs.push_back(in);
+    return in.slot;
+  }
+  Instr& last() { return out_.instrs.back(); }
+  void name_last(std::string what, std::string holder) {
+    if (!names_) return;
+    last().what = std::move(what);
+    last().holder = std::move(holder);
+  }
+  void free_slot(int& slot, When when = When::every) {
+    if (slot < 0) return;
+    Instr in;
+    in.kind = Instr::Kind::free;
+    in.when = when;
+    in.slot = slot;
+    out_.instrs.push_back(in);
+    slot = -1;
+  }
+  void mark() {
+    Instr in;
+    in.kind = Instr::Kind::mark;
+    in.event = last_event();
+    out_.instrs.push_back(in);
+  }
+  int compute(Instr::Kind kind, Phase ph, int i, double flops, double bytes) {
+    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes});
+    Instr in;
+    in.kind = kind;
+    in.node = i;
+    in.event = last_event();
+    if (kind == Instr::Kind::optimizer) in.when = When::last_micro;
+    out_.instrs.push_back(in);
+    return in.event;
+  }
+  int last_event() const { return static_cast<int>(out_.compute.size()) - 1; }
+
+  int issue(CommEvent ev, When when = When::every) {
+    ev.issue_after = last_event();
+    out_.comm.push_back(std::move(ev));
+    Instr in;
+    in.kind = Instr::Kind::issue;
+    in.when = when;
+    in.comm = static_cast<int>(out_.comm.size()) - 1;
+    out_.instrs.push_back(in);
+    return in.comm;
+  }
+  void wait(int c, When when = When::every) {
+    out_.comm[static_cast<size_t>(c)].wait_before = last_event() + 1;
+    Instr in;
+    in.kind = Instr::Kind::wait;
+    in.when = when;
+    in.comm = c;
+    out_.instrs.push_back(in);
+  }
+
+  // ---- indexing -----------------------------------------------------------
+  void index_units() {
+    const size_t U = m_.units.size();
+    unit_first_.assign(U, -1);
+    unit_last_.assign(U, -1);
+    for (size_t i = 0; i < m_.nodes.size(); ++i) {
+      auto u = static_cast<size_t>(m_.nodes[i].unit);
+      if (unit_first_[u] < 0) unit_first_[u] = static_cast<int>(i);
+      unit_last_[u] = static_cast<int>(i);
+    }
+    for (size_t u = 1; u < U; ++u)
+      if (unit_first_[u] >= 0) units_fwd_.push_back(static_cast<int>(u));
+    std::sort(units_fwd_.begin(), units_fwd_.end(), [&](int a, int b) { return unit_first_[a] < unit_first_[b]; });
+    units_bwd_ = units_fwd_;
+    std::sort(units_bwd_.begin(), units_bwd_.end(), [&](int a, int b) { return unit_last_[a] > unit_last_[b]; });
+  }
+
+  void index_params() {
+    // A parameter's gradient is complete after the last of its contributors'
+    // backward (the owner and any linear tied to it), i.e. the earliest in
+    // forward order.
+    std::vector<int> done(m_.params.size());
+    for (size_t k = 0; k < m_.params.size(); ++k) done[k] = m_.params[k].node;
+    for (size_t i = 0; i < m_.nodes.size(); ++i) {
+      const Node& n = m_.nodes[i];
+      if (n.op != OpKind::linear || !n.attrs.has("tie")) continue;
+      int owner = m_.node_index(n.attrs.text("tie"));
+      for (size_t k = 0; k < m_.params.size(); ++k)
+        if (m_.params[k].node == owner) {
+          done[k] = std::min(done[k], static_cast<int>(i));
+          contributes_[static_cast<int>(i)].push_back(static_cast<int>(k));
+        }
+    }
+    for (size_t k = 0; k < m_.params.size(); ++k) {
+      contributes_[m_.params[k].node].push_back(static_cast<int>(k));
+      params_done_at_[done[k]].push_back(static_cast<int>(k));
+    }
+    unit_params_left_.assign(m_.units.size(), 0);
+    for (const auto& p : m_.params) unit_params_left_[static_cast<size_t>(p.unit)]++;
+    unit_staging_.assign(m_.units.size(), -1);
+    if (cfg_.strategy == Strategy::ddp) make_buckets(done);
+  }
+
+  // DDP buckets: parameters in the order their gradients complete in
+  // backward, greedily packed up to bucket_mb (a larger parameter gets its own).
+  void make_buckets(const std::vector<int>& done) {
+    std::vector<int> order(m_.params.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return done[static_cast<size_t>(a)] > done[static_cast<size_t>(b)]; });
+    const double cap = cfg_.bucket_mb * 1024 * 1024;
+    Bucket cur;
+    for (int k : order) {
+      int64_t n = m_.params[static_cast<size_t>(k)].numel;
+      if (cur.elements > 0 && static_cast<double>((cur.elements + n) * gbytes_) > cap) {
+        out_.buckets.push_back(cur);
+        cur = Bucket{};
+      }
+      cur.params.push_back(k);
+      cur.elements += n;
+      cur.ready_node = done[static_cast<size_t>(k)];  // non-increasing along `order`
+    }
+    if (cur.elements > 0) out_.buckets.push_back(cur);
+    for (size_t i = 0; i < out_.buckets.size(); ++i) bucket_ready_at_[out_.buckets[i].ready_node].push_back(static_cast<int>(i));
+  }
+
+  // ---- gradient collectives: at most two in flight ------------------------
+  void wait_oldest(When when) {
+    auto [c, slot] = inflight_.front();
+    inflight_.pop_front();
+    wait(c, when);
+    free_slot(slot, when);
+  }
+  void make_room(When when) {
+    while (inflight_.size() >= 2) wait_oldest(when);
+  }
+  void issue_grad(CommEvent ev, int slot, When when) {
+    make_room(when);
+    ev.slot = slot;
+    ev.group = static_cast<int>(N_);
+    int c = issue(std::move(ev), when);
+    inflight_.push_back({c, slot});
+  }
+
+  // ---- phases -------------------------------------------------------------
+  void persistent() {
+    CategoryBytes st = model_states(m_, static_cast<int>(N_), cfg_);
+    for (int c = 0; c < 3; ++c) {
+      alloc(Role::model_states, static_cast<Category>(c), st[static_cast<size_t>(c)]);
+      static const char* what[] = {"parameters and buffers", "gradients", "optimizer state"};
+      name_last(what[c], c == 2 ? "optimizer" : "model");
+    }
+    bool gemms = false;
+    for (const auto& d : out_.decls) gemms |= d.gemms > 0;
+    if (gemms) {
+      // The GEMM library's workspace (cuBLAS) is allocated once per handle
+      // and cached for the run, as PyTorch does; 0 on the cpu device.
+      alloc(Role::gemm_workspace, Category::workspace, cl_.device.gemm_workspace_bytes);
+      name_last("GEMM workspace", "cuBLAS");
+    }
+    if (cfg_.strategy == Strategy::zero3 && unit_params_[0] > 0 && N_ > 1) {
+      const int64_t bytes = pad_to(unit_params_[0], N_) * pbytes_;
+      root_gathered_ = alloc(Role::gathered, Category::gathered, bytes, When::first_micro);
+      last().unit = 0;
+      name_last("root unit parameters", "zero3");
+      CommEvent ev{"root all-gather", Collective::AllGather, CommPurpose::root_gather, static_cast<double>(bytes),
+                   static_cast<int>(N_), 0, -1, root_gathered_};
+      int c = issue(ev, When::first_micro);
+      wait(c, When::first_micro);
+    }
+    for (int t : m_.inputs) {
+      batch_slots_.push_back(alloc(Role::batch_input, Category::workspace, tensor_bytes(t)));
+      last().tensor = t;
+      name_last("batch: " + m_.tensor(t).name, "data loader");
+    }
+  }
+
+  // Reasons to keep each tensor after its forward consumers ran.
+  void count_keeps() {
+    keep_.assign(m_.tensors.size(), 0);
+    holders_.assign(m_.tensors.size(), {});
+    fwd_uses_.assign(m_.tensors.size(), 0);
+    for (size_t i = 0; i < m_.nodes.size(); ++i) {
+      for (int t : m_.nodes[i].inputs) fwd_uses_[static_cast<size_t>(t)]++;
+      if (checkpointed(static_cast<int>(i))) continue;
+      for (const auto& s : out_.decls[i].saved)
+        if (s.ref != SavedTensor::Ref::own) {
+          auto t = static_cast<size_t>(saved_tensor_id(static_cast<int>(i), s));
+          keep_[t]++;
+          add_holder(t, m_.nodes[i].name);
+        }
+    }
+    unit_inputs_.assign(m_.units.size(), {});
+    if (cfg_.checkpointing != Checkpointing::units) return;
+    for (size_t i = 0; i < m_.nodes.size(); ++i) {
+      int u = m_.nodes[i].unit;
+      if (u == 0) continue;
+      for (int t : m_.nodes[i].inputs) {
+        int p = m_.tensor(t).producer;
+        bool outside = p < 0 || node(p).unit != u;
+        auto& list = unit_inputs_[static_cast<size_t>(u)];
+        if (outside && std::find(list.begin(), list.end(), t) == list.end()) {
+          list.push_back(t);
+          keep_[static_cast<size_t>(t)]++;
+          add_holder(static_cast<size_t>(t), "checkpoint of " + unit_name(u));
+        }
+      }
+    }
+  }
+
+  void add_holder(size_t t, const std::string& who) {
+    if (!names_) return;
+    auto& h = holders_[t];
+    h += h.empty() ? who : ", " + who;
+  }
+
+  void release(int t) {
+    if (is_model_input(t)) return;
+    auto& k = keep_[static_cast<size_t>(t)];
+    if (--k == 0 && fwd_uses_[static_cast<size_t>(t)] == 0) free_slot(live_[static_cast<size_t>(t)]);
+  }
+
+  void op_temps(int i, const std::vector<TempTensor>& temps, std::vector<int>& slots) {
+    for (const auto& t : temps) {
+      slots.push_back(alloc(Role::op_temp, Category::workspace, t.numel * b_ * elem_bytes(t.elem)));
+      last().node = i;
+      name_last(node(i).name + "." + t.what, node(i).name);
+    }
+  }
+
+  // Node i's forward (or its recomputation): output, own saved tensors and
+  // temporaries; then frees what no one needs any more. `uses` counts the
+  // remaining forward consumers (the unit's own during recomputation).
+  void forward_op(int i, Phase ph, std::vector<int>& uses) {
+    const Node& n = node(i);
+    const OpDecl& d = decl(i);
+    const auto out = static_cast<size_t>(n.output);
+    if (live_[out] < 0) {
+      live_[out] = alloc(Role::node_output, keep_[out] > 0 ? Category::activations : Category::workspace,
+                         tensor_bytes(n.output));
+      last().tensor = n.output;
+      name_last(n.name, holders_[out].empty() ? n.name : holders_[out]);
+    }
+    compute(ph == Phase::recompute ? Instr::Kind::recompute : Instr::Kind::forward, ph, i,
+            d.fwd_flops * static_cast<double>(b_), traffic(i));
+    std::vector<int> temps;
+    op_temps(i, d.fwd_temps, temps);
+    if (ph == Phase::recompute || !checkpointed(i))
+      for (size_t k = 0, own = 0; k < d.saved.size(); ++k) {
+        const auto& s = d.saved[k];
+        if (s.ref != SavedTensor::Ref::own) continue;
+        own_[static_cast<size_t>(i)].push_back(alloc(Role::op_saved, Category::activations, own_bytes(s)));
+        last().node = i;
+        last().index = static_cast<int>(own++);
+        name_last(n.name + "." + s.what, n.name);
+      }
+    if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
+      const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
+      CommEvent ev{n.name + " syncbn stats", Collective::AllGather, CommPurpose::syncbn,
+                   syncbn_group() * (2 * c + 1) * 4, syncbn_group(), -1, -1, -1};
+      ev.blocking = true;
+      ev.per_step = static_cast<int>(cfg_.grad_accum);
+      out_.comm.push_back(ev);  // inside the op: no instruction of its own
+      out_.comm.back().issue_after = last_event() - 1;
+      out_.comm.back().wait_before = last_event();
+    }
+    for (auto& s : temps) free_slot(s);
+    for (int t : n.inputs) {
+      if (is_model_input(t)) continue;
+      if (--uses[static_cast<size_t>(t)] == 0 && keep_[static_cast<size_t>(t)] == 0) free_slot(live_[static_cast<size_t>(t)]);
+    }
+    if (uses[out] == 0 && keep_[out] == 0) free_slot(live_[out]);
+  }
+
+  int syncbn_group() const {
+    if (!cfg_.syncbn) return 1;
+    return cfg_.syncbn_group > 0 ? cfg_.syncbn_group : static_cast<int>(N_);
+  }
+
+  // Memory traffic of a forward op: inputs, output and parameters once.
+  double traffic(int i) const {
+    const Node& n = node(i);
+    double bytes = static_cast<double>(tensor_bytes(n.output));
+    for (int t : n.inputs) bytes += static_cast<double>(tensor_bytes(t));
+    for (const auto& p : decl(i).params) bytes += static_cast<double>(p.numel * pbytes_);
+    return bytes;
+  }
+
+  // ZeRO-3: gather the unit at `pos` of `order` and the `prefetch` after it;
+  // compute waits for the one it is about to run.
+  void gather_units(const std::vector<int>& order, size_t pos, const char* dir) {
+    if (cfg_.strategy != Strategy::zero3 || N_ == 1) return;
+    const size_t ahead = static_cast<size_t>(std::max(cfg_.prefetch, 0));
+    for (size_t k = pos; k < order.size() && k <= pos + ahead; ++k) {
+      const int u = order[k];
+      auto& slot = gathered_.try_emplace(u, -1).first->second;
+      if (slot >= 0 || unit_params_[static_cast<size_t>(u)] == 0) continue;
+      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], N_) * pbytes_;
+      slot = alloc(Role::gathered, Category::gathered, bytes);
+      last().unit = u;
+      name_last(unit_name(u) + " parameters", "zero3");
+      CommEvent ev{fmt::format("{} all-gather ({})", unit_name(u), dir), Collective::AllGather, CommPurpose::unit_gather,
+                   static_cast<double>(bytes), static_cast<int>(N_), u, -1, slot};
+      ev.per_step = static_cast<int>(cfg_.grad_accum);
+      pending_gather_[u] = issue(ev);
+    }
+    auto it = pending_gather_.find(order[pos]);
+    if (it != pending_gather_.end()) {
+      wait(it->second);
+      pending_gather_.erase(it);
+    }
+  }
+  void release_gathered(int u) {
+    auto it = gathered_.find(u);
+    if (it != gathered_.end()) free_slot(it->second);
+  }
+
+  void forward() {
+    count_keeps();
+    live_.assign(m_.tensors.size(), -1);
+    own_.assign(m_.nodes.size(), {});
+    for (int i = 0; i < static_cast<int>(m_.nodes.size()); ++i) {
+      const int u = node(i).unit;
+      if (u != 0 && unit_first_[static_cast<size_t>(u)] == i)
+        gather_units(units_fwd_, static_cast<size_t>(std::find(units_fwd_.begin(), units_fwd_.end(), u) - units_fwd_.begin()),
+                     "forward");
+      forward_op(i, Phase::forward, fwd_uses_);
+      if (u != 0 && unit_last_[static_cast<size_t>(u)] == i) release_gathered(u);
+      mark();
+    }
+  }
+
+  void recompute_unit(int u) {
+    std::vector<int> uses(m_.tensors.size(), 0);
+    const int first = unit_first_[static_cast<size_t>(u)], last_node = unit_last_[static_cast<size_t>(u)];
+    for (int j = first; j <= last_node; ++j) {
+      if (node(j).unit != u) continue;
+      for (int t : node(j).inputs) uses[static_cast<size_t>(t)]++;
+      for (const auto& s : decl(j).saved)
+        if (s.ref != SavedTensor::Ref::own) keep_[static_cast<size_t>(saved_tensor_id(j, s))]++;
+    }
+    // The unit's inputs are alive already and kept by the unit.
+    for (int t : unit_inputs_[static_cast<size_t>(u)]) uses[static_cast<size_t>(t)] += 1 << 20;
+    for (int j = first; j <= last_node; ++j)
+      if (node(j).unit == u) forward_op(j, Phase::recompute, uses);
+  }
+
+  void backward() {
+    grad_.assign(m_.tensors.size(), -1);
+    out_.backward_start = static_cast<int>(out_.compute.size());
+    for (int i = static_cast<int>(m_.nodes.size()) - 1; i >= 0; --i) {
+      const Node& n = node(i);
+      const OpDecl& d = decl(i);
+      const int u = n.unit;
+      if (u != 0 && unit_last_[static_cast<size_t>(u)] == i) {
+        gather_units(units_bwd_, static_cast<size_t>(std::find(units_bwd_.begin(), units_bwd_.end(), u) - units_bwd_.begin()),
+                     "backward");
+        if (checkpointed(i)) recompute_unit(u);
+      }
+      stage_unit_gradients(i);
+      for (int t : n.inputs) {
+        if (is_model_input(t) || m_.tensor(t).dtype != DType::f32 || grad_[static_cast<size_t>(t)] >= 0) continue;
+        grad_[static_cast<size_t>(t)] = alloc(Role::grad, Category::workspace, tensor_bytes(t));
+        last().tensor = t;
+        name_last("grad of " + m_.tensor(t).name, n.name);
+      }
+      compute(Instr::Kind::backward, Phase::backward, i, d.bwd_flops * static_cast<double>(b_), 2 * traffic(i));
+      std::vector<int> temps;
+      op_temps(i, d.bwd_temps, temps);
+      if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
+        const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
+        CommEvent ev{n.name + " syncbn grads", Collective::AllReduce, CommPurpose::syncbn, 2 * c * 4, syncbn_group(), -1, -1, -1};
+        ev.blocking = true;
+        ev.per_step = static_cast<int>(cfg_.grad_accum);
+        out_.comm.push_back(ev);
+        out_.comm.back().issue_after = last_event() - 1;
+        out_.comm.back().wait_before = last_event();
+      }
+      for (auto& s : temps) free_slot(s);
+      issue_ready_gradients(i);
+      free_slot(grad_[static_cast<size_t>(n.output)]);
+      for (auto& s : own_[static_cast<size_t>(i)]) free_slot(s);
+      own_[static_cast<size_t>(i)].clear();
+      for (const auto& s : d.saved)
+        if (s.ref != SavedTensor::Ref::own) release(saved_tensor_id(i, s));
+      if (u != 0 && unit_first_[static_cast<size_t>(u)] == i) {
+        for (int t : unit_inputs_[static_cast<size_t>(u)]) release(t);
+        release_gathered(u);
+      }
+      mark();
+    }
+    after_backward();
+  }
+
+  // ZeRO-2/3: a unit's full gradient is staged in comm from its first
+  // contribution (zeroed: contributions accumulate).
+  void stage_unit_gradients(int i) {
+    if ((cfg_.strategy != Strategy::zero2 && cfg_.strategy != Strategy::zero3) || N_ == 1) return;
+    auto it = contributes_.find(i);
+    if (it == contributes_.end()) return;
+    for (int k : it->second) {
+      const int u = m_.params[static_cast<size_t>(k)].unit;
+      if (unit_staging_[static_cast<size_t>(u)] >= 0 || unit_staged_.count(u)) continue;
+      unit_staged_.insert(u);
+      unit_staging_[static_cast<size_t>(u)] =
+          alloc(Role::staging, Category::comm, pad_to(unit_params_[static_cast<size_t>(u)], N_) * gbytes_);
+      last().unit = u;
+      name_last(unit_label(u) + " gradients", "reduce-scatter staging");
+    }
+  }
+
+  // After node i's backward: DDP buckets and ZeRO-2/3 units now complete.
+  void issue_ready_gradients(int i) {
+    if (N_ == 1) return;
+    if (cfg_.strategy == Strategy::ddp) {
+      auto it = bucket_ready_at_.find(i);
+      if (it == bucket_ready_at_.end()) return;
+      for (int b : it->second) {
+        make_room(When::last_micro);  // before its staging exists
+        const int64_t bytes = out_.buckets[static_cast<size_t>(b)].elements * gbytes_;
+        int slot = alloc(Role::staging, Category::comm, bytes, When::last_micro);
+        name_last(fmt::format("bucket {}", b), "ddp all-reduce");
+        CommEvent ev{fmt::format("bucket {} all-reduce", b), Collective::AllReduce, CommPurpose::bucket_all_reduce,
+                     static_cast<double>(bytes), static_cast<int>(N_), -1, b, slot};
+        last().comm = static_cast<int>(out_.comm.size());
+        issue_grad(ev, slot, When::last_micro);
+      }
+      return;
+    }
+    if (cfg_.strategy != Strategy::zero2 && cfg_.strategy != Strategy::zero3) return;
+    auto it = params_done_at_.find(i);
+    if (it == params_done_at_.end()) return;
+    for (int k : it->second) {
+      const int u = m_.params[static_cast<size_t>(k)].unit;
+      if (--unit_params_left_[static_cast<size_t>(u)] != 0) continue;
+      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], N_) * gbytes_;
+      CommEvent ev{unit_label(u) + " reduce-scatter", Collective::ReduceScatter, CommPurpose::unit_reduce_scatter,
+                   static_cast<double>(bytes), static_cast<int>(N_), u, -1, -1};
+      ev.per_step = static_cast<int>(cfg_.grad_accum);
+      issue_grad(ev, unit_staging_[static_cast<size_t>(u)], When::every);
+      unit_staging_[static_cast<size_t>(u)] = -1;
+    }
+  }
+
+  void after_backward() {
+    if (cfg_.strategy == Strategy::zero1 && N_ > 1) {
+      // After backward, one unit at a time (reverse order): a padded copy of
+      // its gradient is reduce-scattered; the shard comes back into grads.
+      std::vector<int> order = units_bwd_;
+      order.push_back(0);
+      for (int u : order) {
+        if (unit_params_[static_cast<size_t>(u)] == 0) continue;
+        make_room(When::last_micro);
+        const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], N_) * gbytes_;
+        int slot = alloc(Role::staging, Category::comm, bytes, When::last_micro);
+        last().unit = u;
+        name_last(unit_label(u) + " gradients", "zero1 reduce-scatter");
+        CommEvent ev{unit_label(u) + " reduce-scatter", Collective::ReduceScatter, CommPurpose::unit_reduce_scatter,
+                     static_cast<double>(bytes), static_cast<int>(N_), u, -1, slot};
+        last().comm = static_cast<int>(out_.comm.size());
+        issue_grad(ev, slot, When::last_micro);
+      }
+    }
+    while (!inflight_.empty()) {
+      const bool accum_every = cfg_.strategy == Strategy::zero2 || cfg_.strategy == Strategy::zero3;
+      wait_oldest(accum_every ? When::every : When::last_micro);
+    }
+    free_slot(root_gathered_, When::last_micro);
+    for (auto& s : batch_slots_) free_slot(s);
+  }
+
+  void optimizer() {
+    const bool sharded = cfg_.strategy != Strategy::ddp && N_ > 1;
+    double shard = 0;
+    for (int64_t p : unit_params_) shard += sharded ? static_cast<double>(pad_to(p, N_) / N_) : static_cast<double>(p);
+    // Bytes touched per parameter by a fused update: read grad, master/param
+    // and moments, write them back.
+    const double per_param = 2.0 * optimizer_bytes_per_param(cfg_.precision, cfg_.optimizer.kind) + gbytes_ + 2.0 * pbytes_;
+    compute(Instr::Kind::optimizer, Phase::optimizer, -1, 10.0 * shard, per_param * shard);
+    if ((cfg_.strategy == Strategy::zero1 || cfg_.strategy == Strategy::zero2) && N_ > 1)
+      for (size_t u = 0; u < m_.units.size(); ++u)
+        if (unit_params_[u] > 0) {
+          CommEvent ev{unit_label(static_cast<int>(u)) + " parameter all-gather", Collective::AllGather,
+                       CommPurpose::param_all_gather, static_cast<double>(pad_to(unit_params_[u], N_) * pbytes_),
+                       static_cast<int>(N_), static_cast<int>(u), -1, -1};
+          issue(ev, When::last_micro);
+        }
+    mark();
+  }
+
+  const Model& m_;
+  const Cluster& cl_;
+  const TrainingConfig& cfg_;
+  const bool names_;
+  StepProgram& out_;
+  const int64_t N_, b_;
+  int64_t act_ = 2, pbytes_ = 2, gbytes_ = 2;
+
+  std::vector<int> unit_first_, unit_last_, units_fwd_, units_bwd_;
+  std::vector<int64_t> unit_params_;
+  std::map<int, std::vector<int>> contributes_, params_done_at_, bucket_ready_at_;
+  std::vector<int> unit_params_left_, unit_staging_;
+  std::set<int> unit_staged_;
+
+  std::vector<int> keep_, fwd_uses_;
+  std::vector<std::string> holders_;
+  std::vector<std::vector<int>> unit_inputs_;
+  std::vector<int> live_, grad_, batch_slots_;
+  std::vector<std::vector<int>> own_;
+  std::map<int, int> gathered_, pending_gather_;
+  int root_gathered_ = -1;
+  std::deque<std::pair<int, int>> inflight_;  // (comm event, staging slot)
+};
+
+}  // namespace
+
+StepProgram build_step_program(const Model& m, const Cluster& cluster, const TrainingConfig& cfg, bool with_names) {
+  if (cfg.micro_batch <= 0) throw Error(fmt::format("micro-batch must be positive, got {}", cfg.micro_batch));
+  if (cfg.grad_accum <= 0) throw Error(fmt::format("gradient accumulation must be positive, got {}", cfg.grad_accum));
+  StepProgram p;
+  Emitter e(m, cluster, cfg, with_names, p);
+  e.run();
+  return p;
+}
+
+}  // namespace dlplan
