@@ -1,6 +1,7 @@
 // dlplan: plan a distributed training run.
 //   dlplan --model models/vit-b16.json --gpus 8     (same as `dlplan plan ...`)
 //   dlplan models | dlplan gpus | dlplan model gpt --layers 24 ...
+//   mpirun -np 4 dlplan train --plan plan.json
 #include "commands.hpp"
 #include "dlplan/error.hpp"
 
@@ -23,10 +24,12 @@ int main(int argc, char** argv) {
   auto* model = app.add_subcommand("model", "Write a model's IR JSON: a zoo model, or a family at your own size");
   auto* models = app.add_subcommand("models", "List the model zoo");
   auto* gpus = app.add_subcommand("gpus", "List the GPU catalog");
+  auto* train = app.add_subcommand("train", "Run a plan for real (under mpirun for several ranks) and report measured vs predicted");
 
   dlplan::cli::Runner run_plan = dlplan::cli::add_plan_command(*plan);
   dlplan::cli::Runner run_model = dlplan::cli::add_model_command(*model);
   dlplan::cli::Runner run_lists = dlplan::cli::add_list_commands(*models, *gpus);
+  dlplan::cli::Runner run_train = dlplan::cli::add_train_command(*train);
 
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   try {
     if (plan->parsed()) return run_plan();
     if (model->parsed()) return run_model();
+    if (train->parsed()) return run_train();
     return run_lists();
   } catch (const dlplan::Error& e) {
     fmt::print(stderr, "dlplan: error: {}\n", e.what());

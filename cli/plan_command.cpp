@@ -2,6 +2,7 @@
 // planner -> table / JSON / CSV, and optionally the plan file.
 #include "commands.hpp"
 #include "dlplan/error.hpp"
+#include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -9,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace dlplan::cli {
@@ -47,7 +49,8 @@ Cluster make_cluster(const PlanFlags& f, const CLI::App& app) {
 PlanRequest make_request(const PlanFlags& f, const CLI::App& app) {
   PlanRequest r;
   r.cluster = make_cluster(f, app);
-  r.model = load_model(f.model);
+  // ONNX symbolic dims (batch, sequence) take --micro-batch and --seq-len.
+  r.model = load_model(f.model, ImportOptions{std::max<int64_t>(f.micro_batch, 1), std::max<int64_t>(f.seq_len, 0)});
   if (f.seq_len > 0 || app.count("--seq-len")) r.model = with_seq_len(r.model, f.seq_len);
   auto& t = r.training;
   t.precision = f.precision.empty() ? (r.cluster.device.kind == "cpu" ? Precision::fp32 : Precision::bf16_mixed)

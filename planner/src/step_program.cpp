@@ -105,6 +105,7 @@ class Emitter {
   int64_t elem_bytes(Elem e) const { return e == Elem::compute ? act_ : e == Elem::u8 ? 1 : 4; }
   int64_t tensor_bytes(int t) const {
     const auto& ti = m_.tensor(t);
+    if (ti.producer >= 0 && node(ti.producer).op == OpKind::cross_entropy) return 4;  // the loss: one fp32 scalar
     return numel(ti.shape) * b_ * (ti.dtype == DType::i32 ? 4 : act_);
   }
   int64_t own_bytes(const SavedTensor& s) const { return s.numel * (s.per_batch ? 1 : b_) * elem_bytes(s.elem); }

@@ -1,0 +1,300 @@
+// The MPI communicator (CPU backend). MPI is initialised with
+// MPI_THREAD_SERIALIZED and, from then on, only the communication thread calls
+// MPI: the collectives are queued on it in call order (so they overlap the
+// caller's compute) and the blocking calls are queued and waited. The one
+// exception is abort(), which must end the job even while the thread is stuck
+// in a collective with a dead peer.
+//
+// Every communicator uses MPI_ERRORS_RETURN; a failing call becomes a
+// dlplan::Error naming the call and the rank.
+#include "comm/comm_thread.hpp"
+#include "dlplan/error.hpp"
+#include "dlplan/exec/communicator.hpp"
+
+// The C API only (the deprecated C++ bindings do not compile warning-free).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dlplan::exec {
+namespace {
+
+struct Group {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int size = 1;
+  int rank = 0;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(int* argc, char*** argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (!initialized) {
+      if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        throw Error("MPI_Init_thread failed");
+      owns_mpi_ = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED) {
+      if (owns_mpi_) MPI_Finalize();
+      throw Error("MPI provides thread level " + std::to_string(provided) +
+                  ", the communication thread needs MPI_THREAD_SERIALIZED");
+    }
+    thread_ = std::make_unique<comm::CommThread>();
+    thread_->run_sync([this] { setup(); });
+  }
+
+  ~MpiCommunicator() override {
+    if (thread_) {
+      try {
+        thread_->run_sync([this] {
+          for (auto& g : groups_)
+            if (g.comm != MPI_COMM_NULL && g.comm != world_) MPI_Comm_free(&g.comm);
+          if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
+        });
+      } catch (...) {
+      }
+      thread_.reset();  // drain, then join
+    }
+    // MPI_Finalize belongs on the thread that initialised MPI (this one).
+    if (owns_mpi_) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string name() const override { return "mpi"; }
+
+  WorkHandle all_reduce(float* data, int64_t count, int group) override {
+    const Group g = lookup(group);
+    check_buffer(data, count, "all_reduce");
+    if (count == 0) return comm::completed_work();
+    return thread_->submit([this, data, count, g] {
+      // MPI counts are int: large buffers go in chunks.
+      for (int64_t off = 0; off < count; off += INT_MAX) {
+        const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - off));
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, g.comm),
+                  "MPI_Allreduce");
+      }
+    });
+  }
+
+  WorkHandle reduce_scatter(float* data, int64_t count, int group) override {
+    const Group g = lookup(group);
+    const int shard = shard_count(data, count, g, "reduce_scatter");
+    if (count == 0) return comm::completed_work();
+    return thread_->submit([this, data, shard, g] {
+      // In place, MPI leaves the reduced block at the start of the buffer;
+      // this rank's shard belongs at rank * shard.
+      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, data, shard, MPI_FLOAT, MPI_SUM, g.comm),
+                "MPI_Reduce_scatter_block");
+      if (g.rank != 0)
+        std::memmove(data + static_cast<int64_t>(g.rank) * shard, data,
+                     static_cast<size_t>(shard) * sizeof(float));
+    });
+  }
+
+  WorkHandle all_gather(float* data, int64_t count, int group) override {
+    const Group g = lookup(group);
+    const int shard = shard_count(data, count, g, "all_gather");
+    if (count == 0) return comm::completed_work();
+    return thread_->submit([this, data, shard, g] {
+      check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, shard, MPI_FLOAT, g.comm),
+                "MPI_Allgather");
+    });
+  }
+
+  WorkHandle broadcast(float* data, int64_t count, int root, int group) override {
+    const Group g = lookup(group);
+    check_buffer(data, count, "broadcast");
+    if (root < 0 || root >= g.size)
+      throw Error("broadcast: root " + std::to_string(root) + " is not a rank of a group of " +
+                  std::to_string(g.size) + " (rank " + std::to_string(rank_) + ")");
+    if (count == 0) return comm::completed_work();
+    return thread_->submit([this, data, count, root, g] {
+      for (int64_t off = 0; off < count; off += INT_MAX) {
+        const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - off));
+        check_mpi(MPI_Bcast(data + off, n, MPI_FLOAT, root, g.comm), "MPI_Bcast");
+      }
+    });
+  }
+
+  void barrier() override {
+    thread_->run_sync([this] { check_mpi(MPI_Barrier(world_), "MPI_Barrier"); });
+  }
+
+  void all_gather_bytes(const void* in, void* out, int64_t bytes) override {
+    if (bytes < 0 || bytes > INT_MAX)
+      throw Error("all_gather_bytes: " + std::to_string(bytes) + " bytes per rank is out of range");
+    if (bytes == 0) return;
+    if (in == nullptr || out == nullptr) throw Error("all_gather_bytes: null buffer");
+    thread_->run_sync([this, in, out, bytes] {
+      const auto* src = static_cast<const char*>(in);
+      auto* dst = static_cast<char*>(out);
+      const int n = static_cast<int>(bytes);
+      std::vector<char> copy;
+      const void* send = in;
+      if (src == dst + static_cast<int64_t>(rank_) * bytes) {
+        send = MPI_IN_PLACE;  // already in its slot
+      } else if (src < dst + static_cast<int64_t>(size_) * bytes && dst < src + bytes) {
+        copy.assign(src, src + bytes);  // MPI forbids aliased send and receive buffers
+        send = copy.data();
+      }
+      if (send == MPI_IN_PLACE)
+        check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, dst, n, MPI_BYTE, world_),
+                  "MPI_Allgather");
+      else
+        check_mpi(MPI_Allgather(send, n, MPI_BYTE, dst, n, MPI_BYTE, world_), "MPI_Allgather");
+    });
+  }
+
+  void all_reduce_doubles(double* data, int64_t count) override {
+    check_buffer(data, count, "all_reduce_doubles");
+    if (count == 0) return;
+    thread_->run_sync([this, data, count] {
+      for (int64_t off = 0; off < count; off += INT_MAX) {
+        const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - off));
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_DOUBLE, MPI_SUM, world_),
+                  "MPI_Allreduce");
+      }
+    });
+  }
+
+  double busy_seconds() const override { return thread_->busy_seconds(); }
+
+  int make_groups(int group_size) override {
+    // Checked before any MPI call, so every rank throws the same error and
+    // none is left waiting in MPI_Comm_split.
+    if (group_size < 1 || size_ % group_size != 0)
+      throw Error("make_groups: a group size of " + std::to_string(group_size) +
+                  " does not divide the world size " + std::to_string(size_));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = by_size_.find(group_size);
+      if (it != by_size_.end()) return it->second;  // every rank caches alike
+    }
+    Group g;
+    thread_->run_sync([this, group_size, &g] {
+      check_mpi(MPI_Comm_split(world_, rank_ / group_size, rank_, &g.comm), "MPI_Comm_split");
+      check_mpi(MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+      check_mpi(MPI_Comm_size(g.comm, &g.size), "MPI_Comm_size");
+      check_mpi(MPI_Comm_rank(g.comm, &g.rank), "MPI_Comm_rank");
+    });
+    std::lock_guard<std::mutex> lock(mutex_);
+    groups_.push_back(g);
+    const int handle = static_cast<int>(groups_.size()) - 1;
+    by_size_[group_size] = handle;
+    return handle;
+  }
+
+  int group_size(int group) const override { return lookup(group).size; }
+  int group_rank(int group) const override { return lookup(group).rank; }
+
+  [[noreturn]] void abort(const std::string& message) override {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dlplan: rank %d: %s\n", rank_, message.c_str());
+    std::fflush(stderr);
+    // Called directly, not through the thread: the thread may be blocked in a
+    // collective that will never complete (a dead or diverged peer).
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+ private:
+  // On the communication thread.
+  void setup() {
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(world_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(world_, &size_), "MPI_Comm_size");
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    check_mpi(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(node, &local_size_), "MPI_Comm_size");
+    check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
+    groups_.push_back(Group{world_, size_, rank_});  // handle 0: the world
+  }
+
+  void check_mpi(int rc, const char* call) const {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING] = {};
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof text, "error %d", rc);
+    throw Error(std::string(call) + " failed on rank " + std::to_string(rank_) + ": " + text);
+  }
+
+  Group lookup(int group) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (group < 0 || group >= static_cast<int>(groups_.size()))
+      throw Error("unknown communicator group " + std::to_string(group) + " (rank " +
+                  std::to_string(rank_) + ")");
+    return groups_[static_cast<size_t>(group)];
+  }
+
+  void check_buffer(const void* data, int64_t count, const char* what) const {
+    if (count < 0 || (count > 0 && data == nullptr))
+      throw Error(std::string(what) + ": bad buffer (count " + std::to_string(count) + ", rank " +
+                  std::to_string(rank_) + ")");
+  }
+
+  // The per-rank count of a sharded collective (checked before it is queued,
+  // so a bad call fails on the caller, not on the thread mid-collective).
+  int shard_count(const float* data, int64_t count, const Group& g, const char* what) const {
+    check_buffer(data, count, what);
+    if (count % g.size != 0)
+      throw Error(std::string(what) + ": " + std::to_string(count) +
+                  " elements are not a multiple of the group size " + std::to_string(g.size) +
+                  " (rank " + std::to_string(rank_) + ")");
+    const int64_t shard = count / g.size;
+    if (shard > INT_MAX)
+      throw Error(std::string(what) + ": a shard of " + std::to_string(shard) +
+                  " elements exceeds MPI's int count");
+    return static_cast<int>(shard);
+  }
+
+  bool owns_mpi_ = false;
+  std::unique_ptr<comm::CommThread> thread_;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  mutable std::mutex mutex_;
+  std::vector<Group> groups_;
+  std::map<int, int> by_size_;
+};
+
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_communicator(int* argc, char*** argv) {
+  if (!launched_by_mpi()) return make_single_communicator();
+  return std::make_unique<MpiCommunicator>(argc, argv);
+}
+
+}  // namespace dlplan::exec

@@ -1,0 +1,124 @@
+// The CPU reference backend: fp32, OpenBLAS GEMMs. forward/backward switch on
+// the node's OpKind and call one function per op direction (cpu/ops.hpp).
+#include "cpu/ops.hpp"
+
+#include "dlplan/error.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+namespace dlplan::exec {
+namespace cpu {
+
+const Shape& in_shape(const OpContext& c, int i) {
+  return c.model->tensor(c.node->inputs.at(static_cast<size_t>(i))).shape;
+}
+const Shape& out_shape(const OpContext& c) { return c.model->output_of(*c.node).shape; }
+
+Shape batched(int64_t b, const Shape& per_sample) {
+  Shape s{b};
+  s.insert(s.end(), per_sample.begin(), per_sample.end());
+  return s;
+}
+
+Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string& what, bool zero) {
+  auto name = c.node->name + "." + what;
+  return zero ? c.alloc->zeros(shape, dt, Category::activations, std::move(name))
+              : c.alloc->empty(shape, dt, Category::activations, std::move(name));
+}
+
+Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what) {
+  return c.alloc->bytes_buffer(bytes, Category::activations, c.node->name + "." + what);
+}
+
+Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero) {
+  auto name = c.node->name + "." + what;
+  return zero ? c.alloc->zeros(shape, DType::f32, Category::workspace, std::move(name))
+              : c.alloc->empty(shape, DType::f32, Category::workspace, std::move(name));
+}
+
+void op_error(const OpContext& c, const std::string& message) {
+  throw Error(fmt::format("{}: node '{}' ({}): {}", c.model->source, c.node->name, to_string(c.node->op), message));
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  void forward(OpContext& c) override {
+    switch (c.node->op) {
+      case OpKind::embedding: return embedding_forward(c);
+      case OpKind::pos_embedding: return pos_embedding_forward(c);
+      case OpKind::cls_token: return cls_token_forward(c);
+      case OpKind::linear: return linear_forward(c);
+      case OpKind::conv2d: return conv2d_forward(c);
+      case OpKind::batchnorm: return batchnorm_forward(c);
+      case OpKind::layernorm: return layernorm_forward(c);
+      case OpKind::rmsnorm: return rmsnorm_forward(c);
+      case OpKind::gelu: return gelu_forward(c);
+      case OpKind::relu: return relu_forward(c);
+      case OpKind::silu: return silu_forward(c);
+      case OpKind::tanh: return tanh_forward(c);
+      case OpKind::sigmoid: return sigmoid_forward(c);
+      case OpKind::add: return add_forward(c);
+      case OpKind::mul: return mul_forward(c);
+      case OpKind::attention: return attention_forward(c);
+      case OpKind::maxpool2d: return maxpool2d_forward(c);
+      case OpKind::avgpool2d: return avgpool2d_forward(c);
+      case OpKind::global_avgpool: return global_avgpool_forward(c);
+      case OpKind::flatten: return flatten_forward(c);
+      case OpKind::tokens: return tokens_forward(c);
+      case OpKind::select: return select_forward(c);
+      case OpKind::dropout: return dropout_forward(c);
+      case OpKind::cross_entropy: return cross_entropy_forward(c);
+    }
+    op_error(c, "op has no CPU forward");
+  }
+
+  void backward(OpContext& c) override {
+    switch (c.node->op) {
+      case OpKind::embedding: return embedding_backward(c);
+      case OpKind::pos_embedding: return pos_embedding_backward(c);
+      case OpKind::cls_token: return cls_token_backward(c);
+      case OpKind::linear: return linear_backward(c);
+      case OpKind::conv2d: return conv2d_backward(c);
+      case OpKind::batchnorm: return batchnorm_backward(c);
+      case OpKind::layernorm: return layernorm_backward(c);
+      case OpKind::rmsnorm: return rmsnorm_backward(c);
+      case OpKind::gelu: return gelu_backward(c);
+      case OpKind::relu: return relu_backward(c);
+      case OpKind::silu: return silu_backward(c);
+      case OpKind::tanh: return tanh_backward(c);
+      case OpKind::sigmoid: return sigmoid_backward(c);
+      case OpKind::add: return add_backward(c);
+      case OpKind::mul: return mul_backward(c);
+      case OpKind::attention: return attention_backward(c);
+      case OpKind::maxpool2d: return maxpool2d_backward(c);
+      case OpKind::avgpool2d: return avgpool2d_backward(c);
+      case OpKind::global_avgpool: return global_avgpool_backward(c);
+      case OpKind::flatten: return flatten_backward(c);
+      case OpKind::tokens: return tokens_backward(c);
+      case OpKind::select: return select_backward(c);
+      case OpKind::dropout: return dropout_backward(c);
+      case OpKind::cross_entropy: return cross_entropy_backward(c);
+    }
+    op_error(c, "op has no CPU backward");
+  }
+};
+
+}  // namespace
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+
+}  // namespace dlplan::exec

@@ -1,0 +1,100 @@
+// The CPU reference backend's ops (fp32), one function per op direction.
+// Internal to executor/cpu; the rest of the executor reaches them through
+// make_cpu_backend() (backend.hpp).
+//
+// Conventions shared by every op (backend.hpp says the same from outside):
+//  - tensors are batch-first: ctx.in[i] is [b, ...per-sample shape]; the
+//    shapes the ops rely on come from the model (ctx.model, ctx.node), so a
+//    parameter may be a flat [numel] tensor;
+//  - forward writes ctx.out (allocated by the caller) and pushes the op's own
+//    saved tensors (SavedTensor::Ref::own, declaration order) into ctx.saved;
+//    its temporaries are exactly the declaration's fwd_temps (x batch), freed
+//    before returning;
+//  - backward reads ctx.dout and accumulates (+=) into the defined entries of
+//    ctx.din and every ctx.dparams entry; it allocates exactly the
+//    declaration's bwd_temps.
+#pragma once
+
+#include "dlplan/exec/backend.hpp"
+
+#include <string>
+
+namespace dlplan::exec::cpu {
+
+// ---- helpers (cpu_backend.cpp) ----------------------------------------------
+const Shape& in_shape(const OpContext& c, int i);   // per-sample shape of input i
+const Shape& out_shape(const OpContext& c);         // per-sample shape of the output
+Shape batched(int64_t b, const Shape& per_sample);  // [b, ...per_sample]
+// A saved tensor of the op (category activations) and a temporary (workspace),
+// named "<node>.<what>".
+Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string& what, bool zero = false);
+Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what);
+Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero = false);
+[[noreturn]] void op_error(const OpContext& c, const std::string& message);
+
+// C += alpha * op(A) * op(B), row-major, thin wrapper over cblas_sgemm.
+// (m x k) * (k x n); lda/ldb/ldc are row strides in elements.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// ---- ops_dense.cpp -------------------------------------------------------------
+void embedding_forward(OpContext& c);
+void embedding_backward(OpContext& c);
+void pos_embedding_forward(OpContext& c);
+void pos_embedding_backward(OpContext& c);
+void cls_token_forward(OpContext& c);
+void cls_token_backward(OpContext& c);
+void linear_forward(OpContext& c);
+void linear_backward(OpContext& c);
+void select_forward(OpContext& c);
+void select_backward(OpContext& c);
+void tokens_forward(OpContext& c);
+void tokens_backward(OpContext& c);
+void flatten_forward(OpContext& c);
+void flatten_backward(OpContext& c);
+
+// ---- ops_conv.cpp --------------------------------------------------------------
+void conv2d_forward(OpContext& c);
+void conv2d_backward(OpContext& c);
+void maxpool2d_forward(OpContext& c);
+void maxpool2d_backward(OpContext& c);
+void avgpool2d_forward(OpContext& c);
+void avgpool2d_backward(OpContext& c);
+void global_avgpool_forward(OpContext& c);
+void global_avgpool_backward(OpContext& c);
+
+// ---- ops_norm.cpp --------------------------------------------------------------
+void batchnorm_forward(OpContext& c);
+void batchnorm_backward(OpContext& c);
+void layernorm_forward(OpContext& c);
+void layernorm_backward(OpContext& c);
+void rmsnorm_forward(OpContext& c);
+void rmsnorm_backward(OpContext& c);
+
+// ---- ops_elementwise.cpp -------------------------------------------------------
+void gelu_forward(OpContext& c);
+void gelu_backward(OpContext& c);
+void relu_forward(OpContext& c);
+void relu_backward(OpContext& c);
+void silu_forward(OpContext& c);
+void silu_backward(OpContext& c);
+void tanh_forward(OpContext& c);
+void tanh_backward(OpContext& c);
+void sigmoid_forward(OpContext& c);
+void sigmoid_backward(OpContext& c);
+void add_forward(OpContext& c);
+void add_backward(OpContext& c);
+void mul_forward(OpContext& c);
+void mul_backward(OpContext& c);
+void dropout_forward(OpContext& c);
+void dropout_backward(OpContext& c);
+
+// ---- ops_attention.cpp ---------------------------------------------------------
+void attention_forward(OpContext& c);
+void attention_backward(OpContext& c);
+
+// ---- ops_loss.cpp --------------------------------------------------------------
+void cross_entropy_forward(OpContext& c);
+void cross_entropy_backward(OpContext& c);
+
+}  // namespace dlplan::exec::cpu

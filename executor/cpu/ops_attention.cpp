@@ -1,0 +1,396 @@
+// Multi-head self-attention, math and flash forms (one op, DESIGN.md table).
+//
+//   q = x Wq^T + bq  [T, H hd];  k = x Wk^T + bk, v = x Wv^T + bv  [T, KV hd]
+//   RoPE on q and k (optional);  query head h reads kv head h / (H / KV) (GQA)
+//   S_h = q_h k_g^T / sqrt(hd)  (causal: j > i masked);  P_h = softmax_rows(S_h)
+//   P~_h = P_h mask / (1 - p)   (dropout on the probabilities, Philox-keyed)
+//   context_h = P~_h v_g;  out = context Wo^T + bo
+//
+// Math form (decl saves "probs"): scores are the fwd temporary, and q, k, v
+// (after RoPE), context, probs (+ probs_mask, probs_dropped with dropout) are
+// saved. Flash form (decl saves "lse"): a streaming softmax over key blocks
+// (Dao et al., FlashAttention, Alg. 1) keeps only the per-(head, token) fp32
+// log-sum-exp; backward recomputes P = exp(S - lse) block by block (Alg. 2,
+// with D_i = dO_i . O_i). Both forms compute the same math; the dropout mask of
+// element (h, i, j) is keyed by its index (h T + i) T + j in either.
+#include "cpu/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace dlplan::exec::cpu {
+namespace {
+
+constexpr int64_t kBlock = 64;  // flash query / key block
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Dims {
+  int64_t b, T, D, H, KV, hd, group;
+  bool causal, bias, rope, flash;
+  double p, theta;
+  float scale;
+  int64_t qw() const { return H * hd; }   // width of q and context rows
+  int64_t kw() const { return KV * hd; }  // width of k and v rows
+};
+
+Dims dims_of(const OpContext& c) {
+  const Shape& x = in_shape(c, 0);
+  const Attrs& a = c.node->attrs;
+  Dims d{};
+  d.b = c.batch;
+  d.T = x[0];
+  d.D = x[1];
+  d.H = a.integer("heads");
+  d.KV = a.integer("kv_heads");
+  d.hd = a.integer("head_dim");
+  d.group = d.H / d.KV;
+  d.causal = a.flag("causal");
+  d.bias = a.flag("bias");
+  d.rope = a.flag("rope");
+  d.p = c.training ? a.number("dropout") : 0.0;
+  d.theta = a.number("rope_theta");
+  d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.hd)));
+  d.flash = false;
+  for (const auto& s : c.decl->saved)
+    if (s.ref == SavedTensor::Ref::own && s.what == "lse") d.flash = true;
+  return d;
+}
+
+// Parameters in declaration order: q, k, v, o weights, then (bias) their biases.
+const float* weight(const OpContext& c, int i) { return c.params[static_cast<size_t>(i)].f(); }
+const float* bias_of(const OpContext& c, const Dims& d, int i) {
+  return d.bias ? c.params[static_cast<size_t>(4 + i)].f() : nullptr;
+}
+
+// y [R, o] = x [R, in] W^T + bias.
+void project(const float* x, const float* w, const float* bias, float* y, int64_t R, int64_t in, int64_t o) {
+  if (bias)
+    for (int64_t r = 0; r < R; ++r) std::memcpy(y + r * o, bias, static_cast<size_t>(o) * sizeof(float));
+  gemm(false, true, R, o, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, o);
+}
+
+// dx += dy W;  dW += dy^T x;  dbias += sum_r dy.
+void project_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* dbias, int64_t R,
+                      int64_t in, int64_t o) {
+  if (dx) gemm(false, false, R, in, o, 1.0f, dy, o, w, in, 1.0f, dx, in);
+  gemm(true, false, o, in, R, 1.0f, dy, o, x, in, 1.0f, dw, in);
+  if (dbias)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < o; ++j) dbias[j] += dy[r * o + j];
+}
+
+// RoPE, rotate-half form (HF Llama's apply_rotary_pos_emb): for position t and
+// i < hd/2, angle = t theta^(-2i/hd), pairs (x_i, x_{i+hd/2}):
+//   forward: (x1 cos - x2 sin, x2 cos + x1 sin)
+//   inverse (the transpose, for gradients): (y1 cos + y2 sin, y2 cos - y1 sin)
+void rope(float* t, const Dims& d, int64_t heads, bool inverse) {
+  const int64_t half = d.hd / 2, width = heads * d.hd;
+  std::vector<float> cs(static_cast<size_t>(d.T * half)), sn(static_cast<size_t>(d.T * half));
+  for (int64_t pos = 0; pos < d.T; ++pos)
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv_freq = 1.0 / std::pow(d.theta, static_cast<double>(2 * i) / static_cast<double>(d.hd));
+      const double ang = static_cast<double>(pos) * inv_freq;
+      cs[static_cast<size_t>(pos * half + i)] = static_cast<float>(std::cos(ang));
+      sn[static_cast<size_t>(pos * half + i)] = static_cast<float>(std::sin(ang));
+    }
+  const float sign = inverse ? -1.0f : 1.0f;
+  for (int64_t s = 0; s < d.b; ++s)
+    for (int64_t pos = 0; pos < d.T; ++pos)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* x = t + (s * d.T + pos) * width + h * d.hd;
+        for (int64_t i = 0; i < half; ++i) {
+          const float co = cs[static_cast<size_t>(pos * half + i)], si = sign * sn[static_cast<size_t>(pos * half + i)];
+          const float x1 = x[i], x2 = x[i + half];
+          x[i] = x1 * co - x2 * si;
+          x[i + half] = x2 * co + x1 * si;
+        }
+      }
+}
+
+// Dropout on probability (h, i, j) of sample s: the multiplier (0 or 1/(1-p)).
+struct ProbDropout {
+  const OpContext& c;
+  const Dims& d;
+  float pf = 0, keep_scale = 1;
+  ProbDropout(const OpContext& ctx, const Dims& dm)
+      : c(ctx), d(dm), pf(static_cast<float>(dm.p)), keep_scale(static_cast<float>(1.0 / (1.0 - dm.p))) {}
+  bool active() const { return d.p > 0; }
+  float operator()(int64_t s, int64_t h, int64_t i, int64_t j) const {
+    const int64_t e = (h * d.T + i) * d.T + j;
+    return dropout_uniform(c.seed, c.node_index, c.first_sample + s, e) < pf ? 0.0f : keep_scale;
+  }
+};
+
+// ---- math form ---------------------------------------------------------------------
+
+void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, const float* v, float* ctx) {
+  const int64_t TT = d.T * d.T;
+  Tensor scores = alloc_temp(c, {d.b, d.H, d.T, d.T}, "scores");
+  Tensor probs = alloc_saved(c, {d.b, d.H, d.T, d.T}, DType::f32, "probs");
+  const bool with_dropout = c.node->attrs.number("dropout") > 0;  // declared tensors, even in eval
+  Tensor mask, dropped;
+  if (with_dropout) {
+    mask = alloc_saved_bytes(c, d.b * d.H * TT, "probs_mask");
+    dropped = alloc_saved(c, {d.b, d.H, d.T, d.T}, DType::f32, "probs_dropped");
+  }
+  const ProbDropout drop(c, d);
+  for (int64_t s = 0; s < d.b; ++s)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / d.group, sh = s * d.H + h;
+      float* S = scores.f() + sh * TT;
+      float* P = probs.f() + sh * TT;
+      gemm(false, true, d.T, d.T, d.hd, d.scale, q + s * d.T * d.qw() + h * d.hd, d.qw(),
+           k + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f, S, d.T);
+      for (int64_t i = 0; i < d.T; ++i) {
+        float* srow = S + i * d.T;
+        float* prow = P + i * d.T;
+        const int64_t valid = d.causal ? i + 1 : d.T;
+        for (int64_t j = valid; j < d.T; ++j) srow[j] = kNegInf;
+        const float mx = *std::max_element(srow, srow + valid);
+        double sum = 0;
+        for (int64_t j = 0; j < valid; ++j) {
+          prow[j] = std::exp(srow[j] - mx);
+          sum += prow[j];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t j = 0; j < valid; ++j) prow[j] *= inv;
+        for (int64_t j = valid; j < d.T; ++j) prow[j] = 0.0f;
+      }
+      const float* Pv = P;  // the probabilities that multiply v
+      if (with_dropout) {
+        uint8_t* m = mask.u8() + sh * TT;
+        float* Pd = dropped.f() + sh * TT;
+        for (int64_t i = 0; i < d.T; ++i)
+          for (int64_t j = 0; j < d.T; ++j) {
+            const float f = drop.active() ? drop(s, h, i, j) : 1.0f;
+            m[i * d.T + j] = f != 0.0f ? 1 : 0;
+            Pd[i * d.T + j] = P[i * d.T + j] * f;
+          }
+        Pv = Pd;
+      }
+      gemm(false, false, d.T, d.hd, d.T, 1.0f, Pv, d.T, v + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f,
+           ctx + s * d.T * d.qw() + h * d.hd, d.qw());
+    }
+  c.saved.push_back(std::move(probs));
+  if (with_dropout) {
+    c.saved.push_back(std::move(mask));
+    c.saved.push_back(std::move(dropped));
+  }
+}
+
+// dP~ = dctx v^T;  dv += P~^T dctx;  dP = dP~ mask / (1 - p);
+// dS = P (dP - rowsum(P dP)) (softmax's Jacobian);  dq += scale dS k;  dk += scale dS^T q.
+void math_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, float* dk, float* dv) {
+  const int64_t TT = d.T * d.T;
+  const float* q = c.saved[0].f();
+  const float* k = c.saved[1].f();
+  const float* v = c.saved[2].f();
+  const float* probs = c.saved[4].f();
+  const bool with_dropout = c.saved.size() > 5;
+  Tensor dprobs = alloc_temp(c, {d.b, d.H, d.T, d.T}, "dprobs");
+  const float keep_scale = d.p > 0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 1.0f;
+  for (int64_t s = 0; s < d.b; ++s)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / d.group, sh = s * d.H + h;
+      const float* P = probs + sh * TT;
+      const float* Pv = with_dropout ? c.saved[6].f() + sh * TT : P;
+      float* dP = dprobs.f() + sh * TT;
+      const float* dctx_h = dctx + s * d.T * d.qw() + h * d.hd;
+      gemm(false, true, d.T, d.T, d.hd, 1.0f, dctx_h, d.qw(), v + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f, dP, d.T);
+      gemm(true, false, d.T, d.hd, d.T, 1.0f, Pv, d.T, dctx_h, d.qw(), 1.0f, dv + s * d.T * d.kw() + g * d.hd, d.kw());
+      if (with_dropout) {
+        const uint8_t* m = c.saved[5].u8() + sh * TT;
+        for (int64_t e = 0; e < TT; ++e) dP[e] = m[e] ? dP[e] * keep_scale : 0.0f;
+      }
+      for (int64_t i = 0; i < d.T; ++i) {
+        const float* prow = P + i * d.T;
+        float* drow = dP + i * d.T;
+        double dot = 0;
+        for (int64_t j = 0; j < d.T; ++j) dot += double{prow[j]} * drow[j];
+        for (int64_t j = 0; j < d.T; ++j) drow[j] = prow[j] * (drow[j] - static_cast<float>(dot));
+      }
+      gemm(false, false, d.T, d.hd, d.T, d.scale, dP, d.T, k + s * d.T * d.kw() + g * d.hd, d.kw(), 1.0f,
+           dq + s * d.T * d.qw() + h * d.hd, d.qw());
+      gemm(true, false, d.T, d.hd, d.T, d.scale, dP, d.T, q + s * d.T * d.qw() + h * d.hd, d.qw(), 1.0f,
+           dk + s * d.T * d.kw() + g * d.hd, d.kw());
+    }
+}
+
+// ---- flash form --------------------------------------------------------------------
+
+// Streaming softmax: per query block, running max m, running sum l, and the
+// unnormalised accumulator acc; each key block rescales them by exp(m_old - m_new).
+void flash_forward(OpContext& c, const Dims& d, const float* q, const float* k, const float* v, float* ctx) {
+  Tensor lse_t = alloc_saved(c, {d.b, d.H, d.T}, DType::f32, "lse");
+  const ProbDropout drop(c, d);
+  std::vector<float> S(static_cast<size_t>(kBlock * kBlock)), acc(static_cast<size_t>(kBlock * d.hd));
+  std::vector<float> m(static_cast<size_t>(kBlock)), l(static_cast<size_t>(kBlock));
+  for (int64_t s = 0; s < d.b; ++s)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / d.group;
+      const float* Qh = q + s * d.T * d.qw() + h * d.hd;
+      const float* Kg = k + s * d.T * d.kw() + g * d.hd;
+      const float* Vg = v + s * d.T * d.kw() + g * d.hd;
+      float* O = ctx + s * d.T * d.qw() + h * d.hd;
+      float* lse = lse_t.f() + (s * d.H + h) * d.T;
+      for (int64_t i0 = 0; i0 < d.T; i0 += kBlock) {
+        const int64_t nq = std::min(kBlock, d.T - i0);
+        std::fill(m.begin(), m.end(), kNegInf);
+        std::fill(l.begin(), l.end(), 0.0f);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        const int64_t jend = d.causal ? i0 + nq : d.T;
+        for (int64_t j0 = 0; j0 < jend; j0 += kBlock) {
+          const int64_t nk = std::min(kBlock, jend - j0);
+          gemm(false, true, nq, nk, d.hd, d.scale, Qh + i0 * d.qw(), d.qw(), Kg + j0 * d.kw(), d.kw(), 0.0f, S.data(), nk);
+          for (int64_t r = 0; r < nq; ++r) {
+            const int64_t i = i0 + r;
+            float* row = S.data() + r * nk;
+            const int64_t valid = d.causal ? std::clamp<int64_t>(i + 1 - j0, 0, nk) : nk;
+            float mx = kNegInf;
+            for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
+            const float mnew = std::max(m[static_cast<size_t>(r)], mx);
+            if (mnew == kNegInf) {  // nothing visible yet for this row
+              std::fill(row, row + nk, 0.0f);
+              continue;
+            }
+            const float corr = std::exp(m[static_cast<size_t>(r)] - mnew);
+            float sum = 0;
+            for (int64_t j = 0; j < nk; ++j) {
+              row[j] = j < valid ? std::exp(row[j] - mnew) : 0.0f;
+              sum += row[j];
+            }
+            l[static_cast<size_t>(r)] = l[static_cast<size_t>(r)] * corr + sum;
+            m[static_cast<size_t>(r)] = mnew;
+            for (int64_t e = 0; e < d.hd; ++e) acc[static_cast<size_t>(r * d.hd + e)] *= corr;
+            if (drop.active())
+              for (int64_t j = 0; j < valid; ++j) row[j] *= drop(s, h, i, j0 + j);
+          }
+          gemm(false, false, nq, d.hd, nk, 1.0f, S.data(), nk, Vg + j0 * d.kw(), d.kw(), 1.0f, acc.data(), d.hd);
+        }
+        for (int64_t r = 0; r < nq; ++r) {
+          const float inv = 1.0f / l[static_cast<size_t>(r)];
+          for (int64_t e = 0; e < d.hd; ++e) O[(i0 + r) * d.qw() + e] = acc[static_cast<size_t>(r * d.hd + e)] * inv;
+          lse[i0 + r] = m[static_cast<size_t>(r)] + std::log(l[static_cast<size_t>(r)]);
+        }
+      }
+    }
+  c.saved.push_back(std::move(lse_t));
+}
+
+// Recompute P = exp(scale q k^T - lse) per block; D_i = dO_i . O_i;
+// dv += P~^T dO;  dP = (dO v^T) mask / (1 - p);  dS = P (dP - D_i);
+// dq += scale dS k;  dk += scale dS^T q.
+void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, float* dk, float* dv) {
+  const float* q = c.saved[0].f();
+  const float* k = c.saved[1].f();
+  const float* v = c.saved[2].f();
+  const float* ctx = c.saved[3].f();
+  const float* lse_all = c.saved[4].f();
+  const ProbDropout drop(c, d);
+  const size_t blk = static_cast<size_t>(kBlock * kBlock);
+  std::vector<float> P(blk), Pd(blk), dP(blk), Dvec(static_cast<size_t>(d.T));
+  for (int64_t s = 0; s < d.b; ++s)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t g = h / d.group;
+      const int64_t qoff = s * d.T * d.qw() + h * d.hd, koff = s * d.T * d.kw() + g * d.hd;
+      const float* lse = lse_all + (s * d.H + h) * d.T;
+      for (int64_t i = 0; i < d.T; ++i) {
+        double acc = 0;
+        for (int64_t e = 0; e < d.hd; ++e) acc += double{dctx[qoff + i * d.qw() + e]} * ctx[qoff + i * d.qw() + e];
+        Dvec[static_cast<size_t>(i)] = static_cast<float>(acc);
+      }
+      for (int64_t i0 = 0; i0 < d.T; i0 += kBlock) {
+        const int64_t nq = std::min(kBlock, d.T - i0);
+        const int64_t jend = d.causal ? i0 + nq : d.T;
+        for (int64_t j0 = 0; j0 < jend; j0 += kBlock) {
+          const int64_t nk = std::min(kBlock, jend - j0);
+          gemm(false, true, nq, nk, d.hd, d.scale, q + qoff + i0 * d.qw(), d.qw(), k + koff + j0 * d.kw(), d.kw(), 0.0f,
+               P.data(), nk);
+          gemm(false, true, nq, nk, d.hd, 1.0f, dctx + qoff + i0 * d.qw(), d.qw(), v + koff + j0 * d.kw(), d.kw(), 0.0f,
+               dP.data(), nk);
+          for (int64_t r = 0; r < nq; ++r) {
+            const int64_t i = i0 + r;
+            const int64_t valid = d.causal ? std::clamp<int64_t>(i + 1 - j0, 0, nk) : nk;
+            for (int64_t j = 0; j < nk; ++j) {
+              const size_t e = static_cast<size_t>(r * nk + j);
+              const float p = j < valid ? std::exp(P[e] - lse[i]) : 0.0f;
+              const float f = (drop.active() && j < valid) ? drop(s, h, i, j0 + j) : 1.0f;
+              P[e] = p;
+              Pd[e] = p * f;
+              dP[e] = p * (dP[e] * f - Dvec[static_cast<size_t>(i)]);  // dS
+            }
+          }
+          gemm(true, false, nk, d.hd, nq, 1.0f, Pd.data(), nk, dctx + qoff + i0 * d.qw(), d.qw(), 1.0f,
+               dv + koff + j0 * d.kw(), d.kw());
+          gemm(false, false, nq, d.hd, nk, d.scale, dP.data(), nk, k + koff + j0 * d.kw(), d.kw(), 1.0f,
+               dq + qoff + i0 * d.qw(), d.qw());
+          gemm(true, false, nk, d.hd, nq, d.scale, dP.data(), nk, q + qoff + i0 * d.qw(), d.qw(), 1.0f,
+               dk + koff + j0 * d.kw(), d.kw());
+        }
+      }
+    }
+}
+
+}  // namespace
+
+// x: [b, T, D] -> out: [b, T, D].
+void attention_forward(OpContext& c) {
+  const Dims d = dims_of(c);
+  const int64_t R = d.b * d.T;
+  const float* x = c.in[0].f();
+  Tensor q = alloc_saved(c, {d.b, d.T, d.qw()}, DType::f32, "q");
+  Tensor k = alloc_saved(c, {d.b, d.T, d.kw()}, DType::f32, "k");
+  Tensor v = alloc_saved(c, {d.b, d.T, d.kw()}, DType::f32, "v");
+  Tensor ctx = alloc_saved(c, {d.b, d.T, d.qw()}, DType::f32, "context");
+  project(x, weight(c, 0), bias_of(c, d, 0), q.f(), R, d.D, d.qw());
+  project(x, weight(c, 1), bias_of(c, d, 1), k.f(), R, d.D, d.kw());
+  project(x, weight(c, 2), bias_of(c, d, 2), v.f(), R, d.D, d.kw());
+  if (d.rope) {
+    rope(q.f(), d, d.H, false);
+    rope(k.f(), d, d.KV, false);
+  }
+  // Saved in declaration order: q, k, v, context, then lse or probs (+mask, dropped).
+  c.saved.push_back(q);
+  c.saved.push_back(k);
+  c.saved.push_back(v);
+  c.saved.push_back(ctx);
+  if (d.flash)
+    flash_forward(c, d, q.f(), k.f(), v.f(), ctx.f());
+  else
+    math_forward(c, d, q.f(), k.f(), v.f(), ctx.f());
+  project(ctx.f(), weight(c, 3), bias_of(c, d, 3), c.out.f(), R, d.qw(), d.D);
+}
+
+void attention_backward(OpContext& c) {
+  const Dims d = dims_of(c);
+  const int64_t R = d.b * d.T;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  auto dparam = [&](int i) { return c.dparams[static_cast<size_t>(i)].f(); };
+  auto dbias = [&](int i) { return d.bias ? dparam(4 + i) : nullptr; };
+
+  // Output projection: dcontext = dy Wo; dWo += dy^T context; dbo += sum dy.
+  Tensor dctx = alloc_temp(c, {d.b, d.T, d.qw()}, "dcontext", true);
+  project_backward(c.saved[3].f(), weight(c, 3), dy, dctx.f(), dparam(3), dbias(3), R, d.qw(), d.D);
+
+  Tensor dq = alloc_temp(c, {d.b, d.T, d.qw()}, "dq", true);
+  Tensor dk = alloc_temp(c, {d.b, d.T, d.kw()}, "dk", true);
+  Tensor dv = alloc_temp(c, {d.b, d.T, d.kw()}, "dv", true);
+  if (d.flash)
+    flash_backward(c, d, dctx.f(), dq.f(), dk.f(), dv.f());
+  else
+    math_backward(c, d, dctx.f(), dq.f(), dk.f(), dv.f());
+  if (d.rope) {  // gradients through the rotation: its transpose
+    rope(dq.f(), d, d.H, true);
+    rope(dk.f(), d, d.KV, true);
+  }
+  float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
+  project_backward(x, weight(c, 0), dq.f(), dx, dparam(0), dbias(0), R, d.D, d.qw());
+  project_backward(x, weight(c, 1), dk.f(), dx, dparam(1), dbias(1), R, d.D, d.kw());
+  project_backward(x, weight(c, 2), dv.f(), dx, dparam(2), dbias(2), R, d.D, d.kw());
+}
+
+}  // namespace dlplan::exec::cpu

@@ -1,0 +1,265 @@
+// Convolution and pooling over [b, C, H, W] (NCHW, PyTorch's layout).
+//
+// conv2d lowers to GEMM through im2col (Chellapilla et al. 2006): per sample
+// and group g, out_g [O/g, P] = W_g [O/g, K] x col_g [K, P], with
+// K = (C/g) kh kw and P = OH OW. The column buffer is the declaration's
+// "im2col" temporary (ops_decl.cpp), [b, C kh kw, P]; backward rebuilds it for
+// the weight gradient and then reuses it, sample by sample, for the column
+// gradient that col2im scatters back into dx. A 1x1 convolution with stride 1
+// and no padding needs no columns: the input already is the [C, P] matrix.
+#include "cpu/ops.hpp"
+
+#include <cstring>
+#include <limits>
+
+namespace dlplan::exec::cpu {
+namespace {
+
+struct ConvGeom {
+  int64_t C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, groups;
+  int64_t Cg() const { return C / groups; }
+  int64_t Og() const { return O / groups; }
+  int64_t K() const { return Cg() * kh * kw; }  // GEMM depth per group
+  int64_t P() const { return OH * OW; }          // output pixels
+  int64_t rows() const { return C * kh * kw; }   // column rows, all groups
+  bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+ConvGeom geometry(const OpContext& c) {
+  const Shape& x = in_shape(c, 0);
+  const Shape& y = out_shape(c);
+  const auto k = c.node->attrs.pair("kernel"), s = c.node->attrs.pair("stride"), p = c.node->attrs.pair("padding");
+  const int64_t groups = c.node->op == OpKind::conv2d ? c.node->attrs.integer("groups") : 1;
+  return {x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1], groups};
+}
+
+// col[(ch, ki, kj), (oh, ow)] = x[ch, oh*sh - ph + ki, ow*sw - pw + kj] (0 outside).
+void im2col(const ConvGeom& g, const float* x, float* col) {
+  for (int64_t ch = 0; ch < g.C; ++ch)
+    for (int64_t ki = 0; ki < g.kh; ++ki)
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        float* row = col + ((ch * g.kh + ki) * g.kw + kj) * g.P();
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const int64_t ih = oh * g.sh - g.ph + ki;
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const int64_t iw = ow * g.sw - g.pw + kj;
+            row[oh * g.OW + ow] = (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) ? x[(ch * g.H + ih) * g.W + iw] : 0.0f;
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: dx[ch, ih, iw] += dcol[(ch, ki, kj), (oh, ow)].
+void col2im_add(const ConvGeom& g, const float* dcol, float* dx) {
+  for (int64_t ch = 0; ch < g.C; ++ch)
+    for (int64_t ki = 0; ki < g.kh; ++ki)
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        const float* row = dcol + ((ch * g.kh + ki) * g.kw + kj) * g.P();
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const int64_t ih = oh * g.sh - g.ph + ki;
+          if (ih < 0 || ih >= g.H) continue;
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const int64_t iw = ow * g.sw - g.pw + kj;
+            if (iw >= 0 && iw < g.W) dx[(ch * g.H + ih) * g.W + iw] += row[oh * g.OW + ow];
+          }
+        }
+      }
+}
+
+}  // namespace
+
+// ---- conv2d --------------------------------------------------------------------
+// x: [b, C, H, W]; weight: [O, C/groups, kh, kw]; bias: [O]; out: [b, O, OH, OW].
+
+void conv2d_forward(OpContext& c) {
+  const ConvGeom g = geometry(c);
+  const bool bias = c.node->attrs.flag("bias");
+  const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
+  Tensor cols;
+  if (!g.direct()) cols = alloc_temp(c, {c.batch, g.rows(), g.P()}, "im2col");
+  const float* w = c.params[0].f();
+  for (int64_t s = 0; s < c.batch; ++s) {
+    const float* x = c.in[0].f() + s * in_sz;
+    float* y = c.out.f() + s * out_sz;
+    const float* col = x;  // direct: the input is the [C, P] column matrix
+    if (!g.direct()) {
+      float* cs = cols.f() + s * g.rows() * g.P();
+      im2col(g, x, cs);
+      col = cs;
+    }
+    if (bias)
+      for (int64_t o = 0; o < g.O; ++o)
+        for (int64_t p = 0; p < g.P(); ++p) y[o * g.P() + p] = c.params[1].f()[o];
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      gemm(false, false, g.Og(), g.P(), g.K(), 1.0f, w + gi * g.Og() * g.K(), g.K(), col + gi * g.K() * g.P(), g.P(),
+           bias ? 1.0f : 0.0f, y + gi * g.Og() * g.P(), g.P());
+  }
+}
+
+// dW_g += dy_g col_g^T;  dcol_g = W_g^T dy_g, then dx += col2im(dcol);  dbias += sum_P dy.
+void conv2d_backward(OpContext& c) {
+  const ConvGeom g = geometry(c);
+  const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
+  const bool need_dx = c.din[0].defined();
+  Tensor cols;
+  if (!g.direct()) cols = alloc_temp(c, {c.batch, g.rows(), g.P()}, "im2col");
+  const float* w = c.params[0].f();
+  float* dw = c.dparams[0].f();
+  for (int64_t s = 0; s < c.batch; ++s) {
+    const float* x = c.in[0].f() + s * in_sz;
+    const float* dy = c.dout.f() + s * out_sz;
+    float* cs = g.direct() ? nullptr : cols.f() + s * g.rows() * g.P();
+    const float* col = x;
+    if (cs) {
+      im2col(g, x, cs);
+      col = cs;
+    }
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      gemm(false, true, g.Og(), g.K(), g.P(), 1.0f, dy + gi * g.Og() * g.P(), g.P(), col + gi * g.K() * g.P(), g.P(),
+           1.0f, dw + gi * g.Og() * g.K(), g.K());
+    if (!need_dx) continue;
+    float* dx = c.din[0].f() + s * in_sz;
+    // Direct: the column gradient is dx itself (accumulate); else overwrite
+    // this sample's columns (no longer needed) with dcol, then scatter.
+    float* dcol = cs ? cs : dx;
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      gemm(true, false, g.K(), g.P(), g.Og(), 1.0f, w + gi * g.Og() * g.K(), g.K(), dy + gi * g.Og() * g.P(), g.P(),
+           cs ? 0.0f : 1.0f, dcol + gi * g.K() * g.P(), g.P());
+    if (cs) col2im_add(g, cs, dx);
+  }
+  if (c.node->attrs.flag("bias")) {
+    float* db = c.dparams[1].f();
+    for (int64_t s = 0; s < c.batch; ++s)
+      for (int64_t o = 0; o < g.O; ++o) {
+        const float* dy = c.dout.f() + s * out_sz + o * g.P();
+        float acc = 0;
+        for (int64_t p = 0; p < g.P(); ++p) acc += dy[p];
+        db[o] += acc;
+      }
+  }
+}
+
+// ---- maxpool2d -----------------------------------------------------------------
+// x: [b, C, H, W] -> out: [b, C, OH, OW]; padding counts as -inf (PyTorch).
+// Saves argmax (i32, the flat h*W + w of the winner in its plane).
+
+void maxpool2d_forward(OpContext& c) {
+  const ConvGeom g = geometry(c);
+  Tensor argmax = alloc_saved(c, batched(c.batch, out_shape(c)), DType::i32, "argmax");
+  const int64_t planes = c.batch * g.C;
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* x = c.in[0].f() + pl * g.H * g.W;
+    float* y = c.out.f() + pl * g.P();
+    int32_t* am = argmax.i() + pl * g.P();
+    for (int64_t oh = 0; oh < g.OH; ++oh)
+      for (int64_t ow = 0; ow < g.OW; ++ow) {
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t arg = -1;
+        for (int64_t ki = 0; ki < g.kh; ++ki) {
+          const int64_t ih = oh * g.sh - g.ph + ki;
+          if (ih < 0 || ih >= g.H) continue;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            const int64_t iw = ow * g.sw - g.pw + kj;
+            if (iw < 0 || iw >= g.W) continue;
+            const float v = x[ih * g.W + iw];
+            if (arg < 0 || v > best || v != v) {  // NaN propagates, as in PyTorch
+              best = v;
+              arg = ih * g.W + iw;
+            }
+          }
+        }
+        y[oh * g.OW + ow] = best;
+        am[oh * g.OW + ow] = static_cast<int32_t>(arg);
+      }
+  }
+  c.saved.push_back(std::move(argmax));
+}
+
+void maxpool2d_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const ConvGeom g = geometry(c);
+  const int64_t planes = c.batch * g.C;
+  const int32_t* am = c.saved[0].i();
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    float* dx = c.din[0].f() + pl * g.H * g.W;
+    const float* dy = c.dout.f() + pl * g.P();
+    for (int64_t p = 0; p < g.P(); ++p) dx[am[pl * g.P() + p]] += dy[p];
+  }
+}
+
+// ---- avgpool2d -----------------------------------------------------------------
+// count_include_pad = true: every window divides by kh kw (floor mode keeps
+// each window inside the padded input, so this equals PyTorch's divisor).
+
+void avgpool2d_forward(OpContext& c) {
+  const ConvGeom g = geometry(c);
+  const float inv = 1.0f / static_cast<float>(g.kh * g.kw);
+  const int64_t planes = c.batch * g.C;
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* x = c.in[0].f() + pl * g.H * g.W;
+    float* y = c.out.f() + pl * g.P();
+    for (int64_t oh = 0; oh < g.OH; ++oh)
+      for (int64_t ow = 0; ow < g.OW; ++ow) {
+        float acc = 0;
+        for (int64_t ki = 0; ki < g.kh; ++ki) {
+          const int64_t ih = oh * g.sh - g.ph + ki;
+          if (ih < 0 || ih >= g.H) continue;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            const int64_t iw = ow * g.sw - g.pw + kj;
+            if (iw >= 0 && iw < g.W) acc += x[ih * g.W + iw];
+          }
+        }
+        y[oh * g.OW + ow] = acc * inv;
+      }
+  }
+}
+
+void avgpool2d_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const ConvGeom g = geometry(c);
+  const float inv = 1.0f / static_cast<float>(g.kh * g.kw);
+  const int64_t planes = c.batch * g.C;
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    float* dx = c.din[0].f() + pl * g.H * g.W;
+    const float* dy = c.dout.f() + pl * g.P();
+    for (int64_t oh = 0; oh < g.OH; ++oh)
+      for (int64_t ow = 0; ow < g.OW; ++ow) {
+        const float d = dy[oh * g.OW + ow] * inv;
+        for (int64_t ki = 0; ki < g.kh; ++ki) {
+          const int64_t ih = oh * g.sh - g.ph + ki;
+          if (ih < 0 || ih >= g.H) continue;
+          for (int64_t kj = 0; kj < g.kw; ++kj) {
+            const int64_t iw = ow * g.sw - g.pw + kj;
+            if (iw >= 0 && iw < g.W) dx[ih * g.W + iw] += d;
+          }
+        }
+      }
+  }
+}
+
+// ---- global_avgpool ------------------------------------------------------------
+// x: [b, C, H, W] -> out: [b, C], the mean of each plane.
+
+void global_avgpool_forward(OpContext& c) {
+  const Shape& x = in_shape(c, 0);
+  const int64_t planes = c.batch * x[0], hw = x[1] * x[2];
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* xp = c.in[0].f() + pl * hw;
+    double acc = 0;
+    for (int64_t i = 0; i < hw; ++i) acc += xp[i];
+    c.out.f()[pl] = static_cast<float>(acc / static_cast<double>(hw));
+  }
+}
+
+void global_avgpool_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const Shape& x = in_shape(c, 0);
+  const int64_t planes = c.batch * x[0], hw = x[1] * x[2];
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float d = c.dout.f()[pl] / static_cast<float>(hw);
+    float* dx = c.din[0].f() + pl * hw;
+    for (int64_t i = 0; i < hw; ++i) dx[i] += d;
+  }
+}
+
+}  // namespace dlplan::exec::cpu

@@ -1,0 +1,181 @@
+// Dense and shape ops: embedding, pos_embedding, cls_token, linear, select,
+// tokens, flatten.
+#include "cpu/ops.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace dlplan::exec::cpu {
+
+// ---- embedding ---------------------------------------------------------------
+// ids: [b, *] i32; weight: [num, dim]; out: [b, *, dim] = weight[ids].
+
+void embedding_forward(OpContext& c) {
+  const int64_t num = c.node->attrs.integer("num"), dim = c.node->attrs.integer("dim");
+  const int64_t n = c.batch * numel(in_shape(c, 0));
+  const int32_t* ids = c.in[0].i();
+  const float* w = c.params[0].f();
+  float* y = c.out.f();
+  for (int64_t r = 0; r < n; ++r) {
+    if (ids[r] < 0 || ids[r] >= num) op_error(c, fmt::format("token id {} is outside [0, {})", ids[r], num));
+    std::memcpy(y + r * dim, w + int64_t{ids[r]} * dim, static_cast<size_t>(dim) * sizeof(float));
+  }
+}
+
+// dweight[ids[r]] += dout[r] (scatter-add; the ids get no gradient).
+void embedding_backward(OpContext& c) {
+  const int64_t dim = c.node->attrs.integer("dim");
+  const int64_t n = c.batch * numel(in_shape(c, 0));
+  const int32_t* ids = c.in[0].i();
+  const float* dy = c.dout.f();
+  float* dw = c.dparams[0].f();
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = dw + int64_t{ids[r]} * dim;
+    for (int64_t j = 0; j < dim; ++j) row[j] += dy[r * dim + j];
+  }
+}
+
+// ---- pos_embedding -------------------------------------------------------------
+// x: [b, T, D]; table: [max_len, D]; out = x + table[0..T).
+
+void pos_embedding_forward(OpContext& c) {
+  const int64_t td = numel(in_shape(c, 0));
+  const float* x = c.in[0].f();
+  const float* w = c.params[0].f();
+  float* y = c.out.f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < td; ++i) y[s * td + i] = x[s * td + i] + w[i];
+}
+
+void pos_embedding_backward(OpContext& c) {
+  const int64_t td = numel(in_shape(c, 0));
+  const float* dy = c.dout.f();
+  float* dw = c.dparams[0].f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < td; ++i) dw[i] += dy[s * td + i];
+  if (c.din[0].defined()) {
+    float* dx = c.din[0].f();
+    for (int64_t i = 0; i < c.batch * td; ++i) dx[i] += dy[i];
+  }
+}
+
+// ---- cls_token -----------------------------------------------------------------
+// x: [b, T, D]; weight: [D]; out: [b, T+1, D], row 0 the class token.
+
+void cls_token_forward(OpContext& c) {
+  const int64_t T = in_shape(c, 0)[0], D = in_shape(c, 0)[1];
+  const float* x = c.in[0].f();
+  const float* w = c.params[0].f();
+  float* y = c.out.f();
+  for (int64_t s = 0; s < c.batch; ++s) {
+    float* ys = y + s * (T + 1) * D;
+    std::memcpy(ys, w, static_cast<size_t>(D) * sizeof(float));
+    std::memcpy(ys + D, x + s * T * D, static_cast<size_t>(T * D) * sizeof(float));
+  }
+}
+
+void cls_token_backward(OpContext& c) {
+  const int64_t T = in_shape(c, 0)[0], D = in_shape(c, 0)[1];
+  const float* dy = c.dout.f();
+  float* dw = c.dparams[0].f();
+  for (int64_t s = 0; s < c.batch; ++s) {
+    const float* dys = dy + s * (T + 1) * D;
+    for (int64_t j = 0; j < D; ++j) dw[j] += dys[j];
+    if (c.din[0].defined()) {
+      float* dx = c.din[0].f() + s * T * D;
+      for (int64_t i = 0; i < T * D; ++i) dx[i] += dys[D + i];
+    }
+  }
+}
+
+// ---- linear --------------------------------------------------------------------
+// x: [R, in] (R = b x leading dims); weight W: [out, in] (tied: the embedding's
+// [num, dim], passed as params[0] all the same); bias: [out].
+// y = x W^T + bias.
+
+void linear_forward(OpContext& c) {
+  const int64_t in = in_shape(c, 0).back(), o = out_shape(c).back();
+  const int64_t R = c.batch * numel(in_shape(c, 0)) / in;
+  float* y = c.out.f();
+  const bool bias = c.node->attrs.flag("bias");
+  if (bias) {
+    const float* bv = c.params[1].f();
+    for (int64_t r = 0; r < R; ++r) std::memcpy(y + r * o, bv, static_cast<size_t>(o) * sizeof(float));
+  }
+  gemm(false, true, R, o, in, 1.0f, c.in[0].f(), in, c.params[0].f(), in, bias ? 1.0f : 0.0f, y, o);
+}
+
+// dx += dy W;  dW += dy^T x;  dbias += sum_r dy.
+void linear_backward(OpContext& c) {
+  const int64_t in = in_shape(c, 0).back(), o = out_shape(c).back();
+  const int64_t R = c.batch * numel(in_shape(c, 0)) / in;
+  const float* dy = c.dout.f();
+  if (c.din[0].defined()) gemm(false, false, R, in, o, 1.0f, dy, o, c.params[0].f(), in, 1.0f, c.din[0].f(), in);
+  gemm(true, false, o, in, R, 1.0f, dy, o, c.in[0].f(), in, 1.0f, c.dparams[0].f(), in);
+  if (c.node->attrs.flag("bias")) {
+    float* db = c.dparams[1].f();
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < o; ++j) db[j] += dy[r * o + j];
+  }
+}
+
+// ---- select --------------------------------------------------------------------
+// x: [b, T, D] -> out: [b, D] = x[:, index].
+
+void select_forward(OpContext& c) {
+  const int64_t T = in_shape(c, 0)[0], D = in_shape(c, 0)[1], idx = c.node->attrs.integer("index");
+  for (int64_t s = 0; s < c.batch; ++s)
+    std::memcpy(c.out.f() + s * D, c.in[0].f() + (s * T + idx) * D, static_cast<size_t>(D) * sizeof(float));
+}
+
+void select_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const int64_t T = in_shape(c, 0)[0], D = in_shape(c, 0)[1], idx = c.node->attrs.integer("index");
+  for (int64_t s = 0; s < c.batch; ++s) {
+    float* dx = c.din[0].f() + (s * T + idx) * D;
+    const float* dy = c.dout.f() + s * D;
+    for (int64_t j = 0; j < D; ++j) dx[j] += dy[j];
+  }
+}
+
+// ---- tokens --------------------------------------------------------------------
+// x: [b, C, H, W] -> out: [b, H*W, C] (ViT's patch tokens: flatten(2).transpose(1, 2)).
+
+void tokens_forward(OpContext& c) {
+  const int64_t C = in_shape(c, 0)[0], P = in_shape(c, 0)[1] * in_shape(c, 0)[2];
+  for (int64_t s = 0; s < c.batch; ++s) {
+    const float* x = c.in[0].f() + s * C * P;
+    float* y = c.out.f() + s * C * P;
+    for (int64_t ch = 0; ch < C; ++ch)
+      for (int64_t p = 0; p < P; ++p) y[p * C + ch] = x[ch * P + p];
+  }
+}
+
+void tokens_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const int64_t C = in_shape(c, 0)[0], P = in_shape(c, 0)[1] * in_shape(c, 0)[2];
+  for (int64_t s = 0; s < c.batch; ++s) {
+    float* dx = c.din[0].f() + s * C * P;
+    const float* dy = c.dout.f() + s * C * P;
+    for (int64_t ch = 0; ch < C; ++ch)
+      for (int64_t p = 0; p < P; ++p) dx[ch * P + p] += dy[p * C + ch];
+  }
+}
+
+// ---- flatten -------------------------------------------------------------------
+// Same memory, new shape: a copy forward, an add backward.
+
+void flatten_forward(OpContext& c) {
+  std::memcpy(c.out.f(), c.in[0].f(), static_cast<size_t>(c.batch * numel(in_shape(c, 0))) * sizeof(float));
+}
+
+void flatten_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const int64_t n = c.batch * numel(in_shape(c, 0));
+  float* dx = c.din[0].f();
+  const float* dy = c.dout.f();
+  for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
+}
+
+}  // namespace dlplan::exec::cpu

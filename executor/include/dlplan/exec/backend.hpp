@@ -1,0 +1,78 @@
+// The compute backend seam (ggml-style): an op's forward and backward get an
+// OpContext; a backend runs them. The CPU backend (executor/cpu) is the
+// reference; the CUDA backend implements the same interface.
+//
+// Layout: tensors carry the batch dimension first ([b, ...per-sample shape]).
+// Parameters are PyTorch-shaped: linear weight [out, in], conv weight
+// [out, C/groups, kh, kw], attention q/k/v/o weights [out, in].
+//
+// Ownership of memory (DESIGN.md categories), so that what an op allocates is
+// exactly its declaration (ops.hpp):
+//  - the trainer allocates `out` before forward, and `din` before backward;
+//  - forward allocates the op's own saved tensors (SavedTensor::Ref::own, in
+//    declaration order) into `saved`, category activations, and its forward
+//    temporaries (workspace), freeing the temporaries before returning;
+//  - backward allocates and frees its backward temporaries (workspace);
+//    `din` and `dparams` are accumulated into (+=), never overwritten.
+#pragma once
+
+#include "dlplan/exec/tensor.hpp"
+#include "dlplan/ops.hpp"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dlplan::exec {
+
+// SyncBatchNorm's collectives for one BN layer, over its sync group.
+struct SyncBnHooks {
+  int group_size = 1;
+  // In place: buf holds group_size slots of n floats; this rank's slot filled.
+  std::function<void(float* buf, int64_t n)> all_gather;
+  std::function<void(float* buf, int64_t n)> all_reduce_sum;
+};
+
+struct OpContext {
+  const Model* model = nullptr;
+  const Node* node = nullptr;
+  int node_index = -1;
+  const OpDecl* decl = nullptr;
+  Allocator* alloc = nullptr;
+
+  int64_t batch = 1;           // micro-batch b on this rank
+  int64_t first_sample = 0;    // global index of this rank's first sample (dropout keying)
+  uint64_t seed = 0;
+  bool training = true;
+  bool recompute = false;      // a checkpointed unit's second forward: BN must not update running stats again
+
+  std::vector<Tensor> in;      // inputs, [b, ...]
+  Tensor out;                  // [b, ...] (scalar loss: shape {})
+  std::vector<Tensor> params;  // ParamDecl order; a tied linear gets the embedding's weight first
+  std::vector<Tensor> buffers; // BatchNorm running_mean, running_var
+  std::vector<Tensor> saved;   // own saved tensors, declaration order (forward fills)
+
+  Tensor dout;                 // backward: gradient of out
+  std::vector<Tensor> din;     // backward: gradient per input (undefined: not needed)
+  std::vector<Tensor> dparams; // backward: gradient per param, accumulated into
+  double grad_scale = 1.0;     // cross_entropy backward: d(loss)/d(this op's mean), e.g. 1/grad_accum
+  const SyncBnHooks* syncbn = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual void forward(OpContext& ctx) = 0;
+  virtual void backward(OpContext& ctx) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+// Philox4x32-10 (Salmon et al., SC'11): 4 x 32-bit outputs for a 128-bit
+// counter and 64-bit key. Dropout's u for an element: first output / 2^32
+// with key = seed, counter = (element index, global sample index, node index, 0).
+void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+float dropout_uniform(uint64_t seed, int node_index, int64_t sample, int64_t element);
+
+}  // namespace dlplan::exec

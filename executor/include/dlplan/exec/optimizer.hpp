@@ -1,0 +1,31 @@
+// AdamW, SGD and SGD with momentum over this rank's slice of each unit, with
+// weight decay on the weights of linear, conv and embedding only, gradient
+// clipping by the global norm (every rank's shard counted once), and a linear
+// warmup + cosine learning-rate schedule. Deterministic: the same elementwise
+// arithmetic whatever the sharding, so every strategy trains the same model.
+#pragma once
+
+#include "dlplan/exec/communicator.hpp"
+#include "dlplan/exec/param_store.hpp"
+
+namespace dlplan::exec {
+
+// lr at step `step` (0-based) of `total`: linear warmup from lr/warmup to lr,
+// then cosine decay to min_lr (Loshchilov & Hutter, SGDR).
+double learning_rate(const OptimizerConfig& o, int step, int total);
+
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& alloc);
+  // The global gradient norm before clipping. `comm` sums the shards' squares
+  // when the gradients are sharded.
+  double step(int step_index, int total_steps, Communicator& comm);
+
+ private:
+  OptimizerConfig cfg_;
+  ParamStore& store_;
+  std::vector<Tensor> m_, v_;  // per unit, this rank's shard
+  int t_ = 0;
+};
+
+}  // namespace dlplan::exec

@@ -1,0 +1,85 @@
+// Parameters, gradients and optimizer state as the strategy keeps them
+// (DESIGN.md, "Strategies"): one flat buffer per unit, parameters in node
+// order, padded to a multiple of the world size when sharded.
+//   ddp (and any strategy on one rank): full params, full grads, full state
+//   zero1: full params (padded), full grads, state for this rank's shard
+//   zero2: full params (padded), gradient shard, state shard
+//   zero3: parameter shard (the unit is gathered when needed), gradient shard, state shard
+// Ops see per-parameter views into whichever buffer currently holds the full
+// unit (the params, or ZeRO-3's gathered buffer); their gradients go to the
+// full grads or, under ZeRO-2/3, to the unit's staging buffer in `comm`.
+#pragma once
+
+#include "dlplan/exec/tensor.hpp"
+#include "dlplan/training.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace dlplan::exec {
+
+// A run of the unit's flat buffer with one weight-decay setting.
+struct DecaySegment {
+  int64_t begin = 0, end = 0;  // [begin, end) in the unit's flat buffer
+  bool decay = false;
+};
+
+class ParamStore {
+ public:
+  ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed);
+
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+  int units() const { return static_cast<int>(size_.size()); }
+  int64_t unit_size(int u) const { return size_[static_cast<size_t>(u)]; }      // P_u
+  int64_t unit_padded(int u) const { return padded_[static_cast<size_t>(u)]; }  // multiple of N when sharded
+  int64_t shard_size(int u) const { return sharded_ ? padded_[static_cast<size_t>(u)] / world_ : size_[static_cast<size_t>(u)]; }
+  int64_t shard_offset(int u) const { return sharded_ ? rank_ * shard_size(u) : 0; }
+  const std::vector<DecaySegment>& segments(int u) const { return segments_[static_cast<size_t>(u)]; }
+
+  Strategy strategy() const { return strategy_; }
+  bool sharded() const { return sharded_; }  // any ZeRO stage on more than one rank
+
+  Tensor& params(int u) { return params_[static_cast<size_t>(u)]; }  // full (or zero3: the shard)
+  Tensor& grads(int u) { return grads_[static_cast<size_t>(u)]; }    // full (or zero2/3: the shard)
+  void set_gathered(int u, Tensor t) { gathered_[static_cast<size_t>(u)] = std::move(t); }
+  void set_grad_staging(int u, Tensor t) { staging_[static_cast<size_t>(u)] = std::move(t); }
+  const Tensor& grad_staging(int u) const { return staging_[static_cast<size_t>(u)]; }
+
+  // Views for node i's ParamDecl list (a tied linear gets the embedding's weight first).
+  std::vector<Tensor> param_views(int node) const;
+  std::vector<Tensor> grad_views(int node) const;
+  std::vector<Tensor> buffer_views(int node) const;
+
+  // This rank's slice of unit u: parameters and gradients the optimizer updates.
+  float* owned_params(int u);
+  const float* owned_grads(int u) const;
+  int64_t owned_begin(int u) const;  // flat offset of the owned slice
+  int64_t owned_size(int u) const;   // clipped to the unit's real size
+
+  // Where param k lives: (unit, offset in the unit's flat buffer).
+  std::pair<int, int64_t> locate(int param) const { return where_[static_cast<size_t>(param)]; }
+
+  void zero_grads();
+  // The full parameters of every unit, gathered through `gather` (tests, reports).
+  std::vector<float> snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const;
+
+ private:
+  const Tensor& full_unit(int u) const;   // where ops read unit u's parameters
+  const Tensor& grad_target(int u) const; // where ops write unit u's gradients
+  void initialize(const Model& m, uint64_t seed);
+
+  const Model& m_;
+  Strategy strategy_;
+  int world_, rank_;
+  bool sharded_;
+  std::vector<int64_t> size_, padded_;
+  std::vector<std::pair<int, int64_t>> where_;
+  std::vector<std::vector<DecaySegment>> segments_;
+  std::vector<Tensor> params_, grads_, gathered_, staging_;
+  std::vector<std::vector<Tensor>> buffers_;  // per node
+  std::vector<std::vector<int>> node_params_; // per node: Model::params indices (tied weight first)
+};
+
+}  // namespace dlplan::exec

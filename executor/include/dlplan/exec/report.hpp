@@ -1,0 +1,39 @@
+// The run report (DESIGN.md, "Plan and run report", kind "report"): what a
+// run measured beside what its plan predicted, and the progress lines.
+#pragma once
+
+#include "dlplan/exec/trainer.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace dlplan::exec {
+
+// Memory of one rank at its peak, gathered so the report can show the rank
+// whose peak is highest.
+struct RankMemory {
+  int rank = 0;
+  CategoryBytes at_peak{};
+  CategoryBytes max_each{};
+  int64_t peak = 0;
+  int64_t rss_bytes = 0;
+};
+
+struct RunMeasurement {
+  std::vector<StepStats> steps;
+  RankMemory memory;            // the rank with the highest peak
+  double comm_busy_seconds = 0; // per step, rank 0
+};
+
+RankMemory highest_peak_rank(Trainer& t, Communicator& comm);
+nlohmann::ordered_json run_report(const LoadedPlan& plan, Trainer& t, const RunMeasurement& m, int world, uint64_t seed);
+
+// One progress line: text for people, JSON (DESIGN.md's fields) for programs.
+std::string progress_text(const StepStats& s, int steps, const Trainer& t);
+std::string progress_json(const StepStats& s, int steps, const Trainer& t);
+// The closing table: measured against predicted bytes per category.
+std::string memory_table(const nlohmann::ordered_json& report);
+
+}  // namespace dlplan::exec

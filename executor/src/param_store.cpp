@@ -1,0 +1,204 @@
+#include "dlplan/exec/param_store.hpp"
+
+#include "dlplan/exec/backend.hpp"
+#include "dlplan/ops.hpp"
+#include "dlplan/step_program.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace dlplan::exec {
+namespace {
+
+// Fan-in of a parameter, for PyTorch's default initialisation bound
+// 1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5) gives exactly that).
+int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
+  const Shape& x = m.tensor(n.inputs[0]).shape;
+  switch (n.op) {
+    case OpKind::linear: return x.back();
+    case OpKind::conv2d: {
+      auto k = n.attrs.pair("kernel");
+      return x[0] / n.attrs.integer("groups") * k[0] * k[1];
+    }
+    case OpKind::attention:
+      return suffix.rfind("o.", 0) == 0 ? n.attrs.integer("heads") * n.attrs.integer("head_dim") : x.back();
+    default: return 1;
+  }
+}
+
+enum class Init { uniform_fan_in, normal_002, ones, zeros };
+
+Init init_of(const Node& n, const std::string& suffix) {
+  switch (n.op) {
+    case OpKind::linear:
+    case OpKind::conv2d:
+    case OpKind::attention: return Init::uniform_fan_in;
+    case OpKind::embedding:
+    case OpKind::pos_embedding:
+    case OpKind::cls_token: return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)
+    default: return suffix == "weight" ? Init::ones : Init::zeros;  // norms: weight 1, bias 0
+  }
+}
+
+}  // namespace
+
+ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed)
+    : m_(m), strategy_(t.strategy), world_(world), rank_(rank), sharded_(t.strategy != Strategy::ddp && world > 1) {
+  size_ = unit_parameter_counts(m);
+  const size_t U = size_.size();
+  padded_.resize(U);
+  for (size_t u = 0; u < U; ++u) padded_[u] = sharded_ ? pad_to(size_[u], world) : size_[u];
+
+  // Flat layout: unit u's parameters in Model::params order.
+  std::vector<int64_t> fill(U, 0);
+  segments_.resize(U);
+  for (const auto& p : m.params) {
+    auto u = static_cast<size_t>(p.unit);
+    where_.emplace_back(p.unit, fill[u]);
+    auto& seg = segments_[u];
+    if (!seg.empty() && seg.back().decay == p.weight_decay) seg.back().end += p.numel;
+    else seg.push_back({fill[u], fill[u] + p.numel, p.weight_decay});
+    fill[u] += p.numel;
+  }
+  node_params_.resize(m.nodes.size());
+  for (size_t k = 0; k < m.params.size(); ++k) node_params_[static_cast<size_t>(m.params[k].node)].push_back(static_cast<int>(k));
+  for (size_t i = 0; i < m.nodes.size(); ++i) {
+    const Node& n = m.nodes[i];
+    if (n.op != OpKind::linear || !n.attrs.has("tie")) continue;
+    int owner = m.node_index(n.attrs.text("tie"));
+    auto& list = node_params_[i];
+    list.insert(list.begin(), node_params_[static_cast<size_t>(owner)].front());  // the embedding's weight
+  }
+
+  params_.resize(U);
+  grads_.resize(U);
+  gathered_.resize(U);
+  staging_.resize(U);
+  const bool shard_params = sharded_ && strategy_ == Strategy::zero3;
+  const bool shard_grads = sharded_ && (strategy_ == Strategy::zero2 || strategy_ == Strategy::zero3);
+  for (size_t u = 0; u < U; ++u) {
+    const std::string label = m.units[u].empty() ? "root" : m.units[u];
+    // ZeRO-1/2 keep the full parameters padded so the updated shards are
+    // all-gathered in place; DDP keeps them unpadded.
+    params_[u] = alloc.zeros({shard_params ? shard_size(static_cast<int>(u)) : padded_[u]}, DType::f32, Category::params,
+                             label + " parameters");
+    grads_[u] = alloc.zeros({shard_grads ? shard_size(static_cast<int>(u)) : size_[u]}, DType::f32, Category::grads,
+                            label + " gradients");
+  }
+  buffers_.resize(m.nodes.size());
+  for (const auto& b : m.buffers) {
+    Tensor t = alloc.zeros({b.numel}, DType::f32, Category::params, b.name);
+    if (b.name.size() >= 11 && b.name.compare(b.name.size() - 11, 11, "running_var") == 0)
+      for (int64_t e = 0; e < b.numel; ++e) t.f()[e] = 1.0f;
+    buffers_[static_cast<size_t>(b.node)].push_back(t);
+  }
+  initialize(m, seed);
+}
+
+// Deterministic initialisation keyed by (seed, parameter index, element), the
+// same on every rank and for every strategy; each rank keeps what it owns.
+void ParamStore::initialize(const Model& m, uint64_t seed) {
+  const uint64_t init_seed = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
+  const bool shard_params = sharded_ && strategy_ == Strategy::zero3;
+  for (size_t k = 0; k < m.params.size(); ++k) {
+    const ParamInfo& p = m.params[k];
+    const Node& n = m.nodes[static_cast<size_t>(p.node)];
+    const std::string suffix = p.name.substr(n.name.size() + 1);
+    const Init init = init_of(n, suffix);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in(m, n, suffix)));
+    auto [u, off] = where_[k];
+    Tensor& dst = params_[static_cast<size_t>(u)];
+    const int64_t lo = shard_params ? shard_offset(u) : 0;
+    const int64_t hi = lo + dst.numel();
+    for (int64_t e = 0; e < p.numel; ++e) {
+      const int64_t flat = off + e;
+      if (flat < lo || flat >= hi) continue;
+      float v = 0;
+      switch (init) {
+        case Init::uniform_fan_in:
+          v = static_cast<float>((2.0 * dropout_uniform(init_seed, static_cast<int>(k), 0, e) - 1.0) * bound);
+          break;
+        case Init::normal_002: {  // Box-Muller
+          double u1 = std::max(1e-12, static_cast<double>(dropout_uniform(init_seed, static_cast<int>(k), 1, e)));
+          double u2 = dropout_uniform(init_seed, static_cast<int>(k), 2, e);
+          v = static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+          break;
+        }
+        case Init::ones: v = 1.0f; break;
+        case Init::zeros: v = 0.0f; break;
+      }
+      dst.f()[flat - lo] = v;
+    }
+  }
+}
+
+const Tensor& ParamStore::full_unit(int u) const {
+  if (sharded_ && strategy_ == Strategy::zero3) return gathered_[static_cast<size_t>(u)];
+  return params_[static_cast<size_t>(u)];
+}
+
+const Tensor& ParamStore::grad_target(int u) const {
+  if (sharded_ && (strategy_ == Strategy::zero2 || strategy_ == Strategy::zero3)) return staging_[static_cast<size_t>(u)];
+  return grads_[static_cast<size_t>(u)];
+}
+
+std::vector<Tensor> ParamStore::param_views(int node) const {
+  std::vector<Tensor> v;
+  for (int k : node_params_[static_cast<size_t>(node)]) {
+    auto [u, off] = where_[static_cast<size_t>(k)];
+    const Tensor& base = full_unit(u);
+    v.push_back(base.defined() ? base.slice(off, {m_.params[static_cast<size_t>(k)].numel}) : Tensor{});
+  }
+  return v;
+}
+
+std::vector<Tensor> ParamStore::grad_views(int node) const {
+  std::vector<Tensor> v;
+  for (int k : node_params_[static_cast<size_t>(node)]) {
+    auto [u, off] = where_[static_cast<size_t>(k)];
+    const Tensor& base = grad_target(u);
+    v.push_back(base.defined() ? base.slice(off, {m_.params[static_cast<size_t>(k)].numel}) : Tensor{});
+  }
+  return v;
+}
+
+std::vector<Tensor> ParamStore::buffer_views(int node) const { return buffers_[static_cast<size_t>(node)]; }
+
+int64_t ParamStore::owned_begin(int u) const { return shard_offset(u); }
+
+int64_t ParamStore::owned_size(int u) const {
+  return std::max<int64_t>(0, std::min(shard_offset(u) + shard_size(u), unit_size(u)) - shard_offset(u));
+}
+
+float* ParamStore::owned_params(int u) {
+  Tensor& p = params_[static_cast<size_t>(u)];
+  return (sharded_ && strategy_ == Strategy::zero3) ? p.f() : p.f() + owned_begin(u);
+}
+
+const float* ParamStore::owned_grads(int u) const {
+  const Tensor& g = grads_[static_cast<size_t>(u)];
+  const bool shard_grads = sharded_ && (strategy_ == Strategy::zero2 || strategy_ == Strategy::zero3);
+  return shard_grads ? g.f() : g.f() + owned_begin(u);
+}
+
+void ParamStore::zero_grads() {
+  for (auto& g : grads_) std::memset(g.f(), 0, static_cast<size_t>(g.numel()) * sizeof(float));
+}
+
+std::vector<float> ParamStore::snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const {
+  std::vector<float> all;
+  for (int u = 0; u < units(); ++u) {
+    std::vector<float> unit(static_cast<size_t>(unit_padded(u)), 0.0f);
+    if (sharded_ && strategy_ == Strategy::zero3) {
+      std::memcpy(unit.data() + shard_offset(u), params_[static_cast<size_t>(u)].f(),
+                  static_cast<size_t>(shard_size(u)) * sizeof(float));
+      gather(unit.data(), unit_padded(u));
+    } else {
+      std::memcpy(unit.data(), params_[static_cast<size_t>(u)].f(), static_cast<size_t>(unit_size(u)) * sizeof(float));
+    }
+    all.insert(all.end(), unit.begin(), unit.begin() + unit_size(u));
+  }
+  return all;
+}
+
+}  // namespace dlplan::exec

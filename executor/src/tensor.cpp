@@ -1,0 +1,118 @@
+#include "dlplan/exec/tensor.hpp"
+
+#include "dlplan/error.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace dlplan::exec {
+
+int64_t dtype_size(DType) { return 4; }  // f32 and i32
+
+Storage::~Storage() {
+  if (owner) owner->on_free(*this);
+  std::free(data);
+}
+
+Tensor Tensor::slice(int64_t elem_offset, Shape new_shape) const {
+  Tensor t = *this;
+  t.offset += elem_offset;
+  t.shape = std::move(new_shape);
+  return t;
+}
+
+Tensor Allocator::make(const Shape& shape, DType dtype, int64_t bytes, Category c, std::string what, bool zero) {
+  auto s = std::make_shared<Storage>();
+  // 64-byte aligned for BLAS; at least one line so empty tensors have storage.
+  const size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+  s->data = std::aligned_alloc(64, rounded);
+  if (!s->data) throw Error(fmt::format("out of host memory allocating {} bytes for {}", bytes, what));
+  if (zero) std::memset(s->data, 0, rounded);
+  s->bytes = bytes;
+  s->category = c;
+  s->what = std::move(what);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s->owner = this;
+    cur_[static_cast<size_t>(c)] += bytes;
+    total_ += bytes;
+    for (size_t i = 0; i < cur_.size(); ++i) max_each_[i] = std::max(max_each_[i], cur_[i]);
+    int64_t sum = dlplan::total(cur_);
+    if (sum > peak_) {
+      peak_ = sum;
+      at_peak_ = cur_;
+    }
+  }
+  Tensor t;
+  t.storage = std::move(s);
+  t.shape = shape;
+  t.dtype = dtype;
+  return t;
+}
+
+Tensor Allocator::empty(const Shape& shape, DType dtype, Category c, std::string what) {
+  return make(shape, dtype, numel(shape) * dtype_size(dtype), c, std::move(what), false);
+}
+
+Tensor Allocator::zeros(const Shape& shape, DType dtype, Category c, std::string what) {
+  return make(shape, dtype, numel(shape) * dtype_size(dtype), c, std::move(what), true);
+}
+
+Tensor Allocator::bytes_buffer(int64_t bytes, Category c, std::string what) {
+  return make({bytes}, DType::i32, bytes, c, std::move(what), true);
+}
+
+void Allocator::on_free(const Storage& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cur_[static_cast<size_t>(s.category)] -= s.bytes;
+}
+
+CategoryBytes Allocator::current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cur_;
+}
+CategoryBytes Allocator::at_peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return at_peak_;
+}
+CategoryBytes Allocator::max_each() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return max_each_;
+}
+int64_t Allocator::peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+int64_t Allocator::allocated_total() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_;
+}
+
+void Allocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = dlplan::total(cur_);
+  at_peak_ = cur_;
+  max_each_ = cur_;
+}
+
+static int64_t status_field(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) {
+      std::istringstream in(line.substr(std::strlen(key)));
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+  return 0;
+}
+
+int64_t resident_bytes() { return status_field("VmRSS:"); }
+int64_t resident_peak_bytes() { return status_field("VmHWM:"); }
+
+}  // namespace dlplan::exec

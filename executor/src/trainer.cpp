@@ -1,0 +1,334 @@
+// Runs the step program with real tensors. Each instruction's meaning is in
+// step_program.hpp; here it becomes an allocation, an op call, a collective or
+// a wait, in exactly the order the planner counted.
+#include "dlplan/exec/trainer.hpp"
+
+#include "dlplan/error.hpp"
+#include "dlplan/loader.hpp"
+#include "dlplan/planner.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace dlplan::exec {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool applies(When w, bool first, bool last) {
+  return w == When::every || (w == When::first_micro && first) || (w == When::last_micro && last);
+}
+
+// What one rank sends for a collective of S bytes over n ranks (DESIGN.md).
+double ring_bytes(Collective op, double S, int n) {
+  const double f = (n - 1.0) / n;
+  return op == Collective::AllReduce ? 2 * f * S : f * S;
+}
+
+Shape batched(const TensorInfo& t, int64_t b) {
+  Shape s{b};
+  s.insert(s.end(), t.shape.begin(), t.shape.end());
+  return s;
+}
+
+}  // namespace
+
+Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, const TrainOptions& opt)
+    : plan_(plan), comm_(comm), backend_(backend), opt_(opt) {
+  const auto& c = plan.cluster;
+  if (c.world() != comm.size())
+    throw Error(fmt::format("{}: the plan is for {} ranks ({} node{} x {}), but {} {} launched; run mpirun -np {}", plan.path,
+                            c.world(), c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, comm.size(),
+                            comm.size() == 1 ? "was" : "were", c.world()));
+  if (c.device.kind != "cpu")
+    throw Error(fmt::format("{}: planned for {}; the CPU executor runs plans for the cpu device (dlplan plan --gpu cpu)",
+                            plan.path, c.device.kind));
+  if (plan.training.precision != Precision::fp32)
+    throw Error(fmt::format("{}: the cpu device trains in fp32 only, not {}", plan.path, to_string(plan.training.precision)));
+  // Does the plan fit this host? Its memory is shared by the ranks of a node.
+  const auto& predicted = plan.document["predicted"]["memory"];
+  if (predicted.contains("peak")) {
+    const int64_t need = static_cast<int64_t>(predicted["peak"].get<double>() * (1 + kFragmentationMargin));
+    const int64_t have = host_cpu_device().memory_bytes / std::max(1, comm.local_size());
+    if (need > have)
+      throw Error(fmt::format("{}: the plan needs {:.2f} GiB per rank but this host offers {:.2f} GiB to each of its {} ranks",
+                              plan.path, need / 1073741824.0, have / 1073741824.0, comm.local_size()));
+  }
+
+  const TrainingConfig& t = plan.training;
+  store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed);
+  optimizer_ = std::make_unique<Optimizer>(t.optimizer, *store_, alloc_);
+  data_ = make_data_source(opt.data, plan.model, opt.seed);
+  program_ = build_step_program(plan.model, plan.cluster, t);
+  if (t.syncbn && t.syncbn_group > 1) {
+    syncbn_group_ = comm.make_groups(t.syncbn_group);
+    syncbn_ = std::make_unique<SyncBnHooks>();
+    syncbn_->group_size = t.syncbn_group;
+    syncbn_->all_gather = [this](float* buf, int64_t n) {
+      comm_.all_gather(buf, n * syncbn_->group_size, syncbn_group_)->wait();
+    };
+    syncbn_->all_reduce_sum = [this](float* buf, int64_t n) { comm_.all_reduce(buf, n, syncbn_group_)->wait(); };
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::samples_per_step() const {
+  return plan_.training.micro_batch * plan_.training.grad_accum * comm_.size();
+}
+
+int64_t Trainer::tokens_per_sample() const { return dlplan::tokens_per_sample(plan_.model); }
+
+StepStats Trainer::step() {
+  StepStats stats;
+  stats.step = step_;
+  const auto start = Clock::now();
+  const int A = static_cast<int>(plan_.training.grad_accum);
+  for (int micro = 0; micro < A; ++micro) run_micro_batch(micro, micro == 0, micro == A - 1, stats);
+  // The updated parameters' all-gathers (ZeRO-1/2) must land before the next forward.
+  const auto wait_start = Clock::now();
+  for (auto& w : pending_param_gathers_) w->wait();
+  pending_param_gathers_.clear();
+  stats.wait_seconds += since(wait_start);
+  store_->zero_grads();
+
+  double loss = stats.loss;
+  comm_.all_reduce_doubles(&loss, 1);
+  stats.loss = loss / comm_.size();
+  stats.seconds = since(start);
+  ++step_;
+  // DESIGN.md: the set-up's and the first step's transients are not part of
+  // the peak, so measurement restarts after the first step.
+  if (step_ == 1 && opt_.steps > 1) alloc_.reset_peak();
+  stats.peak_bytes = alloc_.peak();
+  return stats;
+}
+
+void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats) {
+  const Model& m = plan_.model;
+  const TrainingConfig& t = plan_.training;
+  const int N = comm_.size(), r = comm_.rank();
+  const int64_t b = t.micro_batch;
+  const int64_t global_first = step_ * samples_per_step() + (static_cast<int64_t>(micro) * N + r) * b;
+  const float inv_world = 1.0f / static_cast<float>(N);
+  const bool staged_grads = store_->sharded() && (t.strategy == Strategy::zero2 || t.strategy == Strategy::zero3);
+
+  std::vector<Tensor> slots(static_cast<size_t>(program_.slots));
+  std::vector<const Instr*> slot_alloc(static_cast<size_t>(program_.slots), nullptr);
+  std::vector<int> tensor_slot(m.tensors.size(), -1), grad_slot(m.tensors.size(), -1);
+  std::vector<std::vector<Tensor>> produced(m.nodes.size());  // own saved tensors, until bound to slots
+  std::vector<std::vector<int>> saved_slot(m.nodes.size());
+  std::vector<WorkHandle> work(program_.comm.size());
+
+  auto tensor_of = [&](int id) { return tensor_slot[static_cast<size_t>(id)] >= 0 ? slots[static_cast<size_t>(tensor_slot[static_cast<size_t>(id)])] : Tensor{}; };
+  auto grad_of = [&](int id) { return grad_slot[static_cast<size_t>(id)] >= 0 ? slots[static_cast<size_t>(grad_slot[static_cast<size_t>(id)])] : Tensor{}; };
+
+  auto make_context = [&](int i) {
+    OpContext ctx;
+    ctx.model = &m;
+    ctx.node = &m.nodes[static_cast<size_t>(i)];
+    ctx.node_index = i;
+    ctx.decl = &program_.decls[static_cast<size_t>(i)];
+    ctx.alloc = &alloc_;
+    ctx.batch = b;
+    ctx.first_sample = global_first;
+    ctx.seed = opt_.seed;
+    for (int id : ctx.node->inputs) ctx.in.push_back(tensor_of(id));
+    ctx.out = tensor_of(ctx.node->output);
+    ctx.params = store_->param_views(i);
+    ctx.buffers = store_->buffer_views(i);
+    if (ctx.node->op == OpKind::batchnorm) ctx.syncbn = syncbn_.get();
+    return ctx;
+  };
+
+  auto allocate = [&](const Instr& in) {
+    Tensor out;
+    switch (in.role) {
+      case Role::model_states:
+      case Role::gemm_workspace:
+      case Role::op_temp:
+        return;  // held by the parameter store / the library / the op itself
+      case Role::batch_input: {
+        const TensorInfo& ti = m.tensor(in.tensor);
+        out = alloc_.empty(batched(ti, b), ti.dtype, in.category, "batch: " + ti.name);
+        int input = static_cast<int>(std::find(m.inputs.begin(), m.inputs.end(), in.tensor) - m.inputs.begin());
+        data_->fill(input, out, global_first, b);
+        tensor_slot[static_cast<size_t>(in.tensor)] = in.slot;
+        break;
+      }
+      case Role::node_output: {
+        const TensorInfo& ti = m.tensor(in.tensor);
+        const bool loss = m.nodes[static_cast<size_t>(ti.producer)].op == OpKind::cross_entropy;
+        out = alloc_.empty(loss ? Shape{} : batched(ti, b), ti.dtype, in.category, ti.name);
+        tensor_slot[static_cast<size_t>(in.tensor)] = in.slot;
+        break;
+      }
+      case Role::op_saved: {
+        auto& list = produced[static_cast<size_t>(in.node)];
+        out = list.at(static_cast<size_t>(in.index));
+        auto& ss = saved_slot[static_cast<size_t>(in.node)];
+        if (ss.size() <= static_cast<size_t>(in.index)) ss.resize(static_cast<size_t>(in.index) + 1, -1);
+        ss[static_cast<size_t>(in.index)] = in.slot;
+        break;
+      }
+      case Role::grad: {
+        const TensorInfo& ti = m.tensor(in.tensor);
+        out = alloc_.zeros(batched(ti, b), DType::f32, Category::workspace, "grad of " + ti.name);
+        grad_slot[static_cast<size_t>(in.tensor)] = in.slot;
+        break;
+      }
+      case Role::gathered:
+        out = alloc_.empty({store_->unit_padded(in.unit)}, DType::f32, Category::gathered, "gathered");
+        store_->set_gathered(in.unit, out);
+        break;
+      case Role::staging: {
+        if (t.strategy == Strategy::ddp) {
+          const Bucket& bk = program_.buckets[static_cast<size_t>(program_.comm[static_cast<size_t>(in.comm)].bucket)];
+          out = alloc_.empty({bk.elements}, DType::f32, Category::comm, "bucket");
+          int64_t at = 0;
+          for (int k : bk.params) {  // a flat copy of the bucket's gradients
+            auto [u, off] = store_->locate(k);
+            const int64_t n = m.params[static_cast<size_t>(k)].numel;
+            std::memcpy(out.f() + at, store_->grads(u).f() + off, static_cast<size_t>(n) * sizeof(float));
+            at += n;
+          }
+        } else if (t.strategy == Strategy::zero1) {
+          out = alloc_.zeros({store_->unit_padded(in.unit)}, DType::f32, Category::comm, "zero1 staging");
+          std::memcpy(out.f(), store_->grads(in.unit).f(), static_cast<size_t>(store_->unit_size(in.unit)) * sizeof(float));
+        } else {
+          out = alloc_.zeros({store_->unit_padded(in.unit)}, DType::f32, Category::comm, "gradient staging");
+          store_->set_grad_staging(in.unit, out);
+        }
+        break;
+      }
+    }
+    slots[static_cast<size_t>(in.slot)] = std::move(out);
+    slot_alloc[static_cast<size_t>(in.slot)] = &in;
+  };
+
+  auto release = [&](int slot) {
+    const Instr* a = slot_alloc[static_cast<size_t>(slot)];
+    if (!a) return;
+    if (a->role == Role::gathered) store_->set_gathered(a->unit, {});
+    if (a->role == Role::staging && staged_grads) store_->set_grad_staging(a->unit, {});
+    if (a->role == Role::node_output || a->role == Role::batch_input) tensor_slot[static_cast<size_t>(a->tensor)] = -1;
+    if (a->role == Role::grad) grad_slot[static_cast<size_t>(a->tensor)] = -1;
+    slots[static_cast<size_t>(slot)] = Tensor{};
+    slot_alloc[static_cast<size_t>(slot)] = nullptr;
+  };
+
+  auto issue = [&](int c) {
+    const CommEvent& ev = program_.comm[static_cast<size_t>(c)];
+    stats.comm_bytes += ring_bytes(ev.op, ev.bytes, ev.group);
+    switch (ev.purpose) {
+      case CommPurpose::bucket_all_reduce: {
+        Tensor& buf = slots[static_cast<size_t>(ev.slot)];
+        work[static_cast<size_t>(c)] = comm_.all_reduce(buf.f(), buf.numel());
+        break;
+      }
+      case CommPurpose::unit_reduce_scatter: {
+        Tensor& buf = slots[static_cast<size_t>(ev.slot)];
+        work[static_cast<size_t>(c)] = comm_.reduce_scatter(buf.f(), store_->unit_padded(ev.unit));
+        break;
+      }
+      case CommPurpose::unit_gather:
+      case CommPurpose::root_gather: {
+        Tensor& buf = slots[static_cast<size_t>(ev.slot)];
+        const int u = ev.purpose == CommPurpose::root_gather ? 0 : ev.unit;
+        std::memcpy(buf.f() + store_->shard_offset(u), store_->params(u).f(),
+                    static_cast<size_t>(store_->shard_size(u)) * sizeof(float));
+        work[static_cast<size_t>(c)] = comm_.all_gather(buf.f(), store_->unit_padded(u));
+        break;
+      }
+      case CommPurpose::param_all_gather:
+        pending_param_gathers_.push_back(comm_.all_gather(store_->params(ev.unit).f(), store_->unit_padded(ev.unit)));
+        break;
+      case CommPurpose::syncbn:
+        break;  // issued inside the BN op
+    }
+  };
+
+  auto finish = [&](int c) {
+    const CommEvent& ev = program_.comm[static_cast<size_t>(c)];
+    const auto wait_start = Clock::now();
+    work[static_cast<size_t>(c)]->wait();
+    stats.wait_seconds += since(wait_start);
+    if (ev.purpose == CommPurpose::bucket_all_reduce) {
+      const Bucket& bk = program_.buckets[static_cast<size_t>(ev.bucket)];
+      const float* src = slots[static_cast<size_t>(ev.slot)].f();
+      for (int k : bk.params) {  // back into the gradients, averaged over ranks
+        auto [u, off] = store_->locate(k);
+        float* g = store_->grads(u).f() + off;
+        for (int64_t e = 0, n = m.params[static_cast<size_t>(k)].numel; e < n; ++e) g[e] = *src++ * inv_world;
+      }
+    } else if (ev.purpose == CommPurpose::unit_reduce_scatter) {
+      const int u = ev.unit;
+      const int64_t S = store_->shard_size(u), lo = store_->shard_offset(u);
+      const float* shard = slots[static_cast<size_t>(ev.slot)].f() + lo;
+      float* g = store_->grads(u).f();
+      if (t.strategy == Strategy::zero1) {
+        for (int64_t e = 0; e < S && lo + e < store_->unit_size(u); ++e) g[lo + e] = shard[e] * inv_world;
+      } else {
+        for (int64_t e = 0; e < S; ++e) g[e] += shard[e] * inv_world;
+      }
+    }
+  };
+
+  static const Tensor one = [] {  // d(loss)/d(loss)
+    Tensor x;
+    x.storage = std::make_shared<Storage>();
+    x.storage->data = std::aligned_alloc(64, 64);
+    *static_cast<float*>(x.storage->data) = 1.0f;
+    x.storage->bytes = 4;
+    return x;
+  }();
+
+  for (const Instr& in : program_.instrs) {
+    if (!applies(in.when, first, last)) continue;
+    switch (in.kind) {
+      case Instr::Kind::alloc: allocate(in); break;
+      case Instr::Kind::free: release(in.slot); break;
+      case Instr::Kind::forward:
+      case Instr::Kind::recompute: {
+        OpContext ctx = make_context(in.node);
+        ctx.recompute = in.kind == Instr::Kind::recompute;
+        backend_.forward(ctx);
+        produced[static_cast<size_t>(in.node)] = std::move(ctx.saved);
+        if (ctx.node->op == OpKind::cross_entropy && !ctx.recompute)
+          stats.loss += static_cast<double>(ctx.out.f()[0]) / static_cast<double>(t.grad_accum);
+        break;
+      }
+      case Instr::Kind::backward: {
+        OpContext ctx = make_context(in.node);
+        for (int s : saved_slot[static_cast<size_t>(in.node)]) ctx.saved.push_back(s >= 0 ? slots[static_cast<size_t>(s)] : Tensor{});
+        produced[static_cast<size_t>(in.node)].clear();
+        ctx.dout = ctx.node->op == OpKind::cross_entropy ? one : grad_of(ctx.node->output);
+        for (int id : ctx.node->inputs) ctx.din.push_back(grad_of(id));
+        ctx.dparams = store_->grad_views(in.node);
+        ctx.grad_scale = 1.0 / static_cast<double>(t.grad_accum);
+        backend_.backward(ctx);
+        break;
+      }
+      case Instr::Kind::issue: issue(in.comm); break;
+      case Instr::Kind::wait: finish(in.comm); break;
+      case Instr::Kind::optimizer: stats.grad_norm = optimizer_->step(step_, opt_.steps, comm_); break;
+      case Instr::Kind::mark: break;
+    }
+  }
+}
+
+std::vector<float> Trainer::full_parameters() {
+  return store_->snapshot_full_params([this](float* p, int64_t n) { comm_.all_gather(p, n)->wait(); });
+}
+
+std::vector<float> Trainer::buffers() const {
+  std::vector<float> out;
+  for (size_t i = 0; i < plan_.model.nodes.size(); ++i)
+    for (const Tensor& t : store_->buffer_views(static_cast<int>(i))) out.insert(out.end(), t.f(), t.f() + t.numel());
+  return out;
+}
+
+}  // namespace dlplan::exec
