@@ -16,6 +16,10 @@ void print_header(const Planning& p) {
   fmt::print("cluster  {} x {} ({} node{} x {}), {} per GPU\n", r.cluster.world(), r.cluster.device.kind,
              r.cluster.nodes, r.cluster.nodes == 1 ? "" : "s", r.cluster.gpus_per_node,
              format_bytes(static_cast<double>(device_capacity(r.cluster))));
+  for (const auto& note : r.model.notes) fmt::print("note     {}\n", note);
+  if (r.model.unaccounted_bytes > 0)
+    fmt::print("note     {} per sample of activations from unmapped ops is NOT in the numbers below\n",
+               format_bytes(static_cast<double>(r.model.unaccounted_bytes)));
   fmt::print("training micro-batch {} x grad-accum {} x {} GPUs = global batch {}; {}, {}, checkpointing {}, attention {}\n\n",
              t.micro_batch, t.grad_accum, r.cluster.world(), t.micro_batch * t.grad_accum * r.cluster.world(),
              to_string(t.precision), to_string(t.optimizer.kind), to_string(t.checkpointing), to_string(t.attention));

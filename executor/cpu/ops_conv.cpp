@@ -3,7 +3,7 @@
 // conv2d lowers to GEMM through im2col (Chellapilla et al. 2006): per sample
 // and group g, out_g [O/g, P] = W_g [O/g, K] x col_g [K, P], with
 // K = (C/g) kh kw and P = OH OW. The column buffer is the declaration's
-// "im2col" temporary (ops_decl.cpp), [b, C kh kw, P]; backward rebuilds it for
+// "im2col" temporary (ops_decl.cpp), [C kh kw, P] reused per sample; backward rebuilds it for
 // the weight gradient and then reuses it, sample by sample, for the column
 // gradient that col2im scatters back into dx. A 1x1 convolution with stride 1
 // and no padding needs no columns: the input already is the [C, P] matrix.
@@ -76,14 +76,14 @@ void conv2d_forward(OpContext& c) {
   const bool bias = c.node->attrs.flag("bias");
   const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
   Tensor cols;
-  if (!g.direct()) cols = alloc_temp(c, {c.batch, g.rows(), g.P()}, "im2col");
+  if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");  // reused sample by sample
   const float* w = c.params[0].f();
   for (int64_t s = 0; s < c.batch; ++s) {
     const float* x = c.in[0].f() + s * in_sz;
     float* y = c.out.f() + s * out_sz;
     const float* col = x;  // direct: the input is the [C, P] column matrix
     if (!g.direct()) {
-      float* cs = cols.f() + s * g.rows() * g.P();
+      float* cs = cols.f();
       im2col(g, x, cs);
       col = cs;
     }
@@ -102,13 +102,13 @@ void conv2d_backward(OpContext& c) {
   const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
   const bool need_dx = c.din[0].defined();
   Tensor cols;
-  if (!g.direct()) cols = alloc_temp(c, {c.batch, g.rows(), g.P()}, "im2col");
+  if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");  // reused sample by sample
   const float* w = c.params[0].f();
   float* dw = c.dparams[0].f();
   for (int64_t s = 0; s < c.batch; ++s) {
     const float* x = c.in[0].f() + s * in_sz;
     const float* dy = c.dout.f() + s * out_sz;
-    float* cs = g.direct() ? nullptr : cols.f() + s * g.rows() * g.P();
+    float* cs = g.direct() ? nullptr : cols.f();
     const float* col = x;
     if (cs) {
       im2col(g, x, cs);

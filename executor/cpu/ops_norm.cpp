@@ -95,6 +95,7 @@ void batchnorm_forward(OpContext& c) {
       const size_t i = static_cast<size_t>(ch);
       mean[ch] = static_cast<float>(m[i]);
       invstd[ch] = static_cast<float>(1.0 / std::sqrt(v[i] + eps));
+      if (c.recompute) continue;  // a checkpointed unit's second forward updates nothing
       rm[ch] = static_cast<float>((1 - momentum) * rm[ch] + momentum * m[i]);
       rv[ch] = static_cast<float>((1 - momentum) * rv[ch] + momentum * v[i] * unbias);
     }

@@ -45,6 +45,9 @@ uint32_t hash(uint64_t seed, int64_t sample, int64_t what) {
   return out[0];
 }
 
+// A hash mapped to [-1, 1].
+float unit_value(uint32_t h) { return static_cast<float>(h % 2001) / 1000.0f - 1.0f; }
+
 class Synthetic : public DataSource {
  public:
   Synthetic(const Model& m, uint64_t seed) : m_(m), seed_(seed), f_(facts(m)) {}
@@ -57,12 +60,15 @@ class Synthetic : public DataSource {
       const int64_t idx = first + s;
       const int64_t label = hash(seed_, idx, 1) % f_.classes;
       if (t.dtype == DType::f32) {
+        // The class prototype plus noise. Images ([C, H, W]) get a per-class
+        // colour (a constant per channel, which survives global pooling) on
+        // top of a fixed per-pixel pattern; vectors a fixed pattern.
         float* x = dst.f() + s * per;
+        const int64_t plane = t.shape.size() == 3 ? t.shape[1] * t.shape[2] : 0;
         for (int64_t e = 0; e < per; ++e) {
-          // The class prototype (a fixed pattern in [-1, 1]) plus noise.
-          float proto = static_cast<float>(hash(0xC1A55, label, e) % 2001) / 1000.0f - 1.0f;
-          float noise = static_cast<float>(hash(seed_, idx, 1000 + e) % 2001) / 1000.0f - 1.0f;
-          x[e] = proto + 0.5f * noise;
+          float proto = unit_value(hash(0xC1A55, label, e));
+          if (plane > 0) proto = unit_value(hash(0xC0102, label, e / plane)) + 0.5f * proto;
+          x[e] = proto + 0.5f * unit_value(hash(seed_, idx, 1000 + e));
         }
         continue;
       }
@@ -77,10 +83,10 @@ class Synthetic : public DataSource {
         continue;
       }
       const bool sequence = f_.targets >= 0;
-      const int64_t start = hash(seed_, idx, 2) % V, k = 1 + hash(seed_, idx, 3) % 2;
+      const int64_t start = hash(seed_, idx, 2) % V;
       for (int64_t e = 0; e < per; ++e) {
         if (!sequence) y[e] = static_cast<int32_t>(hash(seed_, idx, 10 + e) % V);
-        else y[e] = static_cast<int32_t>((start + (e + (input == f_.targets ? 1 : 0)) * k) % V);
+        else y[e] = static_cast<int32_t>((start + e + (input == f_.targets ? 1 : 0)) % V);
       }
     }
   }

@@ -4,6 +4,7 @@
 #include "dlplan/loader.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/importers.hpp"
 #include "dlplan/ops.hpp"
 #include "dlplan/zoo.hpp"
 
@@ -12,6 +13,8 @@
 #include <boost/graph/topological_sort.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -225,23 +228,45 @@ Model parse_model(const Json& ir, const std::string& src) {
   return m;
 }
 
-Model load_model_file(const std::string& path) {
+namespace {
+
+Json read_json_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(fmt::format("{}: is a folder, not a model file", path));
   std::ifstream f(path);
   if (!f) throw Error(fmt::format("{}: cannot open model file", path));
-  Json j;
   try {
-    j = Json::parse(f);
+    return Json::parse(f);
   } catch (const Json::parse_error& e) {
     throw Error(fmt::format("{}: malformed JSON at byte {}: {}", path, e.byte, e.what()));
   }
-  return parse_model(j, path);
 }
 
-Model load_model(const std::string& name_or_path) {
+bool has_extension(const std::string& path, const char* ext) {
+  auto e = std::filesystem::path(path).extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return e == ext;
+}
+
+}  // namespace
+
+Model load_model_file(const std::string& path) { return parse_model(read_json_file(path), path); }
+
+Model load_model(const std::string& name_or_path) { return load_model(name_or_path, ImportOptions{}); }
+
+Model load_model(const std::string& name_or_path, const ImportOptions& opt) {
   if (auto ir = zoo::zoo_model(name_or_path)) return parse_model(Json(*ir), name_or_path);
-  if (std::filesystem::exists(name_or_path)) return load_model_file(name_or_path);
+  if (std::filesystem::exists(name_or_path)) {
+    if (has_extension(name_or_path, ".onnx")) return import_onnx(name_or_path, opt);
+    Json doc = read_json_file(name_or_path);
+    if (is_hf_config(doc)) {
+      std::vector<std::string> notes;
+      Model m = parse_model(Json(hf_config_to_ir(doc, name_or_path, &notes, opt)), name_or_path);
+      m.notes = std::move(notes);
+      return m;
+    }
+    return parse_model(doc, name_or_path);
+  }
   std::vector<std::string> names;
   for (const auto& e : zoo::zoo_entries()) names.push_back(e.name);
   throw Error(fmt::format("{}: no such file, and not a zoo model (zoo: {})", name_or_path, fmt::join(names, ", ")));
@@ -262,7 +287,10 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())
     if (spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = seq_len;
-  return parse_model(ir, m.source);
+  Model out = parse_model(ir, m.source);
+  out.notes = m.notes;
+  out.unaccounted_bytes = m.unaccounted_bytes;
+  return out;
 }
 
 }  // namespace dlplan

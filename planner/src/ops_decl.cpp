@@ -108,6 +108,17 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.params = {{"weight", o * (c / g) * k[0] * k[1], true}};
       if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false});
       d.saved = {keep_input(0)};
+      // im2col lowering (executor/cpu/ops_conv.cpp): one column matrix
+      // [C kh kw, OH OW], reused sample by sample; backward rebuilds it for
+      // the weight gradient and reuses it for the column gradient. A 1x1,
+      // stride-1, unpadded convolution reads its input directly and needs none.
+      const auto s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
+      const bool direct = k[0] == 1 && k[1] == 1 && s[0] == 1 && s[1] == 1 && p[0] == 0 && p[1] == 0;
+      if (!direct) {
+        const int64_t cols = c * k[0] * k[1] * out.shape[1] * out.shape[2];
+        d.fwd_temps = {{"im2col", cols, Elem::compute, true}};
+        d.bwd_temps = {{"im2col", cols, Elem::compute, true}};
+      }
       d.fwd_flops = 2.0 * out_elems * (c / g) * k[0] * k[1];
       d.bwd_flops = 2 * d.fwd_flops;
       d.gemms = 1;

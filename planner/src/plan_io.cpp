@@ -21,6 +21,8 @@ OrderedJson planning_json(const Planning& p) {
   j["schema_version"] = 1;
   j["kind"] = "planning";
   j["model"] = {{"name", req.model.name}, {"params", req.model.parameter_count()}};
+  if (!req.model.notes.empty()) j["model"]["notes"] = req.model.notes;
+  if (req.model.unaccounted_bytes > 0) j["model"]["unaccounted_bytes_per_sample"] = req.model.unaccounted_bytes;
   j["cluster"] = {{"gpu", req.cluster.device.kind},
                   {"nodes", req.cluster.nodes},
                   {"gpus_per_node", req.cluster.gpus_per_node},

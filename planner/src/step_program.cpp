@@ -342,7 +342,7 @@ class Emitter {
 
   void op_temps(int i, const std::vector<TempTensor>& temps, std::vector<int>& slots) {
     for (const auto& t : temps) {
-      slots.push_back(alloc(Role::op_temp, Category::workspace, t.numel * b_ * elem_bytes(t.elem)));
+      slots.push_back(alloc(Role::op_temp, Category::workspace, t.numel * (t.per_batch ? 1 : b_) * elem_bytes(t.elem)));
       last().node = i;
       name_last(node(i).name + "." + t.what, node(i).name);
     }

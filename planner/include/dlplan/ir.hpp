@@ -75,6 +75,11 @@ struct Model {
   std::vector<ParamInfo> params;      // parameters, in node order
   std::vector<ParamInfo> buffers;     // non-trainable state (BN running stats)
   nlohmann::ordered_json ir;          // the IR with defaults made explicit
+  // Filled by importers (ONNX, Hugging Face): what the importer could not map
+  // or had to assume, one line each, and the activation bytes per sample of
+  // unmapped ops that the plan does not count (reported, never hidden).
+  std::vector<std::string> notes;
+  int64_t unaccounted_bytes = 0;
 
   int64_t parameter_count() const;
   int64_t buffer_count() const;

@@ -15,8 +15,13 @@ namespace dlplan {
 Model parse_model(const nlohmann::json& ir, const std::string& source);
 Model load_model_file(const std::string& path);
 
-// A zoo name ("gpt2") or a path to an IR JSON file.
+struct ImportOptions;  // dlplan/importers.hpp
+
+// A zoo name ("gpt2"), a path to an IR JSON file, an ONNX file (.onnx) or a
+// Hugging Face config.json (a JSON object with "model_type" or
+// "architectures"). `opt` gives ONNX symbolic dimensions their values.
 Model load_model(const std::string& name_or_path);
+Model load_model(const std::string& name_or_path, const ImportOptions& opt);
 
 // The same model with every token input ([T] i32) of length `seq_len`. Checked
 // against position tables; a model without token inputs is an error.

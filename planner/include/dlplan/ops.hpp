@@ -34,8 +34,9 @@ struct SavedTensor {
 // A temporary that lives only while the op's forward or backward runs.
 struct TempTensor {
   std::string what;
-  int64_t numel = 0;
+  int64_t numel = 0;             // per sample (per batch if per_batch)
   Elem elem = Elem::compute;
+  bool per_batch = false;        // one buffer reused sample by sample (im2col)
 };
 
 struct ParamDecl {

@@ -71,7 +71,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 
 // Philox4x32-10 (Salmon et al., SC'11): 4 x 32-bit outputs for a 128-bit
 // counter and 64-bit key. Dropout's u for an element: first output / 2^32
-// with key = seed, counter = (element index, global sample index, node index, 0).
+// with key = seed, counter = (element index low 32 bits, global sample index,
+// node index, element index high 32 bits).
 void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 float dropout_uniform(uint64_t seed, int node_index, int64_t sample, int64_t element);
 

@@ -5,10 +5,11 @@
 // Synthetic tasks (learnable, deterministic):
 //  - a class label [] i32 and a float input (image or feature vector): the
 //    label is drawn from the sample index; the input is the label's fixed
-//    prototype plus noise, so a classifier can learn it;
-//  - token inputs [T] i32 with targets [T]: an arithmetic sequence
-//    start, start + k, start + 2k, ... (mod vocab) with k in {1, 2} per
-//    sample; targets are the next tokens, which a GPT learns from context;
+//    prototype plus noise (images: a per-class colour and pattern), so a
+//    classifier can learn it;
+//  - token inputs [T] i32 with targets [T]: the sequence start, start + 1,
+//    start + 2, ... (mod vocab) from a random start; targets are the next
+//    tokens (a pattern a GPT learns within tens of steps);
 //  - other token inputs (BERT): random tokens; token types 0 then 1; its label
 //    is whether the first token is in the lower half of the vocabulary.
 // Files (documented in docs/data.md):

@@ -1,0 +1,268 @@
+// Hugging Face config.json -> IR, through the zoo's family builders, so an
+// imported model and the zoo's own are the same code. Field names and
+// defaults are those of transformers' GPT2Config, LlamaConfig, MistralConfig,
+// BertConfig and ViTConfig. Parameter counts are module parameters only
+// (rotary inv_freq and BERT's position_ids are buffers, not counted).
+//
+// Mapping decisions (each one is reported in the model's notes when it
+// changes anything):
+//   - bert: dlplan's BERT needs a loss, so it gets BertForSequenceClassification's
+//     head with classes = len(id2label), else num_labels, else 2 (transformers'
+//     default). Parameters = BertModel (with pooler) + hidden*classes + classes.
+//   - vit: ViTForImageClassification (no pooler), classes as for bert.
+//   - mistral: the llama family; sliding_window attention is ignored (memory
+//     is planned as full causal attention, an upper bound).
+#include "dlplan/error.hpp"
+#include "dlplan/importers.hpp"
+#include "dlplan/loader.hpp"
+#include "dlplan/zoo.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+namespace dlplan {
+namespace {
+
+using Json = nlohmann::json;
+
+class Fields {
+ public:
+  Fields(const Json& j, std::string src, std::string type) : j_(j), src_(std::move(src)), type_(std::move(type)) {}
+
+  [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", src_, msg)); }
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  int integer(const char* key) const {
+    if (!has(key)) fail(fmt::format("field '{}' is missing (required for model_type '{}')", key, type_));
+    return checked_int(key);
+  }
+  int integer(const char* key, int def) const { return has(key) ? checked_int(key) : def; }
+  // The first of several spellings that is present (GPT-2: n_positions / n_ctx).
+  int integer_any(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (has(k)) return checked_int(k);
+    fail(fmt::format("field '{}' is missing (required for model_type '{}')", *keys.begin(), type_));
+  }
+  double number(const char* key, double def) const {
+    if (!has(key)) return def;
+    if (!j_[key].is_number()) fail(fmt::format("field '{}' must be a number, got {}", key, j_[key].dump()));
+    return j_[key].get<double>();
+  }
+  bool flag(const char* key, bool def) const {
+    if (!has(key)) return def;
+    if (!j_[key].is_boolean()) fail(fmt::format("field '{}' must be true or false, got {}", key, j_[key].dump()));
+    return j_[key].get<bool>();
+  }
+  std::string text(const char* key, const std::string& def) const {
+    if (!has(key)) return def;
+    if (!j_[key].is_string()) fail(fmt::format("field '{}' must be a string, got {}", key, j_[key].dump()));
+    return j_[key].get<std::string>();
+  }
+  // Classifier classes: len(id2label), else num_labels, else transformers' default 2.
+  int classes(std::vector<std::string>& notes) const {
+    if (has("id2label")) {
+      if (!j_["id2label"].is_object() || j_["id2label"].empty())
+        fail("field 'id2label' must be a non-empty object of {index: label}");
+      return static_cast<int>(j_["id2label"].size());
+    }
+    if (has("num_labels")) return integer("num_labels");
+    notes.push_back("no id2label or num_labels: a 2-class classifier head (transformers' default) is planned");
+    return 2;
+  }
+
+ private:
+  int checked_int(const char* key) const {
+    const Json& v = j_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > std::numeric_limits<int>::max())
+      fail(fmt::format("field '{}' must be a positive integer, got {}", key, v.dump()));
+    return static_cast<int>(v.get<int64_t>());
+  }
+
+  const Json& j_;
+  std::string src_;
+  std::string type_;
+};
+
+std::string model_name(const Json& j, const std::string& src, const std::string& type) {
+  if (j.contains("_name_or_path") && j["_name_or_path"].is_string() && !j["_name_or_path"].get<std::string>().empty())
+    return j["_name_or_path"].get<std::string>();
+  auto stem = std::filesystem::path(src).stem().string();
+  return stem.empty() || stem == "config" ? type : stem;
+}
+
+// model_type, or one inferred from architectures[0] ("LlamaForCausalLM").
+std::optional<std::string> detect_type(const Json& j) {
+  if (j.contains("model_type") && j["model_type"].is_string()) return j["model_type"].get<std::string>();
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    const auto a = j["architectures"][0].get<std::string>();
+    const std::pair<const char*, const char*> prefixes[] = {
+        {"GPT2", "gpt2"}, {"Llama", "llama"}, {"Mistral", "mistral"}, {"Bert", "bert"}, {"ViT", "vit"}};
+    for (const auto& [p, t] : prefixes)
+      if (a.rfind(p, 0) == 0) return std::string(t);
+    return a;
+  }
+  return std::nullopt;
+}
+
+zoo::Json gpt2(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+  zoo::GptConfig c;
+  c.name = name;
+  c.layers = f.integer("n_layer");
+  c.hidden = f.integer("n_embd");
+  c.heads = f.integer("n_head");
+  c.vocab = f.integer("vocab_size");
+  c.context = f.integer_any({"n_positions", "n_ctx"});
+  c.mlp_hidden = f.integer("n_inner", 0);
+  c.dropout = f.number("resid_pdrop", 0.1);
+  const double embd = f.number("embd_pdrop", 0.1), attn = f.number("attn_pdrop", 0.1);
+  if (embd != c.dropout || attn != c.dropout)
+    notes.push_back(fmt::format("dropout: resid_pdrop {} planned for embeddings and attention too (embd_pdrop {}, attn_pdrop {})",
+                                c.dropout, embd, attn));
+  c.tie_head = f.flag("tie_word_embeddings", true);
+  const auto act = f.text("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    notes.push_back(fmt::format("activation_function '{}' planned as GELU (tanh); cost is the same", act));
+  if (f.number("layer_norm_epsilon", 1e-5) != 1e-5) notes.push_back("layer_norm_epsilon other than 1e-5 is not recorded (no effect on the plan)");
+  if (c.hidden % c.heads != 0) f.fail(fmt::format("n_embd {} must divide by n_head {}", c.hidden, c.heads));
+  return zoo::build_gpt(c);
+}
+
+zoo::Json llama(const Fields& f, const std::string& name, const std::string& type, std::vector<std::string>& notes) {
+  zoo::LlamaConfig c;
+  c.name = name;
+  c.layers = f.integer("num_hidden_layers");
+  c.hidden = f.integer("hidden_size");
+  c.heads = f.integer("num_attention_heads");
+  c.kv_heads = f.integer("num_key_value_heads", c.heads);
+  c.head_dim = f.integer("head_dim", 0);
+  c.intermediate = f.integer("intermediate_size");
+  c.vocab = f.integer("vocab_size");
+  c.context = f.integer("max_position_embeddings");
+  c.rms_eps = f.number("rms_norm_eps", 1e-6);
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  c.tie_head = f.flag("tie_word_embeddings", false);
+  if (c.heads % c.kv_heads != 0)
+    f.fail(fmt::format("num_attention_heads {} must divide by num_key_value_heads {}", c.heads, c.kv_heads));
+  if (c.head_dim == 0 && c.hidden % c.heads != 0)
+    f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {} (or give head_dim)", c.hidden, c.heads));
+  if (f.flag("attention_bias", false)) f.fail("attention_bias true is not supported (dlplan's llama has no projection biases)");
+  if (f.flag("mlp_bias", false)) f.fail("mlp_bias true is not supported (dlplan's llama has no MLP biases)");
+  const auto act = f.text("hidden_act", "silu");
+  if (act != "silu") f.fail(fmt::format("hidden_act '{}' is not supported (SwiGLU with silu only)", act));
+  if (type == "mistral" && f.has("sliding_window"))
+    notes.push_back(fmt::format("sliding_window {} ignored: attention memory and FLOPs are planned as full causal attention (an upper bound)",
+                                f.integer("sliding_window")));
+  if (f.has("rope_scaling")) notes.push_back("rope_scaling ignored (no effect on memory or FLOPs)");
+  return zoo::build_llama(c);
+}
+
+zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+  zoo::BertConfig c;
+  c.name = name;
+  c.layers = f.integer("num_hidden_layers");
+  c.hidden = f.integer("hidden_size");
+  c.heads = f.integer("num_attention_heads");
+  c.intermediate = f.integer("intermediate_size");
+  c.vocab = f.integer("vocab_size");
+  c.max_positions = f.integer("max_position_embeddings");
+  c.type_vocab = f.integer("type_vocab_size", 2);
+  c.context = c.max_positions;
+  c.ln_eps = f.number("layer_norm_eps", 1e-12);
+  c.dropout = f.number("hidden_dropout_prob", 0.1);
+  const double attn = f.number("attention_probs_dropout_prob", 0.1);
+  if (attn != c.dropout)
+    notes.push_back(fmt::format("attention_probs_dropout_prob {} planned as hidden_dropout_prob {}", attn, c.dropout));
+  if (f.has("classifier_dropout") && f.number("classifier_dropout", c.dropout) != c.dropout)
+    notes.push_back("classifier_dropout planned as hidden_dropout_prob");
+  const auto act = f.text("hidden_act", "gelu");
+  if (act != "gelu") notes.push_back(fmt::format("hidden_act '{}' planned as GELU", act));
+  const auto pos = f.text("position_embedding_type", "absolute");
+  if (pos != "absolute") f.fail(fmt::format("position_embedding_type '{}' is not supported (absolute only)", pos));
+  c.classes = f.classes(notes);
+  notes.push_back(fmt::format("BertForSequenceClassification: BertModel with pooler plus a {}-class head ({} parameters)",
+                              c.classes, static_cast<int64_t>(c.hidden) * c.classes + c.classes));
+  if (c.hidden % c.heads != 0) f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {}", c.hidden, c.heads));
+  return zoo::build_bert(c);
+}
+
+zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+  zoo::VitConfig c;
+  c.name = name;
+  c.layers = f.integer("num_hidden_layers");
+  c.hidden = f.integer("hidden_size");
+  c.heads = f.integer("num_attention_heads");
+  c.mlp_hidden = f.integer("intermediate_size");
+  c.image = f.integer("image_size");
+  c.patch = f.integer("patch_size");
+  c.channels = f.integer("num_channels", 3);
+  c.ln_eps = f.number("layer_norm_eps", 1e-12);
+  c.dropout = f.number("hidden_dropout_prob", 0.0);
+  if (f.number("attention_probs_dropout_prob", 0.0) != 0.0)
+    notes.push_back("attention_probs_dropout_prob ignored (dlplan's ViT has no attention-probability dropout)");
+  if (!f.flag("qkv_bias", true)) f.fail("qkv_bias false is not supported");
+  const auto act = f.text("hidden_act", "gelu");
+  if (act != "gelu") notes.push_back(fmt::format("hidden_act '{}' planned as GELU", act));
+  if (c.image % c.patch != 0) f.fail(fmt::format("image_size {} must divide by patch_size {}", c.image, c.patch));
+  if (c.hidden % c.heads != 0) f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {}", c.hidden, c.heads));
+  c.classes = f.classes(notes);
+  notes.push_back(fmt::format("ViTForImageClassification: ViTModel without pooler plus a {}-class head", c.classes));
+  return zoo::build_vit(c);
+}
+
+}  // namespace
+
+std::vector<std::string> hf_supported_model_types() { return {"gpt2", "llama", "mistral", "bert", "vit"}; }
+
+bool is_hf_config(const nlohmann::json& doc) {
+  return doc.is_object() && (doc.contains("model_type") || doc.contains("architectures")) && !doc.contains("nodes");
+}
+
+nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::string& src, std::vector<std::string>* notes_out,
+                                       const ImportOptions& /*opt*/) {
+  if (!j.is_object()) throw Error(fmt::format("{}: a Hugging Face config must be a JSON object", src));
+  auto type = detect_type(j);
+  const auto supported = hf_supported_model_types();
+  if (!type)
+    throw Error(fmt::format("{}: field 'model_type' is missing or not a string (supported: {})", src, fmt::join(supported, ", ")));
+  if (std::find(supported.begin(), supported.end(), *type) == supported.end())
+    throw Error(fmt::format("{}: model_type '{}' is not supported (supported: {})", src, *type, fmt::join(supported, ", ")));
+  std::vector<std::string> notes;
+  Fields f(j, src, *type);
+  const auto name = model_name(j, src, *type);
+  zoo::Json ir;
+  try {
+    if (*type == "gpt2") ir = gpt2(f, name, notes);
+    else if (*type == "llama" || *type == "mistral") ir = llama(f, name, *type, notes);
+    else if (*type == "bert") ir = bert(f, name, notes);
+    else ir = vit(f, name, notes);
+  } catch (const std::invalid_argument& e) {  // a zoo builder's own check
+    throw Error(fmt::format("{}: {}", src, e.what()));
+  }
+  if (notes_out) *notes_out = std::move(notes);
+  return ir;
+}
+
+Model import_hf_config(const std::string& path, const ImportOptions& opt) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("{}: cannot open config file", path));
+  Json j;
+  try {
+    j = Json::parse(in);
+  } catch (const Json::parse_error& e) {
+    throw Error(fmt::format("{}: malformed JSON at byte {}: {}", path, e.byte, e.what()));
+  }
+  std::vector<std::string> notes;
+  Model m = parse_model(Json(hf_config_to_ir(j, path, &notes, opt)), path);
+  m.notes = std::move(notes);
+  return m;
+}
+
+}  // namespace dlplan

@@ -1,0 +1,900 @@
+// ONNX file -> IR (DESIGN.md: "Other inputs a user has ... become this IR
+// through importers"). Steps:
+//   1. load the ModelProto (initializer data is never read: dims are enough,
+//      so external-data files may be missing and tensors may be empty);
+//   2. give symbolic input dims values (leading dim: --micro-batch, others:
+//      --seq-len) and run ONNX shape inference;
+//   3. fuse patterns into IR ops (import_onnx_fuse.cpp): attention, GELU
+//      (Erf and Tanh forms), SiLU;
+//   4. walk back from the graph output to find the data path (shape
+//      computations and attention-mask plumbing fall away);
+//   5. map each data-path node to an IR op; an unknown op is passed through
+//      when its output shape equals its input's, and its bytes are reported;
+//   6. units from node-name prefixes that repeat (encoder.layers.3);
+//   7. a cross_entropy loss on the first graph output (the ONNX graph has none);
+//   8. parse_model validates and infers shapes like any IR file.
+// What the importer could not map or had to assume goes to Model::notes.
+#include "dlplan/error.hpp"
+#include "dlplan/importers.hpp"
+#include "dlplan/loader.hpp"
+
+#include <fmt/format.h>
+
+#ifdef DLPLAN_HAVE_ONNX
+#include "import_onnx_graph.hpp"
+
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#endif
+
+namespace dlplan {
+
+#ifndef DLPLAN_HAVE_ONNX
+
+bool onnx_supported() { return false; }
+
+Model import_onnx(const std::string& path, const ImportOptions&) {
+  throw Error(fmt::format("{}: dlplan was built without ONNX support (install libonnx-dev and libprotobuf-dev, then "
+                          "re-run cmake)", path));
+}
+
+#else
+
+bool onnx_supported() { return true; }
+
+namespace onnx_import {
+
+std::string human_bytes(int64_t b) {
+  const double v = static_cast<double>(b);
+  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", v / (1024.0 * 1024 * 1024));
+  if (v >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
+  if (v >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+int64_t elem_size(int32_t t) {
+  using TP = onnx::TensorProto;
+  switch (t) {
+    case TP::DOUBLE: case TP::INT64: case TP::UINT64: return 8;
+    case TP::FLOAT16: case TP::BFLOAT16: case TP::INT16: case TP::UINT16: return 2;
+    case TP::INT8: case TP::UINT8: case TP::BOOL: return 1;
+    default: return 4;
+  }
+}
+
+bool is_float(int32_t t) {
+  using TP = onnx::TensorProto;
+  return t == TP::FLOAT || t == TP::DOUBLE || t == TP::FLOAT16 || t == TP::BFLOAT16;
+}
+
+Graph::Graph(onnx::ModelProto& model, std::string src) : m(model), g(*model.mutable_graph()), src(std::move(src)) {}
+
+void Graph::index() {
+  for (const auto& t : g.initializer()) inits[t.name()] = &t;
+  for (const auto& vi : g.input())
+    if (!inits.count(vi.name())) inputs.push_back(vi.name());
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    for (const auto& o : n.output())
+      if (!o.empty()) producer[o] = i;
+    for (const auto& in : n.input())
+      if (!in.empty()) consumers[in].push_back(i);
+  }
+  auto read = [&](const onnx::ValueInfoProto& vi) {
+    if (!vi.type().has_tensor_type()) return;
+    const auto& tt = vi.type().tensor_type();
+    elem_type[vi.name()] = tt.elem_type();
+    if (!tt.has_shape()) return;
+    Dims d;
+    for (const auto& dim : tt.shape().dim()) d.push_back(dim.has_dim_value() ? dim.dim_value() : -1);
+    shapes[vi.name()] = d;
+  };
+  for (const auto& vi : g.input()) read(vi);
+  for (const auto& vi : g.value_info()) read(vi);
+  for (const auto& vi : g.output()) read(vi);
+}
+
+const onnx::NodeProto& Graph::node(int i) const { return g.node(i); }
+
+int Graph::producer_of(const std::string& t) const {
+  auto it = producer.find(t);
+  return it == producer.end() ? -1 : it->second;
+}
+
+const std::vector<int>& Graph::consumers_of(const std::string& t) const {
+  static const std::vector<int> none;
+  auto it = consumers.find(t);
+  return it == consumers.end() ? none : it->second;
+}
+
+bool Graph::is_init(const std::string& t) const { return inits.count(t) > 0; }
+
+bool Graph::is_const(const std::string& t) const {
+  if (t.empty() || is_init(t)) return true;
+  int p = producer_of(t);
+  if (p < 0) return false;
+  const auto& op = node(p).op_type();
+  return op == "Constant" || op == "ConstantOfShape";
+}
+
+std::optional<Dims> Graph::shape(const std::string& t) const {
+  if (auto it = inits.find(t); it != inits.end()) return Dims(it->second->dims().begin(), it->second->dims().end());
+  if (auto it = shapes.find(t); it != shapes.end()) return it->second;
+  return std::nullopt;
+}
+
+int32_t Graph::dtype(const std::string& t) const {
+  if (auto it = inits.find(t); it != inits.end()) return it->second->data_type();
+  if (auto it = elem_type.find(t); it != elem_type.end()) return it->second;
+  return onnx::TensorProto::FLOAT;
+}
+
+namespace {
+
+std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t) {
+  using TP = onnx::TensorProto;
+  if (t.data_location() == TP::EXTERNAL) return std::nullopt;
+  std::vector<double> v;
+  const std::string& raw = t.raw_data();
+  auto from_raw = [&](auto tag) {
+    using T = decltype(tag);
+    for (size_t i = 0; i + sizeof(T) <= raw.size(); i += sizeof(T)) {
+      T x;
+      std::memcpy(&x, raw.data() + i, sizeof(T));
+      v.push_back(static_cast<double>(x));
+    }
+  };
+  switch (t.data_type()) {
+    case TP::FLOAT:
+      if (!raw.empty()) from_raw(float{});
+      for (float x : t.float_data()) v.push_back(x);
+      break;
+    case TP::DOUBLE:
+      if (!raw.empty()) from_raw(double{});
+      for (double x : t.double_data()) v.push_back(x);
+      break;
+    case TP::INT64:
+      if (!raw.empty()) from_raw(int64_t{});
+      for (auto x : t.int64_data()) v.push_back(static_cast<double>(x));
+      break;
+    case TP::INT32:
+      if (!raw.empty()) from_raw(int32_t{});
+      for (auto x : t.int32_data()) v.push_back(x);
+      break;
+    case TP::BOOL: case TP::UINT8: case TP::INT8:
+      if (!raw.empty()) from_raw(uint8_t{});
+      for (auto x : t.int32_data()) v.push_back(x);
+      break;
+    default: return std::nullopt;
+  }
+  return v;
+}
+
+}  // namespace
+
+std::optional<std::vector<double>> Graph::values(const std::string& t) const {
+  if (auto it = inits.find(t); it != inits.end()) return tensor_values(*it->second);
+  int p = producer_of(t);
+  if (p < 0) return std::nullopt;
+  const auto& n = node(p);
+  if (n.op_type() != "Constant") return std::nullopt;
+  for (const auto& a : n.attribute()) {
+    if (a.name() == "value") return tensor_values(a.t());
+    if (a.name() == "value_float") return std::vector<double>{a.f()};
+    if (a.name() == "value_int") return std::vector<double>{static_cast<double>(a.i())};
+    if (a.name() == "value_ints") return std::vector<double>(a.ints().begin(), a.ints().end());
+    if (a.name() == "value_floats") return std::vector<double>(a.floats().begin(), a.floats().end());
+  }
+  return std::nullopt;
+}
+
+std::optional<double> Graph::scalar(const std::string& t) const {
+  auto v = values(t);
+  if (!v || v->size() != 1) return std::nullopt;
+  return (*v)[0];
+}
+
+const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name) {
+  for (const auto& a : n.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def) {
+  auto a = attr(n, name);
+  return a ? a->i() : def;
+}
+double attr_float(const onnx::NodeProto& n, const char* name, double def) {
+  auto a = attr(n, name);
+  return a ? a->f() : def;
+}
+std::vector<int64_t> attr_ints(const onnx::NodeProto& n, const char* name) {
+  auto a = attr(n, name);
+  if (!a) return {};
+  return {a->ints().begin(), a->ints().end()};
+}
+std::string attr_text(const onnx::NodeProto& n, const char* name, const std::string& def) {
+  auto a = attr(n, name);
+  return a ? a->s() : def;
+}
+
+std::string label(const onnx::NodeProto& n, int index) {
+  if (!n.name().empty()) return fmt::format("node '{}' ({})", n.name(), n.op_type());
+  return fmt::format("node #{} ({})", index, n.op_type());
+}
+
+namespace {
+
+using OJson = nlohmann::ordered_json;
+
+// "/encoder/layers.3/attn/MatMul" -> "encoder.layers.3.attn.MatMul".
+std::string normalize(const std::string& name) {
+  std::string s;
+  for (char c : name) {
+    char d = c == '/' || c == ':' ? '.' : c;
+    if (d == '.' && (s.empty() || s.back() == '.')) continue;
+    s.push_back(d);
+  }
+  while (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+// The repeated-block prefix of a node name: everything up to and including the
+// first numeric component ("encoder.layers.3"), with the stem ("encoder.layers").
+std::optional<std::pair<std::string, std::string>> unit_prefix(const std::string& name) {
+  static const std::regex re(R"(^((?:[A-Za-z_][\w]*\.)*?[A-Za-z_][\w]*)[._](\d+)(?:\.|$))");
+  std::smatch mt;
+  auto n = normalize(name);
+  if (!std::regex_search(n, mt, re)) return std::nullopt;
+  const std::string stem = mt[1].str();
+  const std::string sep = n.substr(static_cast<size_t>(mt.length(1)), 1);
+  return std::make_pair(stem + sep + mt[2].str(), stem);
+}
+
+class Importer {
+ public:
+  Importer(Graph& g, const ImportOptions& opt) : g_(g), opt_(opt) {}
+
+  Model run() {
+    fusions_ = find_fusions(g_, &unfused_);
+    for (size_t i = 0; i < fusions_.size(); ++i) {
+      fusion_by_out_[fusions_[i].out] = static_cast<int>(i);
+      for (int n : fusions_[i].nodes) fused_node_[n] = static_cast<int>(i);
+    }
+    if (g_.g.output_size() == 0) fail("the graph has no outputs");
+    if (g_.g.output_size() > 1)
+      notes_.push_back(fmt::format("graph has {} outputs; the loss is planned on the first, '{}'", g_.g.output_size(),
+                                   g_.g.output(0).name()));
+    std::string logits = g_.g.output(0).name();
+    bool has_loss = false;
+    if (int p = g_.producer_of(logits); p >= 0 && !fused_node_.count(p)) {
+      const auto& op = g_.node(p).op_type();
+      if (op == "Softmax" || op == "LogSoftmax") {
+        notes_.push_back(fmt::format("final {} folded into the cross_entropy loss", op));
+        logits = g_.node(p).input(0);
+      } else if (op == "SoftmaxCrossEntropyLoss") {
+        has_loss = true;
+      }
+    }
+    find_data_path(logits);
+    map_nodes();
+    if (!has_loss) add_loss(logits);
+    assign_units();
+    return finish();
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", g_.src, msg)); }
+
+  // Inputs of a node that carry data (not shapes, indices of constants, ...).
+  std::vector<std::string> data_inputs(const onnx::NodeProto& n) const {
+    const auto& op = n.op_type();
+    std::vector<std::string> out;
+    auto first = [&] {
+      if (n.input_size() > 0 && !g_.is_const(n.input(0))) out.push_back(n.input(0));
+    };
+    if (op == "Shape" || op == "Size" || op == "Constant" || op == "ConstantOfShape" || op == "Range" ||
+        op == "EyeLike")
+      return out;
+    if (op == "Reshape" || op == "Expand" || op == "Tile" || op == "Slice" || op == "Squeeze" || op == "Unsqueeze" ||
+        op == "Dropout" || op == "Pad" || op == "Resize" || op == "Split" || op == "TopK" || op == "ReduceMean" ||
+        op == "ReduceSum") {
+      first();
+      return out;
+    }
+    if (op == "Gather" && n.input_size() == 2) {
+      if (g_.is_init(n.input(0))) {  // an embedding; positions (not from an input) are a table, no data
+        if (!g_.is_const(n.input(1)) && depends_on_input(n.input(1))) out.push_back(n.input(1));
+      } else {
+        first();
+      }
+      return out;
+    }
+    for (const auto& in : n.input())
+      if (!in.empty() && !g_.is_const(in)) out.push_back(in);
+    return out;
+  }
+
+  void find_data_path(const std::string& logits) {
+    std::vector<std::string> work{logits};
+    std::set<std::string> seen;
+    while (!work.empty()) {
+      auto t = work.back();
+      work.pop_back();
+      if (!seen.insert(t).second) continue;
+      if (auto f = fusion_by_out_.find(t); f != fusion_by_out_.end()) {
+        needed_fusions_.insert(f->second);
+        work.push_back(fusions_[static_cast<size_t>(f->second)].x);
+        continue;
+      }
+      int p = g_.producer_of(t);
+      if (p < 0) {
+        if (!g_.is_init(t)) used_inputs_.insert(t);
+        continue;
+      }
+      if (fused_node_.count(p))
+        fail(fmt::format("{}: output '{}' is used outside the {} pattern it belongs to; cannot plan it",
+                         label(g_.node(p), p), t, fusions_[static_cast<size_t>(fused_node_.at(p))].kind));
+      needed_.insert(p);
+      for (const auto& in : data_inputs(g_.node(p))) work.push_back(in);
+    }
+  }
+
+  // Does `t` depend on a graph input through data edges?
+  bool depends_on_input(const std::string& t) const {
+    if (auto it = dep_memo_.find(t); it != dep_memo_.end()) return it->second;
+    dep_memo_[t] = false;
+    bool r = false;
+    int p = g_.producer_of(t);
+    if (p < 0) {
+      r = !g_.is_init(t);
+    } else {
+      for (const auto& in : data_inputs(g_.node(p)))
+        if (depends_on_input(in)) r = true;
+    }
+    dep_memo_[t] = r;
+    return r;
+  }
+
+  std::string unique_name(const std::string& base) {
+    std::string n = base.empty() ? "node" : base;
+    std::string cand = n;
+    for (int i = 2; used_names_.count(cand); ++i) cand = fmt::format("{}_{}", n, i);
+    used_names_.insert(cand);
+    return cand;
+  }
+
+  std::string ir_name_for(const onnx::NodeProto& n) {
+    std::string base = normalize(n.name());
+    if (base.empty()) base = normalize(n.output_size() > 0 ? n.output(0) : n.op_type());
+    return unique_name(base);
+  }
+
+  const std::string& ir_of(const std::string& t, const onnx::NodeProto& n, int i) {
+    auto it = ir_.find(t);
+    if (it == ir_.end())
+      fail(fmt::format("{}: input '{}' is not something dlplan can plan (it comes from an op that was not mapped)",
+                       label(n, i), t));
+    return it->second;
+  }
+
+  void emit(const std::string& ir_name, const char* op, std::vector<std::string> in, const OJson& attrs,
+            const std::string& out_tensor, const std::string& onnx_name) {
+    OJson node{{"name", ir_name}, {"op", op}, {"in", std::move(in)}};
+    for (const auto& [k, v] : attrs.items()) node[k] = v;
+    nodes_.push_back(std::move(node));
+    onnx_names_.push_back(onnx_name);
+    ir_[out_tensor] = ir_name;
+  }
+
+  Dims per_sample(const std::string& t) const {
+    auto s = g_.shape(t);
+    if (!s || s->empty()) return {};
+    return Dims(s->begin() + 1, s->end());
+  }
+
+  // An integer or [h, w] pair: one value when both are equal.
+  static OJson pair(int64_t a, int64_t b) { return a == b ? OJson(a) : OJson::array({a, b}); }
+
+  OJson pool_geometry(const onnx::NodeProto& n, int i, OJson attrs, int64_t kh, int64_t kw) {
+    auto strides = attr_ints(n, "strides");
+    auto pads = attr_ints(n, "pads");
+    auto dil = attr_ints(n, "dilations");
+    const auto auto_pad = attr_text(n, "auto_pad", "NOTSET");
+    if (auto_pad != "NOTSET" && auto_pad != "VALID")
+      fail(fmt::format("{}: auto_pad {} is not supported (export with explicit pads)", label(n, i), auto_pad));
+    for (auto d : dil)
+      if (d != 1) fail(fmt::format("{}: dilation {} is not supported", label(n, i), d));
+    if (!pads.empty() && (pads.size() != 4 || pads[0] != pads[2] || pads[1] != pads[3]))
+      fail(fmt::format("{}: asymmetric pads [{}] are not supported", label(n, i), fmt::join(pads, ", ")));
+    attrs["kernel"] = pair(kh, kw);
+    const int64_t sh = strides.size() == 2 ? strides[0] : 1, sw = strides.size() == 2 ? strides[1] : 1;
+    attrs["stride"] = pair(sh, sw);
+    attrs["padding"] = pads.empty() ? OJson(0) : pair(pads[0], pads[1]);
+    return attrs;
+  }
+
+  // Absorbs a following Add of a bias initializer with `out` elements.
+  std::optional<int> bias_add_after(const std::string& t, int64_t out) {
+    const auto& cons = g_.consumers_of(t);
+    if (cons.size() != 1 || !needed_.count(cons[0])) return std::nullopt;
+    const auto& a = g_.node(cons[0]);
+    if (a.op_type() != "Add" || a.input_size() != 2) return std::nullopt;
+    const std::string& other = a.input(0) == t ? a.input(1) : a.input(0);
+    if (!g_.is_init(other)) return std::nullopt;
+    auto s = g_.shape(other);
+    int64_t n = 1;
+    for (auto d : *s) n *= d;
+    if (n != out || s->empty() || s->back() != out) return std::nullopt;
+    return cons[0];
+  }
+
+  void map_linear(const onnx::NodeProto& n, int i, const std::string& x, int64_t out, bool bias) {
+    const auto name = ir_name_for(n);
+    std::string result = n.output(0);
+    if (!bias)
+      if (auto add = bias_add_after(n.output(0), out)) {
+        bias = true;
+        absorbed_.insert(*add);
+        result = g_.node(*add).output(0);
+      }
+    emit(name, "linear", {ir_of(x, n, i)}, OJson{{"out", out}, {"bias", bias}}, result, n.name());
+  }
+
+  void alias(const onnx::NodeProto& n, int i, const std::string& from) { ir_[n.output(0)] = ir_of(from, n, i); }
+
+  void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto key = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
+    if (data.empty()) fail(fmt::format("{}: op '{}' is not supported and has no data input to plan through", label(n, i), key));
+    const auto in = g_.shape(data[0]);
+    const auto out = g_.shape(n.output(0));
+    // Per sample: the batch dimension may be symbolic on one side and bound on the other.
+    bool differs = in && out && in->size() != out->size();
+    for (size_t d = 1; in && out && !differs && d < in->size(); ++d)
+      differs = (*in)[d] > 0 && (*out)[d] > 0 && (*in)[d] != (*out)[d];
+    if (differs)
+      fail(fmt::format("{}: op '{}' is not supported, and its output shape [{}] differs from its input's [{}], so it "
+                       "cannot be planned as a pass-through",
+                       label(n, i), key, fmt::join(*out, ", "), fmt::join(*in, ", ")));
+    int64_t elems = 1;
+    bool known = true;
+    const Dims ps = per_sample(in ? data[0] : n.output(0));  // the input's dims are bound, the output's may not be
+    for (auto d : ps) {
+      if (d <= 0) known = false;
+      elems *= d;
+    }
+    if (!out && !in) known = false;
+    auto& u = unknown_[key];
+    u.count += 1;
+    if (known) u.bytes += elems * elem_size(g_.dtype(n.output(0)));
+    if (!known || !out) u.assumed += 1;
+    for (const auto& t : n.input())
+      if (g_.is_init(t) && is_float(g_.dtype(t))) {
+        const Dims s = g_.shape(t).value();
+        int64_t c = 1;
+        for (auto d : s) c *= d;
+        u.params += c;
+      }
+    alias(n, i, data[0]);
+  }
+
+  void map_node(int i) {
+    const auto& n = g_.node(i);
+    const auto& op = n.op_type();
+    const auto data = data_inputs(n);
+    auto in0 = [&]() -> const std::string& {
+      if (data.empty()) fail(fmt::format("{}: has no data input", label(n, i)));
+      return data[0];
+    };
+    if (op == "Identity" || op == "Cast") return alias(n, i, in0());
+    if (op == "Dropout") {
+      double p = attr_float(n, "ratio", 0.5);
+      if (n.input_size() > 1 && !n.input(1).empty())
+        if (auto v = g_.scalar(n.input(1))) p = *v;
+      bool training = true;
+      if (n.input_size() > 2 && !n.input(2).empty())
+        if (auto v = g_.scalar(n.input(2))) training = *v != 0.0;
+      p = std::round(p * 1e6) / 1e6;  // a float32 in the file: 0.1f -> 0.1
+      if (p <= 0.0 || !training) return alias(n, i, in0());
+      return emit(ir_name_for(n), "dropout", {ir_of(in0(), n, i)}, OJson{{"p", p}}, n.output(0), n.name());
+    }
+    if (op == "Gemm") {
+      if (n.input_size() < 2 || !g_.is_init(n.input(1)) || attr_int(n, "transA", 0) != 0)
+        fail(fmt::format("{}: only x @ W (+ b) with W an initializer is supported", label(n, i)));
+      auto w = *g_.shape(n.input(1));
+      if (w.size() != 2) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
+      const int64_t out = attr_int(n, "transB", 0) ? w[0] : w[1];
+      return map_linear(n, i, n.input(0), out, n.input_size() > 2 && !n.input(2).empty());
+    }
+    if (op == "MatMul") {
+      if (g_.is_init(n.input(1)) && !g_.is_init(n.input(0))) {
+        auto w = *g_.shape(n.input(1));
+        if (w.size() != 2) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
+        return map_linear(n, i, n.input(0), w[1], false);
+      }
+      std::string hint;
+      for (const auto& [sm, why] : unfused_)
+        hint += fmt::format("; attention not recognised at {}: {}", label(g_.node(sm), sm), why);
+      fail(fmt::format("{}: MatMul of two activations outside a recognised attention pattern is not supported{}",
+                       label(n, i), hint));
+    }
+    if (op == "Conv") {
+      auto w = g_.shape(n.input(1));
+      if (!g_.is_init(n.input(1)) || !w || w->size() != 4)
+        fail(fmt::format("{}: only 2-D convolutions with an initializer weight are supported", label(n, i)));
+      OJson a{{"out", (*w)[0]}};
+      a = pool_geometry(n, i, a, (*w)[2], (*w)[3]);
+      a["groups"] = attr_int(n, "group", 1);
+      a["bias"] = n.input_size() > 2 && !n.input(2).empty();
+      if (a["bias"].get<bool>()) {
+        const auto& b = n.input(2);
+        if (b.rfind("onnx::", 0) == 0 || b.find("fused") != std::string::npos) {
+          folded_convs_ += 1;
+          folded_channels_ += (*w)[0];
+        }
+      }
+      return emit(ir_name_for(n), "conv2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    }
+    if (op == "BatchNormalization") {
+      const double onnx_momentum = attr_float(n, "momentum", 0.9);
+      // ONNX keeps momentum of the running average (0.9); PyTorch the new sample's weight (0.1). Rounded
+      // to 6 digits: the attribute is a float32.
+      OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"momentum", std::round((1.0 - onnx_momentum) * 1e6) / 1e6}};
+      bn_layers_ += 1;
+      return emit(ir_name_for(n), "batchnorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    }
+    if (op == "LayerNormalization") {
+      auto s = g_.shape(n.input(0));
+      const int64_t axis = attr_int(n, "axis", -1);
+      if (axis != -1 && !(s && axis == static_cast<int64_t>(s->size()) - 1))
+        fail(fmt::format("{}: normalization over more than the last axis is not supported", label(n, i)));
+      OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"bias", n.input_size() > 2 && !n.input(2).empty()}};
+      return emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    }
+    if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
+      std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";
+      return emit(ir_name_for(n), irop.c_str(), {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
+    }
+    if (op == "Gelu" || op == "FastGelu") {
+      const auto approx = op == "FastGelu" ? std::string("tanh") : attr_text(n, "approximate", "none");
+      return emit(ir_name_for(n), "gelu", {ir_of(in0(), n, i)}, OJson{{"approximate", approx}}, n.output(0), n.name());
+    }
+    if (op == "Gather") {
+      if (g_.is_init(n.input(0))) {
+        auto w = *g_.shape(n.input(0));
+        if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
+        if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
+          pos_tables_[n.output(0)] = w[0];
+          return;
+        }
+        return emit(ir_name_for(n), "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}},
+                    n.output(0), n.name());
+      }
+      auto idx = g_.values(n.input(1));
+      if (attr_int(n, "axis", 0) == 1 && idx && idx->size() == 1)
+        return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)},
+                    OJson{{"index", static_cast<int64_t>((*idx)[0])}}, n.output(0), n.name());
+      return unknown(n, i, data);
+    }
+    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") {
+      if (data.size() == 2) {
+        for (int k = 0; k < 2; ++k)
+          if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)]))
+            return emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)},
+                        OJson{{"max_len", pos_tables_.at(data[static_cast<size_t>(k)])}}, n.output(0), n.name());
+        if (op == "Add" || op == "Mul")
+          return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
+                      OJson::object(), n.output(0), n.name());
+        return unknown(n, i, data);
+      }
+      // One data operand and a constant or initializer.
+      for (const auto& t : n.input()) {
+        if (!g_.is_init(t)) continue;
+        auto s = *g_.shape(t);
+        int64_t c = 1;
+        for (auto d : s) c *= d;
+        if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
+          const int64_t len = s[s.size() - 2];
+          return emit(ir_name_for(n), "pos_embedding", {ir_of(in0(), n, i)}, OJson{{"max_len", len}}, n.output(0),
+                      n.name());
+        }
+        if (c > 1 && is_float(g_.dtype(t)))
+          uncounted_params_.push_back(fmt::format("{} ({} elements, operand of {})", t, c, label(n, i)));
+      }
+      constant_elementwise_ += 1;
+      return alias(n, i, in0());
+    }
+    if (op == "MaxPool" || op == "AveragePool") {
+      auto k = attr_ints(n, "kernel_shape");
+      if (k.size() != 2) fail(fmt::format("{}: only 2-D pooling is supported", label(n, i)));
+      if (attr_int(n, "ceil_mode", 0) != 0) fail(fmt::format("{}: ceil_mode 1 is not supported", label(n, i)));
+      auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
+      if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0))
+        notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
+      return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(in0(), n, i)}, a, n.output(0),
+                  n.name());
+    }
+    if (op == "GlobalAveragePool") {
+      emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
+      pooled_.insert(n.output(0));
+      return;
+    }
+    if (op == "Flatten" || op == "Reshape" || op == "Squeeze") {
+      const auto out = per_sample(n.output(0));
+      if (pooled_.count(in0()) && out.size() <= 1) {  // [C, 1, 1] -> [C]: the IR's global_avgpool is [C] already
+        pooled_.insert(n.output(0));
+        return alias(n, i, in0());
+      }
+      if ((op == "Flatten" && attr_int(n, "axis", 1) == 1) || (op != "Flatten" && out.size() == 1))
+        return emit(ir_name_for(n), "flatten", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
+      // [C, H, W] -> [C, H*W] followed by Transpose to [H*W, C]: ViT's patch tokens.
+      const auto& cons = g_.consumers_of(n.output(0));
+      if (out.size() == 2 && cons.size() == 1 && g_.node(cons[0]).op_type() == "Transpose" &&
+          attr_ints(g_.node(cons[0]), "perm") == std::vector<int64_t>{0, 2, 1} && per_sample(in0()).size() == 3) {
+        absorbed_.insert(cons[0]);
+        return emit(ir_name_for(n), "tokens", {ir_of(in0(), n, i)}, OJson::object(), g_.node(cons[0]).output(0),
+                    n.name());
+      }
+      return unknown(n, i, data);
+    }
+    if (op == "Expand" || op == "Tile") {
+      if (g_.is_init(n.input(0))) return;  // a class token broadcast over the batch: see Concat
+      return unknown(n, i, data);
+    }
+    if (op == "Concat" && n.input_size() == 2 && attr_int(n, "axis", 0) == 1) {
+      int p = g_.producer_of(n.input(0));
+      const bool cls = g_.is_init(n.input(0)) ||
+                       (p >= 0 && (g_.node(p).op_type() == "Expand" || g_.node(p).op_type() == "Tile") &&
+                        g_.is_init(g_.node(p).input(0)));
+      if (cls)
+        return emit(ir_name_for(n), "cls_token", {ir_of(n.input(1), n, i)}, OJson::object(), n.output(0), n.name());
+    }
+    if (op == "SoftmaxCrossEntropyLoss") {
+      loss_emitted_ = true;
+      return emit(ir_name_for(n), "cross_entropy", {ir_of(n.input(0), n, i), ir_of(n.input(1), n, i)},
+                  OJson::object(), n.output(0), n.name());
+    }
+    unknown(n, i, data);
+  }
+
+  void map_fusion(const Fusion& f) {
+    OJson a = f.attrs;
+    const char* op = f.kind == "attention" ? "attention" : f.kind == "silu" ? "silu" : "gelu";
+    auto it = ir_.find(f.x);
+    if (it == ir_.end()) fail(fmt::format("the {} pattern named '{}' reads '{}', which was not mapped", f.kind, f.name, f.x));
+    emit(unique_name(normalize(f.name)), op, {it->second}, a, f.out, f.unit_source);
+    if (!f.note.empty()) notes_.push_back(f.note);
+  }
+
+  void map_nodes() {
+    // Model inputs: the graph inputs on the data path, per sample.
+    for (const auto& name : g_.inputs) {
+      if (!used_inputs_.count(name)) continue;
+      auto s = g_.shape(name);
+      if (!s || s->empty()) fail(fmt::format("input '{}' has no shape (the leading dimension must be the batch)", name));
+      Dims ps(s->begin() + 1, s->end());
+      for (auto d : ps)
+        if (d <= 0) fail(fmt::format("input '{}' has an unknown dimension after shape inference", name));
+      const int32_t t = g_.dtype(name);
+      input_specs_[name] = OJson{{"shape", ps}, {"dtype", is_float(t) ? "f32" : "i32"}};
+      ir_[name] = name;
+      used_names_.insert(name);
+    }
+    for (int i = 0; i < g_.g.node_size(); ++i) {
+      if (auto f = fused_node_.find(i); f != fused_node_.end()) {
+        const auto& fu = fusions_[static_cast<size_t>(f->second)];
+        if (needed_fusions_.count(f->second) && g_.node(i).output_size() > 0 &&
+            std::find(g_.node(i).output().begin(), g_.node(i).output().end(), fu.out) != g_.node(i).output().end())
+          map_fusion(fu);
+        continue;
+      }
+      if (!needed_.count(i) || absorbed_.count(i)) continue;
+      map_node(i);
+    }
+  }
+
+  void add_loss(const std::string& logits) {
+    auto it = ir_.find(logits);
+    if (it == ir_.end()) fail(fmt::format("graph output '{}' could not be mapped", logits));
+    Dims s = per_sample(logits);
+    if (s.empty()) fail(fmt::format("graph output '{}' has no known shape; cannot attach a loss", logits));
+    Dims t(s.begin(), s.end() - 1);
+    const std::string target = t.empty() ? "label" : "targets";
+    if (input_specs_.contains(target)) fail(fmt::format("an input named '{}' already exists; cannot add the loss targets", target));
+    input_specs_[target] = OJson{{"shape", t}, {"dtype", "i32"}};
+    used_names_.insert(target);
+    nodes_.push_back(OJson{{"name", unique_name("loss")}, {"op", "cross_entropy"}, {"in", {it->second, target}}});
+    onnx_names_.push_back("");
+    notes_.push_back(fmt::format("loss: cross_entropy on '{}' with integer targets added (the ONNX graph has none)", logits));
+  }
+
+  // Units: node-name prefixes with a numeric component ("encoder.layers.3")
+  // whose stem occurs with at least two indices.
+  void assign_units() {
+    std::map<std::string, std::set<std::string>> by_stem;
+    std::vector<std::optional<std::pair<std::string, std::string>>> pre;
+    for (const auto& on : onnx_names_) {
+      pre.push_back(on.empty() ? std::nullopt : unit_prefix(on));
+      if (pre.back()) by_stem[pre.back()->second].insert(pre.back()->first);
+    }
+    for (size_t k = 0; k < nodes_.size(); ++k)
+      if (pre[k] && by_stem[pre[k]->second].size() >= 2) nodes_[k]["unit"] = pre[k]->first;
+  }
+
+  Model finish() {
+    OJson ir{{"name", std::filesystem::path(g_.src).stem().string()}, {"inputs", OJson::object()}, {"nodes", nodes_}};
+    ir["inputs"] = input_specs_;
+    if (!g_.g.name().empty() && g_.g.name() != "main_graph" && g_.g.name() != "torch_jit") ir["name"] = g_.g.name();
+    Model m = parse_model(nlohmann::json(ir), g_.src);
+
+    int64_t total_unknown = 0;
+    int64_t unknown_params = 0;
+    for (const auto& [op, u] : unknown_) {
+      std::string line = fmt::format("{} x {} (unmapped; {}/sample of activations not planned", u.count, op, human_bytes(u.bytes));
+      if (u.assumed) line += fmt::format("; output shape of {} assumed equal to its input's", u.assumed);
+      if (u.params) line += fmt::format("; {} parameters in its initializers not counted", u.params);
+      notes_.push_back(line + ")");
+      total_unknown += u.bytes;
+      unknown_params += u.params;
+    }
+    for (const auto& p : uncounted_params_) notes_.push_back("initializer not counted as a parameter: " + p);
+    if (folded_convs_ > 0 && bn_layers_ == 0)
+      notes_.push_back(fmt::format(
+          "BatchNorm appears folded into {} Conv layer{} (eval-mode export: their biases are constants named "
+          "'onnx::...'): parameters are counted as in the file; the model as trained has about {} more (BN weight and "
+          "bias 2C per layer in place of the conv bias C), and SyncBatchNorm advice does not apply. Export with "
+          "training=torch.onnx.TrainingMode.TRAINING to keep BatchNorm",
+          folded_convs_, folded_convs_ == 1 ? "" : "s", folded_channels_));
+    if (constant_elementwise_ > 0)
+      notes_.push_back(fmt::format("{} elementwise op{} with constants (scales, shifts) planned as no-ops: no parameters and "
+                                   "nothing saved for backward",
+                                   constant_elementwise_, constant_elementwise_ == 1 ? "" : "s"));
+    for (const auto& n : notes_pre_) notes_.insert(notes_.begin(), n);
+    m.notes = notes_;
+    m.unaccounted_bytes = total_unknown;
+    return m;
+  }
+
+  struct Unknown {
+    int count = 0;
+    int64_t bytes = 0;
+    int assumed = 0;
+    int64_t params = 0;
+  };
+
+  Graph& g_;
+  const ImportOptions& opt_;
+  std::vector<Fusion> fusions_;
+  std::map<int, std::string> unfused_;
+  std::map<std::string, int> fusion_by_out_;
+  std::map<int, int> fused_node_;
+  std::set<int> needed_fusions_, needed_, absorbed_;
+  std::set<std::string> used_inputs_, used_names_, pooled_;
+  mutable std::map<std::string, bool> dep_memo_;
+  std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
+  std::map<std::string, int64_t> pos_tables_;
+  std::map<std::string, Unknown> unknown_;
+  std::vector<std::string> uncounted_params_;
+  OJson nodes_ = OJson::array();
+  std::vector<std::string> onnx_names_;
+  OJson input_specs_ = OJson::object();
+  std::vector<std::string> notes_, notes_pre_;
+  int folded_convs_ = 0;
+  int64_t folded_channels_ = 0;
+  int bn_layers_ = 0;
+  int constant_elementwise_ = 0;
+  bool loss_emitted_ = false;
+
+ public:
+  void pre_note(std::string n) { notes_pre_.push_back(std::move(n)); }
+};
+
+// Symbolic dims of the graph inputs: leading -> micro_batch, others -> seq_len.
+std::vector<std::string> bind_symbolic_dims(onnx::GraphProto& g, const std::set<std::string>& inits, const std::string& src,
+                                            const ImportOptions& opt) {
+  std::vector<std::string> notes;
+  for (auto& vi : *g.mutable_input()) {
+    if (inits.count(vi.name()) || !vi.type().has_tensor_type()) continue;
+    auto* tt = vi.mutable_type()->mutable_tensor_type();
+    if (!tt->has_shape()) throw Error(fmt::format("{}: input '{}' has no shape", src, vi.name()));
+    auto* shape = tt->mutable_shape();
+    for (int d = 0; d < shape->dim_size(); ++d) {
+      auto* dim = shape->mutable_dim(d);
+      if (dim->has_dim_value()) {
+        if (d == 0 && dim->dim_value() != opt.micro_batch)
+          notes.push_back(fmt::format("input '{}': batch dimension fixed at {} in the file; the plan's micro-batch is set "
+                                      "separately", vi.name(), dim->dim_value()));
+        continue;
+      }
+      const std::string sym = dim->has_dim_param() ? dim->dim_param() : std::string("?");
+      int64_t v = 0;
+      if (d == 0) {
+        v = opt.micro_batch;
+      } else if (opt.seq_len > 0) {
+        v = opt.seq_len;
+      } else {
+        throw Error(fmt::format("{}: input '{}' has symbolic dimension '{}' (position {}); give its value with --seq-len",
+                                src, vi.name(), sym, d));
+      }
+      dim->set_dim_value(v);
+    }
+  }
+  return notes;
+}
+
+}  // namespace
+}  // namespace onnx_import
+
+Model import_onnx(const std::string& path, const ImportOptions& opt) {
+  using namespace onnx_import;
+  if (opt.micro_batch <= 0) throw Error(fmt::format("{}: micro-batch must be positive", path));
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(fmt::format("{}: is a folder, not an ONNX file", path));
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("{}: cannot open ONNX file", path));
+  std::stringstream buf;
+  buf << f.rdbuf();
+  const std::string bytes = buf.str();
+  onnx::ModelProto model;
+  if (bytes.empty() || !model.ParseFromString(bytes))
+    throw Error(fmt::format("{}: not a valid ONNX model (malformed or truncated protobuf, {} bytes)", path, bytes.size()));
+  if (!model.has_graph() || model.graph().node_size() == 0)
+    throw Error(fmt::format("{}: the ONNX model has no graph nodes (truncated or not an ONNX model)", path));
+
+  // Every node input must be defined before use: a truncated file fails here.
+  {
+    std::set<std::string> defined;
+    for (const auto& t : model.graph().initializer()) defined.insert(t.name());
+    for (const auto& vi : model.graph().input()) defined.insert(vi.name());
+    for (int i = 0; i < model.graph().node_size(); ++i) {
+      const auto& n = model.graph().node(i);
+      if (n.op_type().empty()) throw Error(fmt::format("{}: node #{} has no op type (malformed file)", path, i));
+      for (const auto& in : n.input())
+        if (!in.empty() && !defined.count(in))
+          throw Error(fmt::format("{}: {}: input '{}' is not defined by an earlier node, initializer or graph input "
+                                  "(truncated file, or nodes not in topological order)",
+                                  path, label(n, i), in));
+      for (const auto& o : n.output()) defined.insert(o);
+    }
+    for (const auto& o : model.graph().output())
+      if (!defined.count(o.name()))
+        throw Error(fmt::format("{}: graph output '{}' is produced by no node (truncated file)", path, o.name()));
+  }
+
+  std::set<std::string> inits;
+  for (const auto& t : model.graph().initializer()) inits.insert(t.name());
+  auto pre = bind_symbolic_dims(*model.mutable_graph(), inits, path, opt);
+
+  std::vector<std::string> inference_notes;
+  try {
+    onnx::ShapeInferenceOptions so(false, 0, true);
+    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), so);
+  } catch (const std::exception& e) {
+    inference_notes.push_back(fmt::format("ONNX shape inference stopped ({}); shapes stored in the file are used", e.what()));
+  }
+
+  Graph g(model, path);
+  g.index();
+  Importer imp(g, opt);
+  for (auto& n : pre) imp.pre_note(n);
+  for (auto& n : inference_notes) imp.pre_note(n);
+  try {
+    return imp.run();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: cannot import: {}", path, e.what()));
+  }
+}
+
+#endif  // DLPLAN_HAVE_ONNX
+
+}  // namespace dlplan

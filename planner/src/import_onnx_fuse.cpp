@@ -1,0 +1,514 @@
+// Pattern matching for the ONNX importer: subgraphs that are one IR op.
+//   attention: x -> q, k, v projections (MatMul W [+ Add b] or Gemm; separate
+//     or one fused QKV projection split three ways) -> Reshape / Transpose /
+//     Split / Squeeze / Slice plumbing -> MatMul(q, k^T) -> scale (Div or Mul
+//     by a constant, on the scores or on q) -> optional mask (Add or Where) ->
+//     Softmax -> optional Dropout -> MatMul(p, v) -> Transpose / Reshape ->
+//     output projection [+ bias]. A mask built from constants or shapes means
+//     causal; a mask read from a graph input is padding (ignored for cost).
+//     Heads come from the inferred shape of the scores ([B, heads, T, T]).
+//     The fused op's parameters must equal the projections' initializers.
+//   gelu: x / sqrt(2) -> Erf -> +1 -> * x -> * 0.5 (any order of the last
+//     two), and the tanh form x + 0.044715 x^3 -> * sqrt(2/pi) -> Tanh -> ...
+//   silu: x * Sigmoid(x).
+#include "import_onnx_graph.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <set>
+
+namespace dlplan::onnx_import {
+namespace {
+
+using OJson = nlohmann::ordered_json;
+
+int64_t numel(const Dims& d) {
+  int64_t n = 1;
+  for (auto v : d) n *= v;
+  return n;
+}
+
+std::string normalize_name(const std::string& name) {
+  std::string s;
+  for (char c : name) {
+    char d = c == '/' || c == ':' ? '.' : c;
+    if (d == '.' && (s.empty() || s.back() == '.')) continue;
+    s.push_back(d);
+  }
+  while (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+std::string common_prefix(const std::vector<std::string>& names) {
+  if (names.empty()) return "";
+  std::vector<std::string> parts;
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t b = 0;
+    for (size_t e; (e = s.find('.', b)) != std::string::npos; b = e + 1) out.push_back(s.substr(b, e - b));
+    out.push_back(s.substr(b));
+    return out;
+  };
+  parts = split(normalize_name(names[0]));
+  parts.pop_back();  // the op part ("MatMul")
+  for (size_t k = 1; k < names.size(); ++k) {
+    auto p = split(normalize_name(names[k]));
+    size_t i = 0;
+    while (i < parts.size() && i < p.size() && parts[i] == p[i]) ++i;
+    parts.resize(i);
+  }
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : ".") + p;
+  return s;
+}
+
+// The other operand of a binary node, when one operand is `t`.
+std::string other_operand(const onnx::NodeProto& n, const std::string& t) {
+  if (n.input_size() != 2) return "";
+  return n.input(0) == t ? n.input(1) : n.input(0);
+}
+
+// The non-constant operand of a binary node whose other operand is constant.
+std::optional<std::string> data_operand(const Graph& g, const onnx::NodeProto& n) {
+  if (n.input_size() != 2) return std::nullopt;
+  const bool c0 = g.is_const(n.input(0)), c1 = g.is_const(n.input(1));
+  if (c0 == c1) return std::nullopt;
+  return c0 ? n.input(1) : n.input(0);
+}
+
+struct Proj {
+  std::string out;   // after the bias
+  std::string x;     // input
+  int matmul = -1;
+  int bias_node = -1;
+  bool bias = false;
+  int64_t in_f = 0, out_f = 0, params = 0;
+};
+
+std::optional<Proj> projection_at(const Graph& g, const std::string& t) {
+  int p = g.producer_of(t);
+  if (p < 0) return std::nullopt;
+  const auto& n = g.node(p);
+  Proj pr;
+  pr.out = t;
+  int mm = p;
+  if (n.op_type() == "Add" && n.input_size() == 2) {
+    const std::string& b = g.is_init(n.input(0)) ? n.input(0) : n.input(1);
+    const std::string& a = b == n.input(0) ? n.input(1) : n.input(0);
+    if (!g.is_init(b)) return std::nullopt;
+    mm = g.producer_of(a);
+    if (mm < 0) return std::nullopt;
+    pr.bias = true;
+    pr.bias_node = p;
+    pr.params += numel(*g.shape(b));
+  }
+  const auto& m = g.node(mm);
+  if (m.op_type() == "MatMul" && g.is_init(m.input(1)) && !g.is_const(m.input(0))) {
+    auto w = *g.shape(m.input(1));
+    if (w.size() != 2) return std::nullopt;
+    pr.in_f = w[0];
+    pr.out_f = w[1];
+  } else if (m.op_type() == "Gemm" && !pr.bias && m.input_size() >= 2 && g.is_init(m.input(1)) &&
+             attr_int(m, "transA", 0) == 0) {
+    auto w = *g.shape(m.input(1));
+    if (w.size() != 2) return std::nullopt;
+    const bool tb = attr_int(m, "transB", 0) != 0;
+    pr.in_f = tb ? w[1] : w[0];
+    pr.out_f = tb ? w[0] : w[1];
+    if (m.input_size() > 2 && !m.input(2).empty()) {
+      pr.bias = true;
+      pr.params += numel(*g.shape(m.input(2)));
+    }
+  } else {
+    return std::nullopt;
+  }
+  pr.matmul = mm;
+  pr.x = m.input(0);
+  pr.params += pr.in_f * pr.out_f;
+  return pr;
+}
+
+bool is_plumbing(const std::string& op) {
+  return op == "Reshape" || op == "Transpose" || op == "Split" || op == "Squeeze" || op == "Unsqueeze" ||
+         op == "Slice" || op == "Identity" || op == "Cast" || op == "Gather";
+}
+
+std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, int depth = 0) {
+  if (depth > 12) return std::nullopt;
+  if (auto pr = projection_at(g, t)) return pr;
+  int p = g.producer_of(t);
+  if (p < 0) return std::nullopt;
+  const auto& n = g.node(p);
+  if (is_plumbing(n.op_type())) {
+    if (n.op_type() == "Gather" && (g.is_const(n.input(0)) || !g.is_const(n.input(1)))) return std::nullopt;
+    return trace_to_projection(g, n.input(0), depth + 1);
+  }
+  if (n.op_type() == "Div" || n.op_type() == "Mul")
+    if (auto d = data_operand(g, n)) return trace_to_projection(g, *d, depth + 1);
+  return std::nullopt;
+}
+
+// Whether `t` reads a graph input by value (not only through Shape / Size).
+bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::string>& seen) {
+  if (!seen.insert(t).second) return false;
+  int p = g.producer_of(t);
+  if (p < 0) return !g.is_init(t) && std::find(g.inputs.begin(), g.inputs.end(), t) != g.inputs.end();
+  const auto& n = g.node(p);
+  if (n.op_type() == "Shape" || n.op_type() == "Size") return false;
+  for (const auto& in : n.input())
+    if (!in.empty() && reads_graph_input(g, in, seen)) return true;
+  return false;
+}
+
+struct Scores {
+  int qk = -1;
+  std::vector<std::string> masks;
+  std::vector<int> nodes;
+};
+
+bool find_qk(const Graph& g, const std::string& t, Scores& s, int depth = 0) {
+  if (depth > 6) return false;
+  int p = g.producer_of(t);
+  if (p < 0) return false;
+  const auto& n = g.node(p);
+  const auto& op = n.op_type();
+  if (op == "MatMul" && !g.is_const(n.input(0)) && !g.is_const(n.input(1))) {
+    s.qk = p;
+    return true;
+  }
+  if (op == "Div" || op == "Mul" || op == "Cast" || op == "Identity") {
+    std::optional<std::string> d = op == "Cast" || op == "Identity" ? std::optional<std::string>(n.input(0)) : data_operand(g, n);
+    if (!d) return false;
+    s.nodes.push_back(p);
+    return find_qk(g, *d, s, depth + 1);
+  }
+  if (op == "Add" && n.input_size() == 2) {
+    for (int k = 0; k < 2; ++k) {
+      Scores sub = s;
+      sub.nodes.push_back(p);
+      sub.masks.push_back(n.input(1 - k));
+      if (find_qk(g, n.input(k), sub, depth + 1)) {
+        s = sub;
+        return true;
+      }
+    }
+    return false;
+  }
+  if (op == "Where" && n.input_size() == 3) {
+    for (int k = 1; k < 3; ++k) {
+      if (g.is_const(n.input(k))) continue;
+      Scores sub = s;
+      sub.nodes.push_back(p);
+      sub.masks.push_back(n.input(0));
+      if (find_qk(g, n.input(k), sub, depth + 1)) {
+        s = sub;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Nodes on paths from `x` to `out` (both ends' producers included, x's not).
+std::vector<int> region(const Graph& g, const std::string& x, const std::string& out) {
+  std::set<int> fwd;
+  std::deque<std::string> q{x};
+  std::set<std::string> seen{x};
+  while (!q.empty()) {
+    auto t = q.front();
+    q.pop_front();
+    for (int c : g.consumers_of(t)) {
+      const auto& op = g.node(c).op_type();
+      if (op == "Shape" || op == "Size") continue;  // shape plumbing is shared between layers
+      if (!fwd.insert(c).second) continue;
+      for (const auto& o : g.node(c).output())
+        if (!o.empty() && seen.insert(o).second && o != out) q.push_back(o);
+    }
+  }
+  std::set<int> in;
+  std::vector<std::string> work{out};
+  std::set<std::string> seen2;
+  while (!work.empty()) {
+    auto t = work.back();
+    work.pop_back();
+    if (t == x || !seen2.insert(t).second) continue;
+    int p = g.producer_of(t);
+    if (p < 0 || !fwd.count(p)) continue;
+    if (!in.insert(p).second) continue;
+    for (const auto& i : g.node(p).input())
+      if (!i.empty()) work.push_back(i);
+  }
+  return {in.begin(), in.end()};
+}
+
+std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& why) {
+  const auto& sm = g.node(softmax);
+  Scores s;
+  if (!find_qk(g, sm.input(0), s)) {
+    why = "no MatMul(q, k) before it";
+    return std::nullopt;
+  }
+  // Forward: [Dropout] -> MatMul(p, v).
+  std::string probs = sm.output(0);
+  double dropout = 0.0;
+  auto single = [&](const std::string& t) -> int {
+    const auto& c = g.consumers_of(t);
+    return c.size() == 1 ? c[0] : -1;
+  };
+  int nx = single(probs);
+  if (nx >= 0 && g.node(nx).op_type() == "Dropout") {
+    const auto& d = g.node(nx);
+    dropout = attr_float(d, "ratio", 0.5);
+    if (d.input_size() > 1 && !d.input(1).empty())
+      if (auto v = g.scalar(d.input(1))) dropout = *v;
+    if (d.input_size() > 2 && !d.input(2).empty())
+      if (auto v = g.scalar(d.input(2)); v && *v == 0.0) dropout = 0.0;
+    probs = d.output(0);
+    nx = single(probs);
+  }
+  if (nx < 0 || g.node(nx).op_type() != "MatMul" || g.node(nx).input(0) != probs) {
+    why = "its output does not feed MatMul(probabilities, v)";
+    return std::nullopt;
+  }
+  const auto& pv = g.node(nx);
+  const auto& qk = g.node(s.qk);
+  auto pq = trace_to_projection(g, qk.input(0));
+  auto pk = trace_to_projection(g, qk.input(1));
+  auto pvp = trace_to_projection(g, pv.input(1));
+  if (!pq || !pk || !pvp) {
+    why = "q, k or v does not trace back to a linear projection through Reshape / Transpose / Split";
+    return std::nullopt;
+  }
+  if (pq->x != pk->x || pq->x != pvp->x) {
+    why = "q, k and v are projections of different tensors (cross-attention is not supported)";
+    return std::nullopt;
+  }
+  // Forward from MatMul(p, v) through plumbing to the output projection.
+  std::string t = pv.output(0);
+  std::optional<Proj> po;
+  for (int depth = 0; depth < 8 && !po; ++depth) {
+    int c = single(t);
+    if (c < 0) break;
+    const auto& n = g.node(c);
+    if ((n.op_type() == "MatMul" && n.input(0) == t && g.is_init(n.input(1))) || n.op_type() == "Gemm") {
+      std::string cand = n.output(0);
+      int b = single(cand);
+      if (b >= 0 && g.node(b).op_type() == "Add") {
+        if (auto withb = projection_at(g, g.node(b).output(0))) po = withb;
+      }
+      if (!po) po = projection_at(g, cand);
+      break;
+    }
+    if (n.op_type() != "Transpose" && n.op_type() != "Reshape" && n.op_type() != "Identity" && n.op_type() != "Flatten")
+      break;
+    t = n.output(0);
+  }
+  if (!po) {
+    why = "MatMul(probabilities, v) does not lead to an output projection";
+    return std::nullopt;
+  }
+  // Heads from the scores' inferred shape [B, heads, Tq, Tk], else q's [B, heads, T, d].
+  int64_t heads = 0;
+  if (auto sh = g.shape(qk.output(0)); sh && sh->size() == 4 && (*sh)[1] > 0) heads = (*sh)[1];
+  else if (auto qs = g.shape(qk.input(0)); qs && qs->size() == 4 && (*qs)[1] > 0) heads = (*qs)[1];
+  if (heads <= 0) {
+    why = "the number of heads is not known (no 4-D shape on the scores after shape inference)";
+    return std::nullopt;
+  }
+  const bool fused_qkv = pq->matmul == pk->matmul;
+  const int64_t D = pq->in_f;
+  int64_t q_out = pq->out_f, k_out = pk->out_f, v_out = pvp->out_f;
+  int64_t params = pq->params + (fused_qkv ? 0 : pk->params + pvp->params) + po->params;
+  if (fused_qkv) {
+    if (pvp->matmul != pq->matmul || pq->out_f % 3 != 0) {
+      why = "a fused QKV projection that is not split in three equal parts";
+      return std::nullopt;
+    }
+    q_out = k_out = v_out = pq->out_f / 3;
+  }
+  if (q_out % heads != 0) {
+    why = fmt::format("q width {} does not divide by {} heads", q_out, heads);
+    return std::nullopt;
+  }
+  const int64_t hd = q_out / heads;
+  if (k_out != v_out || k_out % hd != 0) {
+    why = "k and v widths differ";
+    return std::nullopt;
+  }
+  const int64_t kv = k_out / hd;
+  const bool bias = pq->bias && pk->bias && pvp->bias && po->bias;
+  const bool any_bias = pq->bias || pk->bias || pvp->bias || po->bias;
+  const int64_t expect = D * (heads + 2 * kv) * hd + heads * hd * D + (bias ? (heads + 2 * kv) * hd + D : 0);
+  if (po->in_f != heads * hd || po->out_f != D || (bias == any_bias && expect != params)) {
+    why = fmt::format("projection sizes do not form attention over width {} ({} heads of {})", D, heads, hd);
+    return std::nullopt;
+  }
+  Fusion f;
+  f.kind = "attention";
+  f.x = pq->x;
+  f.out = po->out;
+  f.nodes = region(g, f.x, f.out);
+  f.unit_source = sm.name();
+  std::vector<std::string> names{g.node(pq->matmul).name(), g.node(po->matmul).name(), sm.name()};
+  std::string base = common_prefix(names);
+  f.name = base.empty() ? "attention" : base;
+  bool causal = false;
+  std::vector<std::string> input_masks;
+  for (const auto& m : s.masks) {
+    std::set<std::string> seen;
+    if (reads_graph_input(g, m, seen)) input_masks.push_back(m);
+    else causal = true;
+  }
+  f.attrs["heads"] = heads;
+  if (kv != heads) f.attrs["kv_heads"] = kv;
+  if (hd * heads != D) f.attrs["head_dim"] = hd;
+  f.attrs["causal"] = causal;
+  f.attrs["bias"] = bias;
+  if (dropout > 0.0) f.attrs["dropout"] = std::round(dropout * 1e6) / 1e6;  // float32 in the file
+  if (bias != any_bias)
+    f.note = fmt::format("attention '{}': some projections have biases and some do not; planned without biases "
+                         "({} bias parameters not counted)", f.name, params - expect);
+  else if (!input_masks.empty())
+    f.note = fmt::format("attention '{}': padding mask from a model input ignored (no effect on memory)", f.name);
+  return f;
+}
+
+// The tail of a GELU: from `cur` through +1, * x (or * (0.5 x)) and * 0.5.
+std::optional<std::string> gelu_tail(const Graph& g, const std::string& x, std::string cur, std::vector<int>& nodes) {
+  bool seen_x = false, seen_half = false, seen_one = false;
+  for (int step = 0; step < 4 && !(seen_x && seen_half && seen_one); ++step) {
+    const auto& cons = g.consumers_of(cur);
+    if (cons.size() != 1) return std::nullopt;
+    const auto& n = g.node(cons[0]);
+    if ((n.op_type() != "Add" && n.op_type() != "Mul") || n.input_size() != 2) return std::nullopt;
+    const auto other = other_operand(n, cur);
+    if (g.is_const(other)) {
+      (n.op_type() == "Add" ? seen_one : seen_half) = true;
+    } else if (other == x) {
+      if (n.op_type() != "Mul") return std::nullopt;
+      seen_x = true;
+    } else {
+      int q = g.producer_of(other);
+      if (q < 0) return std::nullopt;
+      const auto& side = g.node(q);
+      auto d = data_operand(g, side);
+      if (side.op_type() != "Mul" || !d || *d != x) return std::nullopt;
+      nodes.push_back(q);
+      seen_x = seen_half = true;
+    }
+    nodes.push_back(cons[0]);
+    cur = n.output(0);
+  }
+  if (!(seen_x && seen_half && seen_one)) return std::nullopt;
+  return cur;
+}
+
+std::optional<Fusion> match_gelu_erf(const Graph& g, int erf) {
+  const auto& e = g.node(erf);
+  int p = g.producer_of(e.input(0));
+  if (p < 0) return std::nullopt;
+  const auto& pre = g.node(p);
+  if (pre.op_type() != "Div" && pre.op_type() != "Mul") return std::nullopt;
+  auto x = data_operand(g, pre);
+  if (!x) return std::nullopt;
+  std::vector<int> nodes{p, erf};
+  auto out = gelu_tail(g, *x, e.output(0), nodes);
+  if (!out) return std::nullopt;
+  Fusion f;
+  f.kind = "gelu";
+  f.x = *x;
+  f.out = *out;
+  f.nodes = nodes;
+  f.unit_source = e.name();
+  f.name = e.name().empty() ? "gelu" : normalize_name(e.name()) + ".gelu";
+  f.attrs["approximate"] = "none";
+  return f;
+}
+
+std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh) {
+  const auto& t = g.node(tanh);
+  int p1 = g.producer_of(t.input(0));  // * sqrt(2/pi)
+  if (p1 < 0 || g.node(p1).op_type() != "Mul") return std::nullopt;
+  auto a = data_operand(g, g.node(p1));
+  if (!a) return std::nullopt;
+  int p2 = g.producer_of(*a);  // x + 0.044715 x^3
+  if (p2 < 0 || g.node(p2).op_type() != "Add" || g.node(p2).input_size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    const std::string x = g.node(p2).input(k);
+    int p3 = g.producer_of(g.node(p2).input(1 - k));  // 0.044715 * x^3
+    if (p3 < 0 || g.node(p3).op_type() != "Mul") continue;
+    auto cube = data_operand(g, g.node(p3));
+    if (!cube) continue;
+    int p4 = g.producer_of(*cube);
+    if (p4 < 0 || g.node(p4).op_type() != "Pow" || g.node(p4).input(0) != x) continue;
+    std::vector<int> nodes{p4, p3, p2, p1, tanh};
+    auto out = gelu_tail(g, x, t.output(0), nodes);
+    if (!out) return std::nullopt;
+    Fusion f;
+    f.kind = "gelu";
+    f.x = x;
+    f.out = *out;
+    f.nodes = nodes;
+    f.unit_source = t.name();
+    f.name = t.name().empty() ? "gelu" : normalize_name(t.name()) + ".gelu";
+    f.attrs["approximate"] = "tanh";
+    return f;
+  }
+  return std::nullopt;
+}
+
+std::optional<Fusion> match_silu(const Graph& g, int sig) {
+  const auto& s = g.node(sig);
+  const auto& cons = g.consumers_of(s.output(0));
+  if (cons.size() != 1) return std::nullopt;
+  const auto& m = g.node(cons[0]);
+  if (m.op_type() != "Mul" || other_operand(m, s.output(0)) != s.input(0)) return std::nullopt;
+  Fusion f;
+  f.kind = "silu";
+  f.x = s.input(0);
+  f.out = m.output(0);
+  f.nodes = {sig, cons[0]};
+  f.unit_source = s.name();
+  f.name = s.name().empty() ? "silu" : normalize_name(s.name()) + ".silu";
+  return f;
+}
+
+}  // namespace
+
+std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused) {
+  std::vector<Fusion> out;
+  std::set<int> taken;
+  auto take = [&](std::optional<Fusion> f) {
+    if (!f) return;
+    for (int n : f->nodes)
+      if (taken.count(n)) return;
+    for (int n : f->nodes) taken.insert(n);
+    out.push_back(std::move(*f));
+  };
+  for (int i = 0; i < g.g.node_size(); ++i) {
+    const auto& op = g.node(i).op_type();
+    if (op == "Softmax") {
+      std::string why;
+      auto f = match_attention(g, i, why);
+      if (!f) {
+        // Left unfused: the MatMuls around it then fail naming this reason.
+        if (unfused) (*unfused)[i] = why;
+        continue;
+      }
+      take(std::move(f));
+    }
+  }
+  for (int i = 0; i < g.g.node_size(); ++i) {
+    if (taken.count(i)) continue;
+    const auto& op = g.node(i).op_type();
+    if (op == "Erf") take(match_gelu_erf(g, i));
+    else if (op == "Tanh") take(match_gelu_tanh(g, i));
+    else if (op == "Sigmoid") take(match_silu(g, i));
+  }
+  return out;
+}
+
+}  // namespace dlplan::onnx_import

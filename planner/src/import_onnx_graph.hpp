@@ -1,0 +1,68 @@
+// Private to the ONNX importer: an indexed view of an ONNX graph (producers,
+// consumers, shapes after inference, constant values) and the fused patterns
+// found in it (import_onnx_fuse.cpp).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlplan::onnx_import {
+
+using Dims = std::vector<int64_t>;  // full ONNX shape (batch first); -1 unknown
+
+struct Graph {
+  Graph(onnx::ModelProto& model, std::string src);
+  void index();
+
+  const onnx::NodeProto& node(int i) const;
+  int producer_of(const std::string& t) const;  // -1: graph input or initializer
+  const std::vector<int>& consumers_of(const std::string& t) const;
+  bool is_init(const std::string& t) const;
+  // An initializer or the output of Constant / ConstantOfShape.
+  bool is_const(const std::string& t) const;
+  std::optional<Dims> shape(const std::string& t) const;
+  int32_t dtype(const std::string& t) const;
+  // Values of a small constant (initializer with data, or Constant node).
+  std::optional<std::vector<double>> values(const std::string& t) const;
+  std::optional<double> scalar(const std::string& t) const;
+
+  onnx::ModelProto& m;
+  onnx::GraphProto& g;
+  std::string src;
+  std::map<std::string, const onnx::TensorProto*> inits;
+  std::vector<std::string> inputs;  // graph inputs that are not initializers
+  std::map<std::string, int> producer;
+  std::map<std::string, std::vector<int>> consumers;
+  std::map<std::string, Dims> shapes;
+  std::map<std::string, int32_t> elem_type;
+};
+
+// A subgraph recognised as one IR op: nodes `nodes` read `x` and produce `out`.
+struct Fusion {
+  std::string kind;              // "attention", "gelu", "silu"
+  std::string name;              // IR node name
+  std::string unit_source;       // an ONNX node name to take the unit from
+  std::string x, out;
+  std::vector<int> nodes;
+  nlohmann::ordered_json attrs = nlohmann::ordered_json::object();
+  std::string note;              // for the model's notes, if any
+};
+
+// Softmax nodes that did not match attention go to `unfused` with the reason.
+std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused = nullptr);
+
+const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name);
+int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def);
+double attr_float(const onnx::NodeProto& n, const char* name, double def);
+std::vector<int64_t> attr_ints(const onnx::NodeProto& n, const char* name);
+std::string attr_text(const onnx::NodeProto& n, const char* name, const std::string& def);
+std::string label(const onnx::NodeProto& n, int index);
+bool is_float(int32_t elem_type);
+
+}  // namespace dlplan::onnx_import

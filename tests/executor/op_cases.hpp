@@ -1,0 +1,293 @@
+// The op test table shared by ops_grad_test.cpp (finite-difference gradients)
+// and ops_decl_test.cpp (allocations against the op declarations): one tiny
+// model per case, and a harness that runs one node of it on the CPU backend
+// with random inputs and parameters (ggml's test-backend-ops idea).
+#pragma once
+
+#include "dlplan/exec/backend.hpp"
+#include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <map>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace dlplan::exec::testing {
+
+using Json = nlohmann::json;
+
+enum class Gen {
+  normal,    // N(0, 1)
+  away,      // |x| >= 0.2 (kinks at 0: relu)
+  distinct,  // a shuffled grid 0.05 apart (max pooling: no near-ties)
+};
+
+struct OpCase {
+  std::string name;
+  Json ir;                              // {"name", "inputs", "nodes"}
+  std::string node;                     // node under test ("" = the node named "op")
+  std::map<std::string, int> id_range;  // i32 inputs: values in [0, range)
+  Gen gen = Gen::normal;
+  bool flash = false;
+  bool training = true;
+  double grad_scale = 1.0;
+  double tol = 2e-2;
+};
+
+// gtest prints a parameter by its name.
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+inline Json make_ir(const std::string& name, Json inputs, Json nodes) {
+  return Json{{"name", name}, {"inputs", std::move(inputs)}, {"nodes", std::move(nodes)}};
+}
+inline Json f32(Json shape) { return Json{{"shape", std::move(shape)}, {"dtype", "f32"}}; }
+inline Json i32(Json shape) { return Json{{"shape", std::move(shape)}, {"dtype", "i32"}}; }
+
+// One node on input x [shape] (f32): {"name": "op", "op": op, "in": ["x"], attrs...}.
+inline OpCase unary(const std::string& name, Json shape, Json node, Gen gen = Gen::normal) {
+  node["name"] = "op";
+  node["in"] = Json::array({"x"});
+  OpCase c;
+  c.name = name;
+  c.ir = make_ir(name, Json{{"x", f32(std::move(shape))}}, Json::array({node}));
+  c.gen = gen;
+  return c;
+}
+
+inline OpCase attention_case(const std::string& name, Json attrs, bool flash = false, int64_t T = 5, int64_t D = 8) {
+  attrs["op"] = "attention";
+  OpCase c = unary(name, Json::array({T, D}), std::move(attrs));
+  c.flash = flash;
+  return c;
+}
+
+inline std::vector<OpCase> op_cases() {
+  std::vector<OpCase> v;
+  auto arr = [](std::initializer_list<int64_t> l) { return Json(std::vector<int64_t>(l)); };
+
+  {  // embedding: ids [2, 3] -> [2, 3, 4]
+    OpCase c;
+    c.name = "embedding";
+    c.ir = make_ir("embedding", Json{{"ids", i32(arr({2, 3}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "embedding"}, {"in", {"ids"}}, {"num", 7}, {"dim", 4}}}));
+    c.id_range["ids"] = 7;
+    v.push_back(c);
+  }
+  v.push_back(unary("pos_embedding", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 6}}));
+  v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
+  v.push_back(unary("linear", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}}));
+  v.push_back(unary("linear_nobias", arr({5}), Json{{"op", "linear"}, {"out", 3}, {"bias", false}}));
+  {  // tied: the linear's weight is the embedding's [num, dim] = [out, in]
+    OpCase c;
+    c.name = "linear_tied";
+    c.ir = make_ir("linear_tied", Json{{"ids", i32(arr({3}))}, {"x", f32(arr({2, 5}))}},
+                   Json::array({Json{{"name", "emb"}, {"op", "embedding"}, {"in", {"ids"}}, {"num", 4}, {"dim", 5}},
+                                Json{{"name", "op"}, {"op", "linear"}, {"in", {"x"}}, {"out", 4}, {"tie", "emb"}}}));
+    c.id_range["ids"] = 4;
+    v.push_back(c);
+  }
+  v.push_back(unary("select", arr({4, 3}), Json{{"op", "select"}, {"index", 2}}));
+  v.push_back(unary("tokens", arr({3, 2, 2}), Json{{"op", "tokens"}}));
+  v.push_back(unary("flatten", arr({2, 3, 2}), Json{{"op", "flatten"}}));
+  v.push_back(unary("conv2d_s2_pad_groups_rect", arr({4, 7, 6}),
+                    Json{{"op", "conv2d"}, {"out", 6}, {"kernel", arr({3, 2})}, {"stride", 2}, {"padding", 1}, {"groups", 2}}));
+  v.push_back(unary("conv2d_3x3_nobias", arr({3, 5, 5}),
+                    Json{{"op", "conv2d"}, {"out", 4}, {"kernel", 3}, {"padding", 1}, {"bias", false}}));
+  v.push_back(unary("conv2d_1x1_direct", arr({3, 4, 3}), Json{{"op", "conv2d"}, {"out", 5}, {"kernel", 1}}));
+  v.push_back(unary("maxpool2d_pad", arr({2, 7, 7}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
+                    Gen::distinct));
+  v.push_back(unary("avgpool2d_pad", arr({2, 6, 5}),
+                    Json{{"op", "avgpool2d"}, {"kernel", arr({3, 2})}, {"stride", arr({2, 1})}, {"padding", 1}}));
+  v.push_back(unary("global_avgpool", arr({3, 4, 5}), Json{{"op", "global_avgpool"}}));
+  v.push_back(unary("batchnorm_2d", arr({3, 4, 4}), Json{{"op", "batchnorm"}}));
+  v.push_back(unary("batchnorm_1d", arr({4}), Json{{"op", "batchnorm"}, {"eps", 1e-3}}));
+  {
+    OpCase c = unary("batchnorm_eval", arr({3, 2, 2}), Json{{"op", "batchnorm"}});
+    c.training = false;
+    v.push_back(c);
+  }
+  v.push_back(unary("layernorm", arr({3, 6}), Json{{"op", "layernorm"}}));
+  v.push_back(unary("layernorm_nobias", arr({3, 6}), Json{{"op", "layernorm"}, {"bias", false}}));
+  v.push_back(unary("rmsnorm", arr({3, 6}), Json{{"op", "rmsnorm"}}));
+  v.push_back(unary("gelu", arr({3, 4}), Json{{"op", "gelu"}}));
+  v.push_back(unary("gelu_tanh", arr({3, 4}), Json{{"op", "gelu"}, {"approximate", "tanh"}}));
+  v.push_back(unary("relu", arr({3, 4}), Json{{"op", "relu"}}, Gen::away));
+  v.push_back(unary("silu", arr({3, 4}), Json{{"op", "silu"}}));
+  v.push_back(unary("tanh", arr({3, 4}), Json{{"op", "tanh"}}));
+  v.push_back(unary("sigmoid", arr({3, 4}), Json{{"op", "sigmoid"}}));
+  for (const char* op : {"add", "mul"}) {
+    OpCase c;
+    c.name = op;
+    c.ir = make_ir(op, Json{{"a", f32(arr({3, 4}))}, {"b", f32(arr({3, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", op}, {"in", {"a", "b"}}}}));
+    v.push_back(c);
+  }
+  v.push_back(unary("dropout", arr({4, 5}), Json{{"op", "dropout"}, {"p", 0.3}}));
+  v.push_back(unary("dropout_p0", arr({4, 5}), Json{{"op", "dropout"}, {"p", 0.0}}));
+
+  // Attention: x [5, 8].
+  v.push_back(attention_case("attention", Json{{"heads", 2}}));
+  v.push_back(attention_case("attention_causal", Json{{"heads", 2}, {"causal", true}}));
+  v.push_back(attention_case("attention_gqa_nobias", Json{{"heads", 4}, {"kv_heads", 2}, {"bias", false}, {"causal", true}}));
+  v.push_back(attention_case("attention_head_dim3", Json{{"heads", 2}, {"head_dim", 3}}));
+  v.push_back(attention_case("attention_rope_gqa",
+                             Json{{"heads", 2}, {"kv_heads", 1}, {"rope", true}, {"causal", true}, {"rope_theta", 100.0}}));
+  v.push_back(attention_case("attention_dropout", Json{{"heads", 2}, {"causal", true}, {"dropout", 0.2}}));
+  v.push_back(attention_case("flash_attention", Json{{"heads", 2}}, true));
+  v.push_back(attention_case("flash_attention_causal_gqa_rope",
+                             Json{{"heads", 4}, {"kv_heads", 2}, {"rope", true}, {"causal", true}, {"bias", false}}, true));
+  v.push_back(attention_case("flash_attention_dropout", Json{{"heads", 2}, {"causal", true}, {"dropout", 0.2}}, true));
+
+  {  // cross_entropy on [K] logits (one label per sample) and on [T, K]
+    OpCase c;
+    c.name = "cross_entropy_K";
+    c.ir = make_ir("ce", Json{{"logits", f32(arr({5}))}, {"targets", i32(Json::array())}},
+                   Json::array({Json{{"name", "op"}, {"op", "cross_entropy"}, {"in", {"logits", "targets"}}}}));
+    c.id_range["targets"] = 5;
+    v.push_back(c);
+    c.name = "cross_entropy_TK_scaled";
+    c.ir["inputs"] = Json{{"logits", f32(arr({3, 5}))}, {"targets", i32(arr({3}))}};
+    c.grad_scale = 0.5;
+    v.push_back(c);
+  }
+  return v;
+}
+
+// ---- harness ---------------------------------------------------------------------
+
+// One node of a case's model, with its inputs, parameters and buffers allocated
+// (categories: inputs workspace, parameters and buffers params).
+struct OpRun {
+  Model model;
+  int node = -1;
+  OpDecl decl;
+  Allocator* alloc = nullptr;
+  OpContext ctx;
+  std::vector<int> float_inputs;  // indices into ctx.in of f32 inputs
+  std::mt19937 rng;
+
+  const Node& n() const { return model.nodes[static_cast<size_t>(node)]; }
+  Shape out_shape() const {
+    const Shape& s = model.output_of(n()).shape;
+    if (n().op == OpKind::cross_entropy) return {};  // the scalar loss
+    Shape b{ctx.batch};
+    b.insert(b.end(), s.begin(), s.end());
+    return b;
+  }
+};
+
+inline void fill(Tensor& t, Gen gen, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = t.numel();
+  if (gen == Gen::distinct) {
+    std::vector<float> vals(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) vals[static_cast<size_t>(i)] = 0.05f * static_cast<float>(i - n / 2);
+    std::shuffle(vals.begin(), vals.end(), rng);
+    for (int64_t i = 0; i < n; ++i) t.f()[i] = vals[static_cast<size_t>(i)];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float x = nd(rng) * scale;
+    if (gen == Gen::away) x = (x < 0 ? -1.0f : 1.0f) * (0.2f + std::fabs(x));
+    t.f()[i] = x;
+  }
+}
+
+// The loader wants exactly one cross_entropy node: a case without one gets
+// flatten(op) -> cross_entropy with a per-sample label (not run by the tests).
+inline Json with_loss(Json ir) {
+  for (const auto& n : ir["nodes"])
+    if (n["op"] == "cross_entropy") return ir;
+  ir["inputs"]["loss_targets"] = i32(Json::array());
+  ir["nodes"].push_back(Json{{"name", "loss_flat"}, {"op", "flatten"}, {"in", {"op"}}});
+  ir["nodes"].push_back(Json{{"name", "loss"}, {"op", "cross_entropy"}, {"in", {"loss_flat", "loss_targets"}}});
+  return ir;
+}
+
+// Builds the model, allocates and fills everything the node reads. `seed` keys
+// the random values (and the dropout seed).
+inline OpRun make_run(const OpCase& c, Allocator& alloc, int64_t batch, uint32_t seed = 1234) {
+  OpRun r;
+  r.model = parse_model(with_loss(c.ir), c.name);
+  r.node = r.model.node_index(c.node.empty() ? "op" : c.node);
+  r.decl = declare(r.model, r.n(), DeclOptions{c.flash});
+  r.alloc = &alloc;
+  r.rng.seed(seed);
+  OpContext& ctx = r.ctx;
+  ctx.model = &r.model;  // re-pointed by callers after moves (see bind)
+  ctx.node_index = r.node;
+  ctx.alloc = &alloc;
+  ctx.batch = batch;
+  ctx.first_sample = 10;
+  ctx.seed = 42;
+  ctx.training = c.training;
+  ctx.grad_scale = c.grad_scale;
+  for (size_t i = 0; i < r.n().inputs.size(); ++i) {
+    const TensorInfo& ti = r.model.tensor(r.n().inputs[i]);
+    Shape s{batch};
+    s.insert(s.end(), ti.shape.begin(), ti.shape.end());
+    Tensor t = alloc.empty(s, ti.dtype, Category::workspace, "input " + ti.name);
+    if (ti.dtype == DType::i32) {
+      std::uniform_int_distribution<int> ud(0, c.id_range.at(ti.name) - 1);
+      for (int64_t k = 0; k < t.numel(); ++k) t.i()[k] = ud(r.rng);
+    } else {
+      fill(t, c.gen, r.rng);
+      r.float_inputs.push_back(static_cast<int>(i));
+    }
+    ctx.in.push_back(t);
+  }
+  if (r.n().op == OpKind::linear && r.n().attrs.has("tie")) {  // the embedding's weight comes first
+    const Node& e = r.model.nodes[static_cast<size_t>(r.model.node_index(r.n().attrs.text("tie")))];
+    Tensor w = alloc.empty({e.attrs.integer("num") * e.attrs.integer("dim")}, DType::f32, Category::params, "tied weight");
+    fill(w, Gen::normal, r.rng, 0.5f);
+    ctx.params.push_back(w);
+  }
+  for (const auto& p : r.decl.params) {
+    Tensor w = alloc.empty({p.numel}, DType::f32, Category::params, p.suffix);
+    fill(w, Gen::normal, r.rng, 0.5f);
+    ctx.params.push_back(w);
+  }
+  for (const auto& b : r.decl.buffers) {  // BatchNorm: running_mean ~ N(0, 0.3), running_var in [0.5, 1.5]
+    Tensor t = alloc.empty({b.numel}, DType::f32, Category::params, b.suffix);
+    std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+    std::normal_distribution<float> nd(0.0f, 0.3f);
+    for (int64_t k = 0; k < t.numel(); ++k) t.f()[k] = b.suffix == "running_var" ? ud(r.rng) : nd(r.rng);
+    ctx.buffers.push_back(t);
+  }
+  return r;
+}
+
+// The context's pointers into the OpRun (call after the OpRun has its final address).
+inline void bind(OpRun& r) {
+  r.ctx.model = &r.model;
+  r.ctx.node = &r.model.nodes[static_cast<size_t>(r.node)];
+  r.ctx.decl = &r.decl;
+}
+
+// Forward with a fresh output tensor; saved tensors replace the previous ones.
+inline void forward(Backend& be, OpRun& r) {
+  bind(r);
+  r.ctx.saved.clear();
+  r.ctx.out = r.alloc->empty(r.out_shape(), DType::f32, Category::activations, "out");
+  be.forward(r.ctx);
+}
+
+// Zeroed din (f32 inputs only) and dparams, dout = r.
+inline void prepare_backward(OpRun& r, const Tensor& dout) {
+  r.ctx.dout = dout;
+  r.ctx.din.clear();
+  for (size_t i = 0; i < r.ctx.in.size(); ++i) {
+    const Tensor& x = r.ctx.in[i];
+    r.ctx.din.push_back(x.dtype == DType::f32 ? r.alloc->zeros(x.shape, DType::f32, Category::workspace, "din")
+                                              : Tensor{});
+  }
+  r.ctx.dparams.clear();
+  for (const auto& p : r.ctx.params) r.ctx.dparams.push_back(r.alloc->zeros(p.shape, DType::f32, Category::grads, "dparam"));
+}
+
+}  // namespace dlplan::exec::testing

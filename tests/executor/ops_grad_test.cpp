@@ -1,0 +1,720 @@
+// Every op's backward against central finite differences of its forward, on
+// the CPU backend (the independent reference: the forward itself, evaluated in
+// double around a float perturbation). Loss L = sum(out * r) for a random r,
+// so backward runs with dout = r. Each check has a control that must fail: the
+// same comparison against a gradient 10% off, and a non-zero numeric gradient.
+#include "op_cases.hpp"
+
+#include "dlplan/error.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace dlplan::exec::testing {
+namespace {
+
+double loss_of(const Tensor& out, const std::vector<float>& r) {
+  double l = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) l += double{out.f()[i]} * r[static_cast<size_t>(i)];
+  return l;
+}
+
+// max |a - n| / (max |n| + 1e-3).
+double rel_error(const float* a, const std::vector<double>& n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    num = std::max(num, std::fabs(a[i] - n[i]));
+    den = std::max(den, std::fabs(n[i]));
+  }
+  return num / (den + 1e-3);
+}
+
+// dL/dt by central differences, t one of r's input or parameter tensors.
+std::vector<double> numeric_grad(Backend& be, OpRun& run, Tensor& t, const std::vector<float>& r) {
+  std::vector<double> g(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = t.f()[i];
+    const float eps = 1e-3f * std::max(1.0f, std::fabs(v));
+    const float hi = v + eps, lo = v - eps;
+    t.f()[i] = hi;
+    forward(be, run);
+    const double lp = loss_of(run.ctx.out, r);
+    t.f()[i] = lo;
+    forward(be, run);
+    const double lm = loss_of(run.ctx.out, r);
+    t.f()[i] = v;
+    g[static_cast<size_t>(i)] = (lp - lm) / (double{hi} - double{lo});
+  }
+  return g;
+}
+
+std::vector<float> random_r(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> r(static_cast<size_t>(n));
+  for (auto& x : r) x = nd(rng);
+  return r;
+}
+
+class OpGrad : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpGrad, MatchesFiniteDifferences) {
+  const OpCase& c = GetParam();
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun run = make_run(c, alloc, 2);
+  forward(*be, run);
+  const std::vector<float> r = random_r(run.ctx.out.numel(), 99);
+  Tensor dout = alloc.empty(run.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  std::copy(r.begin(), r.end(), dout.f());
+  prepare_backward(run, dout);
+  be->backward(run.ctx);
+
+  // The analytic gradients (copied: finite differences re-run forward).
+  struct Check {
+    std::string what;
+    Tensor* t;
+    std::vector<float> analytic;
+    bool zero = false;  // exactly zero in exact arithmetic
+  };
+  std::vector<Check> checks;
+  for (int i : run.float_inputs) {
+    const Tensor& d = run.ctx.din[static_cast<size_t>(i)];
+    checks.push_back({"d input " + std::to_string(i), &run.ctx.in[static_cast<size_t>(i)],
+                      std::vector<float>(d.f(), d.f() + d.numel())});
+  }
+  const size_t tied = run.ctx.params.size() - run.decl.params.size();  // the tied embedding weight comes first
+  for (size_t p = 0; p < run.ctx.params.size(); ++p) {
+    const Tensor& d = run.ctx.dparams[p];
+    const std::string suffix = p < tied ? "tied weight" : run.decl.params[p - tied].suffix;
+    // Attention's k.bias adds q_i . b_k to a whole row of scores, which the
+    // softmax ignores: its gradient is zero (unless RoPE rotates it per position).
+    const bool zero = suffix == "k.bias" && !run.n().attrs.flag("rope");
+    checks.push_back({"d " + suffix, &run.ctx.params[p], std::vector<float>(d.f(), d.f() + d.numel()), zero});
+  }
+  ASSERT_FALSE(checks.empty());
+  for (auto& ck : checks) {
+    std::vector<double> num = numeric_grad(*be, run, *ck.t, r);
+    for (auto& x : num) x *= c.grad_scale;  // cross_entropy: d(step loss)/d(its mean)
+    if (ck.zero) {
+      for (size_t i = 0; i < num.size(); ++i) {
+        EXPECT_LT(std::fabs(ck.analytic[i]), 1e-5) << c.name << ": " << ck.what;
+        EXPECT_LT(std::fabs(num[i]), 5e-3) << c.name << ": " << ck.what;
+      }
+      continue;
+    }
+    const double err = rel_error(ck.analytic.data(), num);
+    EXPECT_LT(err, c.tol) << c.name << ": " << ck.what;
+    // Controls: the numeric gradient is not trivially zero, and a 10% error fails.
+    double mx = 0;
+    for (double x : num) mx = std::max(mx, std::fabs(x));
+    EXPECT_GT(mx, 1e-2) << c.name << ": " << ck.what << " has a vanishing numeric gradient";
+    std::vector<float> wrong = ck.analytic;
+    for (auto& x : wrong) x *= 1.1f;
+    EXPECT_GT(rel_error(wrong.data(), num), c.tol) << c.name << ": " << ck.what << " (control)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpGrad, ::testing::ValuesIn(op_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+
+OpCase find_case(const std::string& name) {
+  for (auto& c : op_cases())
+    if (c.name == name) return c;
+  throw std::runtime_error("no case " + name);
+}
+
+// ---- Philox ----------------------------------------------------------------------
+
+// Known-answer vectors of Random123 (kat_vectors, philox4x32 10 rounds).
+TEST(OpPhilox, KnownAnswers) {
+  struct Kat {
+    uint32_t ctr[4], key[2], out[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (const auto& k : kats) {
+    uint32_t out[4];
+    philox4x32_10(k.ctr, k.key, out);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], k.out[i]) << i;
+  }
+  // Control: one counter bit changes the output.
+  uint32_t ctr[4] = {1, 0, 0, 0}, key[2] = {0, 0}, out[4];
+  philox4x32_10(ctr, key, out);
+  EXPECT_NE(out[0], 0x6627e8d5u);
+}
+
+TEST(OpPhilox, DropoutUniformKeying) {
+  // u = out[0] / 2^32 with key = seed, counter = (element, sample, node, element >> 32).
+  const uint64_t seed = 0x123456789abcdefULL;
+  uint32_t ctr[4] = {7, 3, 2, 0}, key[2] = {0x89abcdefu, 0x01234567u}, out[4];
+  philox4x32_10(ctr, key, out);
+  EXPECT_EQ(dropout_uniform(seed, 2, 3, 7), static_cast<float>(out[0]) * 0x1p-32f);
+  EXPECT_NE(dropout_uniform(seed, 2, 3, 7), dropout_uniform(seed, 2, 4, 7));  // another sample
+  EXPECT_NE(dropout_uniform(seed, 2, 3, 7), dropout_uniform(seed, 1, 3, 7));  // another node
+  // Uniform on [0, 1): mean ~ 1/2 over many elements.
+  double sum = 0;
+  for (int e = 0; e < 20000; ++e) sum += dropout_uniform(seed, 0, 0, e);
+  EXPECT_NEAR(sum / 20000, 0.5, 0.01);
+}
+
+// ---- dropout ---------------------------------------------------------------------
+
+TEST(OpDropout, MaskKeyedBySeedAndGlobalSample) {
+  OpCase c = unary("dropout_big", Json::array({40, 50}), Json{{"op", "dropout"}, {"p", 0.3}});
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun a = make_run(c, alloc, 2);
+  forward(*be, a);
+  const int64_t n = a.ctx.in[0].numel();
+  std::vector<uint8_t> mask(a.ctx.saved[0].u8(), a.ctx.saved[0].u8() + n);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    kept += mask[static_cast<size_t>(i)];
+    const float want = mask[static_cast<size_t>(i)] ? a.ctx.in[0].f()[i] * static_cast<float>(1.0 / 0.7) : 0.0f;
+    ASSERT_EQ(a.ctx.out.f()[i], want);
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(n), 0.7, 0.02);
+
+  // Gradient = mask / (1 - p), exactly.
+  Tensor dout = alloc.empty(a.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  for (int64_t i = 0; i < n; ++i) dout.f()[i] = 1.0f;
+  prepare_backward(a, dout);
+  be->backward(a.ctx);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(a.ctx.din[0].f()[i], mask[static_cast<size_t>(i)] ? static_cast<float>(1.0 / 0.7) : 0.0f);
+
+  // Control: another seed gives another mask.
+  a.ctx.seed = 43;
+  forward(*be, a);
+  EXPECT_NE(0, std::memcmp(mask.data(), a.ctx.saved[0].u8(), static_cast<size_t>(n)));
+
+  // Sample 1 of a batch starting at global sample 10 == sample 0 of a batch starting at 11.
+  a.ctx.seed = 42;
+  OpRun b = make_run(c, alloc, 1);
+  b.ctx.first_sample = 11;
+  std::copy(a.ctx.in[0].f() + n / 2, a.ctx.in[0].f() + n, b.ctx.in[0].f());
+  forward(*be, b);
+  EXPECT_EQ(0, std::memcmp(mask.data() + n / 2, b.ctx.saved[0].u8(), static_cast<size_t>(n / 2)));
+
+  // Eval: the identity.
+  a.ctx.training = false;
+  forward(*be, a);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a.ctx.out.f()[i], a.ctx.in[0].f()[i]);
+}
+
+// ---- attention: flash == math ------------------------------------------------------
+
+// Math and flash forms of the same attention, same parameters: the same output
+// (1e-5) and gradients, different saved tensors. T = 150 spans three 64-wide
+// flash blocks (the last one partial).
+void compare_flash_math(Json attrs, int64_t T) {
+  OpCase mc = attention_case("math", attrs, false, T, 16);
+  OpCase fc = attention_case("flash", attrs, true, T, 16);
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun m = make_run(mc, alloc, 2, 7), f = make_run(fc, alloc, 2, 7);
+  forward(*be, m);
+  forward(*be, f);
+  double out_scale = 0, out_diff = 0;
+  for (int64_t i = 0; i < m.ctx.out.numel(); ++i) {
+    out_scale = std::max(out_scale, double{std::fabs(m.ctx.out.f()[i])});
+    out_diff = std::max(out_diff, double{std::fabs(m.ctx.out.f()[i] - f.ctx.out.f()[i])});
+  }
+  EXPECT_LT(out_diff, 1e-5 * std::max(1.0, out_scale)) << attrs.dump();
+  // Different saved tensors: probabilities [b, H, T, T] versus log-sum-exp [b, H, T].
+  const int64_t H = attrs["heads"].get<int64_t>();
+  ASSERT_GE(m.ctx.saved.size(), 5u);
+  ASSERT_EQ(f.ctx.saved.size(), 5u);
+  EXPECT_EQ(m.ctx.saved[4].numel(), 2 * H * T * T);
+  EXPECT_EQ(f.ctx.saved[4].numel(), 2 * H * T);
+  EXPECT_EQ(f.decl.saved.back().what, "lse");
+
+  // lse = log sum_j exp(s_ij): from math's probabilities, lse_i = s_ij - log p_ij for any visible j (j = 0).
+  // Check through the output instead: both backward passes agree.
+  Tensor dout = alloc.empty(m.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  auto r = random_r(dout.numel(), 5);
+  std::copy(r.begin(), r.end(), dout.f());
+  prepare_backward(m, dout);
+  prepare_backward(f, dout);
+  be->backward(m.ctx);
+  be->backward(f.ctx);
+  // Relative to the largest gradient of all (k.bias's is zero in exact
+  // arithmetic: softmax ignores a shift of a whole row of scores).
+  double scale = 0;
+  for (const auto& t : m.ctx.dparams)
+    for (int64_t i = 0; i < t.numel(); ++i) scale = std::max(scale, double{std::fabs(t.f()[i])});
+  auto compare = [&](const Tensor& a, const Tensor& b, const std::string& what) {
+    double diff = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) diff = std::max(diff, double{std::fabs(a.f()[i] - b.f()[i])});
+    EXPECT_LT(diff, 1e-5 * scale) << what << " " << attrs.dump();
+  };
+  EXPECT_GT(scale, 1e-2);
+  compare(m.ctx.din[0], f.ctx.din[0], "dx");
+  for (size_t p = 0; p < m.ctx.dparams.size(); ++p) compare(m.ctx.dparams[p], f.ctx.dparams[p], "dparam " + std::to_string(p));
+
+  // Control: another dropout seed (or, without dropout, other inputs) changes the output.
+  if (attrs.value("dropout", 0.0) > 0)
+    f.ctx.seed = 77;
+  else
+    f.ctx.in[0].f()[0] += 1.0f;
+  forward(*be, f);
+  double ctl = 0;
+  for (int64_t i = 0; i < m.ctx.out.numel(); ++i) ctl = std::max(ctl, double{std::fabs(m.ctx.out.f()[i] - f.ctx.out.f()[i])});
+  EXPECT_GT(ctl, 1e-3);
+}
+
+TEST(OpAttention, FlashEqualsMathNonCausal) { compare_flash_math(Json{{"heads", 4}}, 150); }
+TEST(OpAttention, FlashEqualsMathCausalGqaRope) {
+  compare_flash_math(Json{{"heads", 4}, {"kv_heads", 2}, {"causal", true}, {"rope", true}, {"bias", false}}, 150);
+}
+TEST(OpAttention, FlashEqualsMathDropout) {
+  compare_flash_math(Json{{"heads", 2}, {"causal", true}, {"dropout", 0.25}}, 130);
+}
+
+TEST(OpAttention, CausalIgnoresTheFuture) {
+  for (bool causal : {true, false}) {
+    for (bool flash : {false, true}) {
+      OpCase c = attention_case("a", Json{{"heads", 2}, {"causal", causal}}, flash, 6, 8);
+      Allocator alloc;
+      auto be = make_cpu_backend();
+      OpRun r = make_run(c, alloc, 1);
+      forward(*be, r);
+      std::vector<float> before(r.ctx.out.f(), r.ctx.out.f() + r.ctx.out.numel());
+      for (int64_t j = 0; j < 8; ++j) r.ctx.in[0].f()[5 * 8 + j] += 1.0f;  // the last token
+      forward(*be, r);
+      double diff = 0;
+      for (int64_t i = 0; i < 5 * 8; ++i) diff = std::max(diff, double{std::fabs(before[static_cast<size_t>(i)] - r.ctx.out.f()[i])});
+      if (causal)
+        EXPECT_EQ(diff, 0.0) << "flash " << flash;
+      else
+        EXPECT_GT(diff, 1e-3) << "flash " << flash;  // control
+    }
+  }
+}
+
+// RoPE against HF Llama's formula: with every token equal, q before RoPE is
+// the same at every position; after it, position t holds
+// (q1 cos - q2 sin, q2 cos + q1 sin) at angle t theta^(-2i/hd). Control:
+// without RoPE the positions stay equal.
+TEST(OpAttention, RopeRotatesLikeHfLlama) {
+  for (bool rope : {false, true}) {
+    OpCase c = attention_case("a", Json{{"heads", 2}, {"rope", rope}, {"rope_theta", 100.0}}, false, 4, 8);
+    Allocator alloc;
+    auto be = make_cpu_backend();
+    OpRun r = make_run(c, alloc, 1);
+    for (int64_t t = 1; t < 4; ++t)
+      for (int64_t j = 0; j < 8; ++j) r.ctx.in[0].f()[t * 8 + j] = r.ctx.in[0].f()[j];
+    forward(*be, r);
+    const float* q = r.ctx.saved[0].f();  // [T, H hd] = [4, 8], hd = 4
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 2; ++i) {
+          const float q1 = q[h * 4 + i], q2 = q[h * 4 + i + 2];  // position 0: unrotated
+          const double ang = rope ? static_cast<double>(t) * std::pow(100.0, -2.0 * static_cast<double>(i) / 4) : 0.0;
+          EXPECT_NEAR(q[t * 8 + h * 4 + i], q1 * std::cos(ang) - q2 * std::sin(ang), 1e-5);
+          EXPECT_NEAR(q[t * 8 + h * 4 + i + 2], q2 * std::cos(ang) + q1 * std::sin(ang), 1e-5);
+        }
+    double diff = 0;
+    for (int64_t j = 0; j < 8; ++j) diff = std::max(diff, double{std::fabs(q[j] - q[3 * 8 + j])});
+    if (rope)
+      EXPECT_GT(diff, 1e-3);
+    else
+      EXPECT_EQ(diff, 0.0);
+  }
+}
+
+// ---- batchnorm ---------------------------------------------------------------------
+
+TEST(OpBatchNorm, EvalUsesRunningStatsTrainingUpdatesThem) {
+  OpCase c = find_case("batchnorm_2d");
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 2);
+  std::vector<float> rm(r.ctx.buffers[0].f(), r.ctx.buffers[0].f() + 3), rv(r.ctx.buffers[1].f(), r.ctx.buffers[1].f() + 3);
+  r.ctx.training = false;
+  forward(*be, r);
+  const float* x = r.ctx.in[0].f();
+  const float* g = r.ctx.params[0].f();
+  const float* bta = r.ctx.params[1].f();
+  for (int64_t s = 0; s < 2; ++s)
+    for (int64_t ch = 0; ch < 3; ++ch)
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t k = (s * 3 + ch) * 16 + i;
+        const double want = (x[k] - rm[static_cast<size_t>(ch)]) / std::sqrt(rv[static_cast<size_t>(ch)] + 1e-5) * g[ch] + bta[ch];
+        ASSERT_NEAR(r.ctx.out.f()[k], want, 1e-5);
+      }
+  EXPECT_EQ(r.ctx.buffers[0].f()[0], rm[0]);  // eval leaves the running stats alone
+
+  // Training: batch statistics, and running = 0.9 running + 0.1 batch (unbiased var).
+  r.ctx.training = true;
+  forward(*be, r);
+  for (int64_t ch = 0; ch < 3; ++ch) {
+    double m = 0, v = 0;
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < 16; ++i) m += x[(s * 3 + ch) * 16 + i];
+    m /= 32;
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < 16; ++i) v += std::pow(x[(s * 3 + ch) * 16 + i] - m, 2);
+    EXPECT_NEAR(r.ctx.buffers[0].f()[ch], 0.9 * rm[static_cast<size_t>(ch)] + 0.1 * m, 1e-5);
+    EXPECT_NEAR(r.ctx.buffers[1].f()[ch], 0.9 * rv[static_cast<size_t>(ch)] + 0.1 * v / 31, 1e-5);
+    EXPECT_NEAR(r.ctx.saved[0].f()[ch], m, 1e-5);
+    EXPECT_NEAR(r.ctx.saved[1].f()[ch], 1 / std::sqrt(v / 32 + 1e-5), 1e-4);
+    EXPECT_GT(std::fabs(r.ctx.saved[0].f()[ch] - rm[static_cast<size_t>(ch)]), 1e-4);  // control: not the running mean
+  }
+}
+
+// SyncBN with group_size 1 hooks equals plain BN; with two ranks (threads, a
+// fake in-process collective) each holding half the batch, it equals plain BN
+// over the whole batch — outputs, running stats and input gradients.
+TEST(OpBatchNorm, SyncBnEqualsPlainOverTheGlobalBatch) {
+  OpCase c = find_case("batchnorm_2d");
+  auto be = make_cpu_backend();
+  Allocator alloc;
+  OpRun full = make_run(c, alloc, 4, 11);
+  std::vector<std::vector<float>> running0;
+  for (const auto& b : full.ctx.buffers) running0.emplace_back(b.f(), b.f() + 3);
+  forward(*be, full);
+  Tensor dout = alloc.empty(full.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  auto r = random_r(dout.numel(), 3);
+  std::copy(r.begin(), r.end(), dout.f());
+  prepare_backward(full, dout);
+  be->backward(full.ctx);
+
+  {  // group of one: hooks never needed, result identical
+    OpRun one = make_run(c, alloc, 4, 11);
+    SyncBnHooks hooks;
+    hooks.group_size = 1;
+    int calls = 0;
+    hooks.all_gather = [&](float*, int64_t) { ++calls; };
+    hooks.all_reduce_sum = [&](float*, int64_t) { ++calls; };
+    one.ctx.syncbn = &hooks;
+    forward(*be, one);
+    prepare_backward(one, dout);
+    be->backward(one.ctx);
+    for (int64_t i = 0; i < full.ctx.out.numel(); ++i) ASSERT_EQ(one.ctx.out.f()[i], full.ctx.out.f()[i]);
+    for (int64_t i = 0; i < full.ctx.in[0].numel(); ++i) ASSERT_EQ(one.ctx.din[0].f()[i], full.ctx.din[0].f()[i]);
+    EXPECT_EQ(calls, 0);
+  }
+
+  // Two ranks: rank k holds samples 2k, 2k+1.
+  const int64_t per = full.ctx.in[0].numel() / 4;
+  std::vector<float> gather_buf, reduce_buf;
+  std::barrier sync(2);
+  std::vector<std::vector<float>> out(2), dx(2), rvar(2), dgamma(2);
+  auto rank_main = [&](int rank) {
+    Allocator a;
+    OpRun part = make_run(c, a, 2, 11);
+    std::copy(full.ctx.in[0].f() + rank * 2 * per, full.ctx.in[0].f() + (rank + 1) * 2 * per, part.ctx.in[0].f());
+    for (size_t p = 0; p < 2; ++p) {
+      std::copy(full.ctx.params[p].f(), full.ctx.params[p].f() + 3, part.ctx.params[p].f());
+      std::copy(running0[p].begin(), running0[p].end(), part.ctx.buffers[p].f());
+    }
+    SyncBnHooks hooks;
+    hooks.group_size = 2;
+    hooks.all_gather = [&](float* buf, int64_t n) {  // slot `rank` is this rank's
+      if (rank == 0) gather_buf.assign(static_cast<size_t>(2 * n), 0.0f);
+      sync.arrive_and_wait();
+      std::copy(buf + rank * n, buf + (rank + 1) * n, gather_buf.begin() + rank * n);
+      sync.arrive_and_wait();
+      std::copy(gather_buf.begin(), gather_buf.end(), buf);
+      sync.arrive_and_wait();
+    };
+    hooks.all_reduce_sum = [&](float* buf, int64_t n) {
+      if (rank == 0) reduce_buf.assign(static_cast<size_t>(n), 0.0f);
+      sync.arrive_and_wait();
+      if (rank == 0)
+        for (int64_t i = 0; i < n; ++i) reduce_buf[static_cast<size_t>(i)] += buf[i];
+      sync.arrive_and_wait();
+      if (rank == 1)
+        for (int64_t i = 0; i < n; ++i) reduce_buf[static_cast<size_t>(i)] += buf[i];
+      sync.arrive_and_wait();
+      std::copy(reduce_buf.begin(), reduce_buf.end(), buf);
+      sync.arrive_and_wait();
+    };
+    part.ctx.syncbn = &hooks;
+    forward(*be, part);
+    Tensor d = a.empty(part.ctx.out.shape, DType::f32, Category::workspace, "dout");
+    std::copy(dout.f() + rank * 2 * per, dout.f() + (rank + 1) * 2 * per, d.f());
+    prepare_backward(part, d);
+    be->backward(part.ctx);
+    out[static_cast<size_t>(rank)].assign(part.ctx.out.f(), part.ctx.out.f() + 2 * per);
+    dx[static_cast<size_t>(rank)].assign(part.ctx.din[0].f(), part.ctx.din[0].f() + 2 * per);
+    rvar[static_cast<size_t>(rank)].assign(part.ctx.buffers[1].f(), part.ctx.buffers[1].f() + 3);
+    dgamma[static_cast<size_t>(rank)].assign(part.ctx.dparams[0].f(), part.ctx.dparams[0].f() + 3);
+  };
+  std::thread t1(rank_main, 1);
+  rank_main(0);
+  t1.join();
+  for (int rank = 0; rank < 2; ++rank)
+    for (int64_t i = 0; i < 2 * per; ++i) {
+      ASSERT_NEAR(out[static_cast<size_t>(rank)][static_cast<size_t>(i)], full.ctx.out.f()[rank * 2 * per + i], 2e-5);
+      ASSERT_NEAR(dx[static_cast<size_t>(rank)][static_cast<size_t>(i)], full.ctx.din[0].f()[rank * 2 * per + i], 2e-5);
+    }
+  for (int64_t ch = 0; ch < 3; ++ch) {
+    EXPECT_NEAR(rvar[0][static_cast<size_t>(ch)], full.ctx.buffers[1].f()[ch], 1e-5);  // running var, global count
+    // Parameter gradients are local: their sum over ranks is the full batch's.
+    EXPECT_NEAR(dgamma[0][static_cast<size_t>(ch)] + dgamma[1][static_cast<size_t>(ch)], full.ctx.dparams[0].f()[ch], 1e-4);
+  }
+  // Control: a rank's half alone (no sync) normalises differently.
+  OpRun alone = make_run(c, alloc, 2, 11);
+  std::copy(full.ctx.in[0].f(), full.ctx.in[0].f() + 2 * per, alone.ctx.in[0].f());
+  for (size_t p = 0; p < 2; ++p) std::copy(full.ctx.params[p].f(), full.ctx.params[p].f() + 3, alone.ctx.params[p].f());
+  forward(*be, alone);
+  double diff = 0;
+  for (int64_t i = 0; i < 2 * per; ++i) diff = std::max(diff, double{std::fabs(alone.ctx.out.f()[i] - out[0][static_cast<size_t>(i)])});
+  EXPECT_GT(diff, 1e-3);
+}
+
+// ---- the rest ------------------------------------------------------------------------
+
+TEST(OpCrossEntropy, ValueIsTheMeanNegativeLogLikelihood) {
+  OpCase c = find_case("cross_entropy_TK_scaled");
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 2);
+  forward(*be, r);
+  double want = 0;
+  for (int64_t row = 0; row < 6; ++row) {
+    const float* z = r.ctx.in[0].f() + row * 5;
+    double s = 0;
+    for (int j = 0; j < 5; ++j) s += std::exp(double{z[j]});
+    want += std::log(s) - z[r.ctx.in[1].i()[row]];
+  }
+  EXPECT_NEAR(r.ctx.out.f()[0], want / 6, 1e-5);
+  EXPECT_EQ(r.ctx.out.numel(), 1);
+  r.ctx.in[1].i()[0] = 9;  // control: an out-of-range target is a named error
+  EXPECT_THROW(forward(*be, r), dlplan::Error);
+}
+
+TEST(OpEmbedding, TiedLinearUsesTheEmbeddingWeight) {
+  OpCase c = find_case("linear_tied");
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 1);
+  ASSERT_EQ(r.ctx.params.size(), 2u);  // the embedding's weight [4 x 5], then the bias
+  EXPECT_EQ(r.ctx.params[0].numel(), 20);
+  forward(*be, r);
+  // out[t, o] = sum_i x[t, i] W[o, i] + b[o], W the embedding's [num, dim].
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t o = 0; o < 4; ++o) {
+      double s = r.ctx.params[1].f()[o];
+      for (int64_t i = 0; i < 5; ++i) s += double{r.ctx.in[0].f()[t * 5 + i]} * r.ctx.params[0].f()[o * 5 + i];
+      EXPECT_NEAR(r.ctx.out.f()[t * 4 + o], s, 1e-5);
+    }
+}
+
+TEST(OpEmbedding, OutOfRangeIdIsANamedError) {
+  OpCase c = find_case("embedding");
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 1);
+  forward(*be, r);  // control: in range works
+  r.ctx.in[0].i()[1] = 7;
+  try {
+    forward(*be, r);
+    FAIL() << "no error";
+  } catch (const dlplan::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'op'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OpPool, MaxPoolSavesArgmax) {
+  OpCase c = find_case("maxpool2d_pad");
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 1);
+  forward(*be, r);
+  // out [2, 4, 4]; each value is the input at its argmax, the max of its window.
+  const int32_t* am = r.ctx.saved[0].i();
+  for (int64_t ch = 0; ch < 2; ++ch)
+    for (int64_t p = 0; p < 16; ++p)
+      EXPECT_EQ(r.ctx.out.f()[ch * 16 + p], r.ctx.in[0].f()[ch * 49 + am[ch * 16 + p]]);
+  // Output (0, 0): the window rows -1..1, cols -1..1 holds inputs (0,0), (0,1), (1,0), (1,1).
+  int32_t best = 0;
+  for (int32_t k : {1, 7, 8})
+    if (r.ctx.in[0].f()[k] > r.ctx.in[0].f()[best]) best = k;
+  EXPECT_EQ(am[0], best);
+}
+
+// ---- forwards against independent references --------------------------------------
+
+TEST(OpForward, ActivationsKnownValues) {
+  // Values at x = 1 and x = -0.5 (PyTorch's gelu, gelu(approximate="tanh"), silu, ...).
+  struct Ref {
+    Json node;
+    double at1, at_m05;
+  };
+  const Ref refs[] = {
+      {Json{{"op", "gelu"}}, 0.8413447460685429, -0.15426876153408767},
+      {Json{{"op", "gelu"}, {"approximate", "tanh"}}, 0.8411919906082768, -0.15428599017272266},
+      {Json{{"op", "silu"}}, 0.7310585786300049, -0.18877033439},
+      {Json{{"op", "sigmoid"}}, 0.7310585786300049, 0.3775406687981454},
+      {Json{{"op", "tanh"}}, 0.7615941559557649, -0.46211715726000974},
+      {Json{{"op", "relu"}}, 1.0, 0.0},
+  };
+  auto be = make_cpu_backend();
+  for (const auto& ref : refs) {
+    OpCase c = unary("act", Json::array({2}), ref.node);
+    Allocator alloc;
+    OpRun r = make_run(c, alloc, 1);
+    r.ctx.in[0].f()[0] = 1.0f;
+    r.ctx.in[0].f()[1] = -0.5f;
+    forward(*be, r);
+    EXPECT_NEAR(r.ctx.out.f()[0], ref.at1, 1e-6) << ref.node.dump();
+    EXPECT_NEAR(r.ctx.out.f()[1], ref.at_m05, 1e-6) << ref.node.dump();
+  }
+}
+
+// conv2d against the definition, in double: y[o, i, j] = b[o] + sum over the
+// group's channels and the kernel of w x (zero padding).
+TEST(OpForward, ConvMatchesTheDefinition) {
+  OpCase c = find_case("conv2d_s2_pad_groups_rect");  // x [4, 7, 6], out 6, k [3, 2], s 2, p 1, groups 2
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 2);
+  forward(*be, r);
+  const int64_t C = 4, H = 7, W = 6, O = 6, kh = 3, kw = 2, OH = 4, OW = 4, Cg = 2, Og = 3;
+  ASSERT_EQ(r.ctx.out.numel(), 2 * O * OH * OW);
+  const float* x = r.ctx.in[0].f();
+  const float* w = r.ctx.params[0].f();
+  const float* bias = r.ctx.params[1].f();
+  double worst = 0;
+  for (int64_t s = 0; s < 2; ++s)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t i = 0; i < OH; ++i)
+        for (int64_t j = 0; j < OW; ++j) {
+          double acc = bias[o];
+          const int64_t g = o / Og;
+          for (int64_t cc = 0; cc < Cg; ++cc)
+            for (int64_t ki = 0; ki < kh; ++ki)
+              for (int64_t kj = 0; kj < kw; ++kj) {
+                const int64_t ih = i * 2 - 1 + ki, iw = j * 2 - 1 + kj;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                acc += double{w[((o * Cg + cc) * kh + ki) * kw + kj]} * x[((s * C + g * Cg + cc) * H + ih) * W + iw];
+              }
+          worst = std::max(worst, std::fabs(acc - r.ctx.out.f()[((s * O + o) * OH + i) * OW + j]));
+        }
+  EXPECT_LT(worst, 1e-5);
+  // Control: groups = 1 reads other channels and gives other numbers.
+  OpCase c1 = unary("conv_g1", Json::array({4, 7, 6}),
+                    Json{{"op", "conv2d"}, {"out", 6}, {"kernel", Json::array({3, 2})}, {"stride", 2}, {"padding", 1}});
+  OpRun r1 = make_run(c1, alloc, 2);
+  std::copy(x, x + r.ctx.in[0].numel(), r1.ctx.in[0].f());
+  forward(*be, r1);
+  double diff = 0;
+  for (int64_t i = 0; i < r.ctx.out.numel(); ++i) diff = std::max(diff, double{std::fabs(r.ctx.out.f()[i] - r1.ctx.out.f()[i])});
+  EXPECT_GT(diff, 1e-2);
+}
+
+// Attention against a direct double-precision implementation of the formula
+// (HF Llama-style GQA and RoPE, 1/sqrt(head_dim), causal mask), math and flash.
+TEST(OpForward, AttentionMatchesTheDefinition) {
+  const int64_t T = 6, D = 8, H = 4, KV = 2, hd = 3 * 2;  // head_dim 6 != D / H
+  for (bool flash : {false, true}) {
+    OpCase c = attention_case("a", Json{{"heads", H}, {"kv_heads", KV}, {"head_dim", hd}, {"causal", true}, {"rope", true}},
+                              flash, T, D);
+    Allocator alloc;
+    auto be = make_cpu_backend();
+    OpRun r = make_run(c, alloc, 1);
+    forward(*be, r);
+    const float* x = r.ctx.in[0].f();
+    auto P = [&](int i) { return r.ctx.params[static_cast<size_t>(i)].f(); };
+    // Projections: wq [H hd, D], wk, wv [KV hd, D], wo [D, H hd]; biases after.
+    auto proj = [&](int wi, int bi, int64_t width) {
+      std::vector<double> y(static_cast<size_t>(T * width));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t o = 0; o < width; ++o) {
+          double acc = P(bi)[o];
+          for (int64_t i = 0; i < D; ++i) acc += double{P(wi)[o * D + i]} * x[t * D + i];
+          y[static_cast<size_t>(t * width + o)] = acc;
+        }
+      return y;
+    };
+    auto q = proj(0, 4, H * hd), k = proj(1, 5, KV * hd), v = proj(2, 6, KV * hd);
+    auto rope = [&](std::vector<double>& a, int64_t heads) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < hd / 2; ++i) {
+            const double ang = static_cast<double>(t) * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+            double& a1 = a[static_cast<size_t>(t * heads * hd + h * hd + i)];
+            double& a2 = a[static_cast<size_t>(t * heads * hd + h * hd + i + hd / 2)];
+            const double x1 = a1, x2 = a2;
+            a1 = x1 * std::cos(ang) - x2 * std::sin(ang);
+            a2 = x2 * std::cos(ang) + x1 * std::sin(ang);
+          }
+    };
+    rope(q, H);
+    rope(k, KV);
+    std::vector<double> ctx(static_cast<size_t>(T * H * hd), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / KV);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(static_cast<size_t>(i + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < hd; ++e)
+            dot += q[static_cast<size_t>(i * H * hd + h * hd + e)] * k[static_cast<size_t>(j * KV * hd + g * hd + e)];
+          s[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, s[static_cast<size_t>(j)]);
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < hd; ++e)
+            ctx[static_cast<size_t>(i * H * hd + h * hd + e)] +=
+                s[static_cast<size_t>(j)] / sum * v[static_cast<size_t>(j * KV * hd + g * hd + e)];
+      }
+    }
+    double worst = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < D; ++o) {
+        double acc = P(7)[o];
+        for (int64_t i = 0; i < H * hd; ++i) acc += double{P(3)[o * H * hd + i]} * ctx[static_cast<size_t>(t * H * hd + i)];
+        worst = std::max(worst, std::fabs(acc - r.ctx.out.f()[t * D + o]));
+      }
+    EXPECT_LT(worst, 1e-5) << "flash " << flash;
+  }
+}
+
+TEST(OpForward, NormsMatchTheDefinition) {
+  auto be = make_cpu_backend();
+  for (const char* op : {"layernorm", "rmsnorm"}) {
+    OpCase c = find_case(op);  // x [3, 6]
+    Allocator alloc;
+    OpRun r = make_run(c, alloc, 2);
+    forward(*be, r);
+    const bool ln = std::string(op) == "layernorm";
+    const double eps = ln ? 1e-5 : 1e-6;
+    double worst = 0;
+    for (int64_t row = 0; row < 6; ++row) {
+      const float* x = r.ctx.in[0].f() + row * 6;
+      double m = 0, v = 0;
+      for (int j = 0; j < 6; ++j) m += x[j];
+      m = ln ? m / 6 : 0.0;
+      for (int j = 0; j < 6; ++j) v += (x[j] - m) * (x[j] - m);
+      const double rstd = 1 / std::sqrt(v / 6 + eps);
+      for (int j = 0; j < 6; ++j) {
+        const double want = (x[j] - m) * rstd * r.ctx.params[0].f()[j] + (ln ? r.ctx.params[1].f()[j] : 0.0);
+        worst = std::max(worst, std::fabs(want - r.ctx.out.f()[row * 6 + j]));
+      }
+    }
+    EXPECT_LT(worst, 1e-5) << op;
+  }
+}
+
+}  // namespace
+}  // namespace dlplan::exec::testing

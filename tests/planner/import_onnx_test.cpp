@@ -1,0 +1,203 @@
+// ONNX import (fixtures from tests/fixtures/make_fixtures.py): exact parameter
+// counts, BatchNorm kept (training export) or detected as folded (eval
+// export), attention and GELU fused, unknown ops listed with their bytes, bad
+// files as one clear message, and conformance with the same model as IR.
+#include "dlplan/error.hpp"
+#include "dlplan/importers.hpp"
+#include "dlplan/loader.hpp"
+#include "dlplan/plan_io.hpp"
+#include "dlplan/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+using namespace dlplan;
+
+namespace {
+
+std::string fx(const std::string& name) { return std::string(DLPLAN_SOURCE_DIR) + "/tests/fixtures/onnx/" + name; }
+
+#define REQUIRE_ONNX() \
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support"
+
+int count_op(const Model& m, OpKind op) {
+  int c = 0;
+  for (const auto& n : m.nodes) c += n.op == op;
+  return c;
+}
+
+const Node* find_op(const Model& m, OpKind op) {
+  for (const auto& n : m.nodes)
+    if (n.op == op) return &n;
+  return nullptr;
+}
+
+bool has_note(const Model& m, const std::string& text) {
+  for (const auto& n : m.notes)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+
+std::string notes_of(const Model& m) {
+  std::string s;
+  for (const auto& n : m.notes) s += n + "\n";
+  return s;
+}
+
+std::string error_of(const std::string& path, ImportOptions opt = {}) {
+  try {
+    load_model(path, opt);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+OrderedJson planning_of(Model m) {
+  PlanRequest r;
+  r.model = std::move(m);
+  r.cluster.device = find_device("h100-80g");
+  r.cluster.nodes = 1;
+  r.cluster.gpus_per_node = 8;
+  r.training.micro_batch = 16;
+  auto j = planning_json(plan(r));
+  j["model"]["name"] = "x";
+  return j;
+}
+
+Shape input_shape(const Model& m, const std::string& name) {
+  for (int id : m.inputs)
+    if (m.tensor(id).name == name) return m.tensor(id).shape;
+  ADD_FAILURE() << "no input " << name;
+  return {};
+}
+
+}  // namespace
+
+TEST(ImportOnnx, BuiltWithOnnxOrSaysSo) {
+  if (onnx_supported()) return;
+  auto msg = error_of(fx("tiny_mlp.onnx"));
+  EXPECT_NE(msg.find("built without ONNX support"), std::string::npos) << msg;
+}
+
+TEST(ImportOnnx, MlpExactCountsGemmAndMatMulAdd) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("tiny_mlp.onnx"), ImportOptions{4, 0});
+  EXPECT_EQ(m.parameter_count(), (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10));
+  EXPECT_EQ(count_op(m, OpKind::linear), 3);  // Gemm, MatMul + Add fused, Gemm
+  EXPECT_EQ(count_op(m, OpKind::relu), 2);
+  EXPECT_EQ(input_shape(m, "x"), (Shape{64}));  // the batch dimension is stripped
+  EXPECT_EQ(m.units.size(), 3u) << "root + layers.0 + layers.1";
+  EXPECT_EQ(m.unaccounted_bytes, 0);
+}
+
+TEST(ImportOnnx, MlpConformsToTheSameModelWrittenAsIr) {
+  REQUIRE_ONNX();
+  auto a = planning_of(load_model(fx("tiny_mlp.onnx")));
+  auto b = planning_of(load_model(std::string(DLPLAN_SOURCE_DIR) + "/models/tiny-mlp.json"));
+  EXPECT_EQ(a, b);
+  // Control: the CNN is a different model and plans differently.
+  EXPECT_NE(planning_of(load_model(fx("tiny_cnn_train.onnx"))), b);
+}
+
+TEST(ImportOnnx, ExternalDataMayBeMissing) {
+  REQUIRE_ONNX();
+  Model a = load_model(fx("tiny_mlp_external.onnx"));
+  Model b = load_model(fx("tiny_mlp.onnx"));
+  EXPECT_EQ(a.parameter_count(), b.parameter_count());
+}
+
+TEST(ImportOnnx, TrainingExportKeepsBatchNormWithBuffers) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("tiny_cnn_train.onnx"));
+  EXPECT_EQ(count_op(m, OpKind::batchnorm), 2);
+  // conv 16*3*9 + BN 2*16 + conv 32*16*9 + BN 2*32 + head 32*10+10; running stats are buffers
+  EXPECT_EQ(m.parameter_count(), 432 + 32 + 4608 + 64 + 330);
+  EXPECT_EQ(m.buffer_count(), 2 * 16 + 2 * 32);
+  EXPECT_DOUBLE_EQ(find_op(m, OpKind::batchnorm)->attrs.number("momentum"), 0.1);  // ONNX 0.9 = PyTorch 0.1
+  EXPECT_FALSE(has_note(m, "folded")) << notes_of(m);
+  // Same model as the zoo's tiny-cnn, written as IR.
+  EXPECT_EQ(planning_of(m), planning_of(load_model(std::string(DLPLAN_SOURCE_DIR) + "/models/tiny-cnn.json")));
+}
+
+TEST(ImportOnnx, EvalExportDetectsFoldedBatchNorm) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("tiny_cnn_eval.onnx"));
+  EXPECT_EQ(count_op(m, OpKind::batchnorm), 0);
+  EXPECT_EQ(m.parameter_count(), 432 + 16 + 4608 + 32 + 330);  // conv biases in place of BN
+  EXPECT_TRUE(has_note(m, "BatchNorm appears folded into 2 Conv layers")) << notes_of(m);
+  EXPECT_TRUE(has_note(m, "about 48 more")) << notes_of(m);
+  EXPECT_TRUE(has_note(m, "SyncBatchNorm advice does not apply")) << notes_of(m);
+}
+
+TEST(ImportOnnx, EncoderAttentionFusedWithSymbolicDims) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("tiny_encoder_train.onnx"), ImportOptions{2, 16});
+  ASSERT_EQ(count_op(m, OpKind::attention), 2) << notes_of(m);
+  const Node* a = find_op(m, OpKind::attention);
+  EXPECT_EQ(a->attrs.integer("heads"), 4);
+  EXPECT_FALSE(a->attrs.flag("causal"));  // the mask comes from the attention_mask input
+  EXPECT_TRUE(a->attrs.flag("bias"));
+  EXPECT_DOUBLE_EQ(a->attrs.number("dropout"), 0.1);
+  EXPECT_EQ(count_op(m, OpKind::gelu), 2);
+  EXPECT_EQ(find_op(m, OpKind::gelu)->attrs.text("approximate"), "none");
+  EXPECT_EQ(count_op(m, OpKind::pos_embedding), 1);
+  EXPECT_EQ(count_op(m, OpKind::select), 1);
+  EXPECT_EQ(count_op(m, OpKind::dropout), 4);  // residual dropouts; attention's is inside the op
+  // embeddings 100*32 + 64*32; per layer attention 4*(32*32+32), 2 LN 4*32, FFN 32*64+64 + 64*32+32; head 32*3+3
+  const int64_t layer = 4 * (32 * 32 + 32) + 4 * 32 + (32 * 64 + 64) + (64 * 32 + 32);
+  EXPECT_EQ(m.parameter_count(), 100 * 32 + 64 * 32 + 2 * layer + 32 * 3 + 3);
+  EXPECT_EQ(input_shape(m, "input_ids"), (Shape{16}));  // sequence from --seq-len
+  EXPECT_EQ(m.units.size(), 3u);
+  EXPECT_TRUE(m.node_index("loss") >= 0);
+}
+
+TEST(ImportOnnx, SymbolicSequenceNeedsSeqLen) {
+  REQUIRE_ONNX();
+  auto msg = error_of(fx("tiny_encoder_train.onnx"));
+  EXPECT_NE(msg.find("symbolic dimension 'sequence'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--seq-len"), std::string::npos) << msg;
+}
+
+TEST(ImportOnnx, DecoderFusedQkvCausalTanhGelu) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("tiny_decoder_train.onnx"));
+  ASSERT_EQ(count_op(m, OpKind::attention), 2) << notes_of(m);
+  const Node* a = find_op(m, OpKind::attention);
+  EXPECT_EQ(a->attrs.integer("heads"), 4);
+  EXPECT_TRUE(a->attrs.flag("causal"));  // constant mask
+  EXPECT_EQ(find_op(m, OpKind::gelu)->attrs.text("approximate"), "tanh");
+  const int64_t layer = 2 * 64 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32);
+  EXPECT_EQ(m.parameter_count(), 100 * 32 + 16 * 32 + 2 * layer + 64 + 32 * 100);
+  EXPECT_EQ(input_shape(m, "targets"), (Shape{16}));
+}
+
+TEST(ImportOnnx, UnknownOpsListedAndTheirBytesReported) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("unknown_op.onnx"));
+  EXPECT_TRUE(has_note(m, "3 x com.example.CustomOp (unmapped; 1.5 KiB/sample of activations not planned")) << notes_of(m);
+  EXPECT_EQ(m.unaccounted_bytes, 3 * 128 * 4);
+  EXPECT_EQ(m.parameter_count(), load_model(fx("tiny_mlp.onnx")).parameter_count());
+}
+
+TEST(ImportOnnx, UnknownShapeChangingOpIsAnErrorNamingTheNode) {
+  REQUIRE_ONNX();
+  auto msg = error_of(fx("unknown_op_reshape.onnx"));
+  EXPECT_NE(msg.find("unknown_op_reshape.onnx"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/layers.1/halve/HalveWidth"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+}
+
+TEST(ImportOnnx, MalformedAndTruncatedFilesAreOneClearMessage) {
+  REQUIRE_ONNX();
+  for (const char* f : {"malformed.onnx", "truncated.onnx"}) {
+    auto msg = error_of(fx(f));
+    EXPECT_NE(msg.find(f), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("not a valid ONNX model") != std::string::npos ||
+                msg.find("truncated") != std::string::npos)
+        << msg;
+  }
+  auto msg = error_of(fx("no-such-file.onnx"));
+  EXPECT_NE(msg.find("no-such-file.onnx"), std::string::npos) << msg;
+}
