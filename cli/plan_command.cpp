@@ -6,7 +6,10 @@
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
+#include "dlplan/simulator.hpp"
 #include "report.hpp"
+
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -18,7 +21,7 @@ namespace {
 
 struct PlanFlags {
   std::string model, gpu = "h100-80g", cluster_file, precision, optimizer = "adamw", checkpointing = "none";
-  std::string strategy, syncbn = "auto", attention = "math", format = "table", out;
+  std::string strategy, syncbn = "auto", attention = "math", format = "table", out, timeline;
   int gpus = 0, nodes = 0, syncbn_group = 0, prefetch = 1;
   int64_t micro_batch = 1, global_batch = 0, grad_accum = 0, seq_len = 0;
   double bucket_mb = 25.0, lr = 3e-4;
@@ -112,6 +115,7 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--format", f->format, "table, json or csv")->capture_default_str()->check(CLI::IsMember({"table", "json", "csv"}));
   app.add_option("--out", f->out, "Write the recommended (or --strategy) plan to this file, for `dlplan train`");
   app.add_flag("--explain", f->explain, "List the tensors that make up the peak, largest first");
+  app.add_option("--timeline", f->timeline, "Write the recommended plan's simulated step as a Chrome trace (Perfetto)");
   return [f, &app]() {
     PlanRequest req = make_request(*f, app);
     Planning p = plan(req);
@@ -119,6 +123,16 @@ Runner add_plan_command(CLI::App& app) {
     else if (f->format == "csv") print_csv(p);
     else print_table(p);
     if (f->explain) print_explain(p);
+    if (!f->timeline.empty()) {
+      const StrategyResult* r = p.chosen();
+      if (!r) throw Error(fmt::format("{}: not written: no strategy fits", f->timeline));
+      std::ostringstream trace;
+      write_chrome_trace(simulate_step(req.model, req.cluster, r->training),
+                         fmt::format("{} {} on {} x {}", req.model.name, to_string(r->strategy), req.cluster.world(),
+                                     req.cluster.device.kind),
+                         trace);
+      write_file_atomically(f->timeline, trace.str());
+    }
     if (!f->out.empty()) {
       const StrategyResult* r = p.chosen();
       if (!r) throw Error(fmt::format("{}: not written: no strategy fits (see the reasons above)", f->out));

@@ -43,7 +43,8 @@ void print_table(const Planning& p) {
   }
   fmt::print("\nMemory per GPU at the step's peak. Fits: peak + runtime + {:.0f}% fragmentation margin <= {}.\n",
              kFragmentationMargin * 100, format_bytes(static_cast<double>(device_capacity(p.request.cluster))));
-  fmt::print("Communication is not yet overlapped with compute: step = compute + communication.\n\n");
+  fmt::print("Times from the step simulator: communication overlaps compute where the strategy allows;\n"
+             "step = compute + the communication compute waits for (dlplan sim, --timeline for the chart).\n\n");
   if (p.recommendation.strategy)
     fmt::print("Recommendation: {}{}\n", to_string(*p.recommendation.strategy), p.recommendation.syncbn ? " with SyncBN" : "");
   else

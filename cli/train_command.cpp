@@ -4,6 +4,14 @@
 // Errors every rank sees alike (a bad plan, the wrong number of ranks) print
 // once, from rank 0, and every rank exits; a failure on one rank during
 // training ends the whole job, naming that rank.
+//
+// Test-only fault injection: DLPLAN_FAULT="RANK:STEP:kill|error" makes rank
+// RANK, at the start of step STEP (1-based), either raise SIGKILL on itself
+// (a rank dying without a word) or throw "injected failure at step STEP" (a
+// rank failing; the job ends through Communicator::abort, naming the rank).
+// The tests of rank failure use it (tests/executor/train_cli_test.cpp); it is
+// not meant for users. An unset or empty variable injects nothing; a malformed
+// one is a set-up error.
 #include "commands.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
@@ -14,8 +22,12 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
+#include <string>
 
 namespace dlplan::cli {
 namespace {
@@ -25,6 +37,35 @@ struct TrainFlags {
   int steps = 10;
   uint64_t seed = 1;
 };
+
+// DLPLAN_FAULT (test-only, see the top of this file).
+struct Fault {
+  int rank = 0;
+  int step = 0;  // 1-based
+  bool kill = false;
+};
+
+std::optional<Fault> fault_from_environment() {
+  const char* raw = std::getenv("DLPLAN_FAULT");
+  if (raw == nullptr || *raw == '\0') return std::nullopt;
+  const std::string v = raw;
+  auto bad = [&v]() {
+    return Error(fmt::format("DLPLAN_FAULT='{}' is not RANK:STEP:kill|error (a test-only fault injection, e.g. 1:2:kill)", v));
+  };
+  const size_t a = v.find(':'), b = a == std::string::npos ? a : v.find(':', a + 1);
+  if (b == std::string::npos) throw bad();
+  auto number = [&](const std::string& t) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) throw bad();
+    return std::stoi(t);
+  };
+  Fault f;
+  f.rank = number(v.substr(0, a));
+  f.step = number(v.substr(a + 1, b - a - 1));
+  const std::string what = v.substr(b + 1);
+  if (f.step < 1 || (what != "kill" && what != "error")) throw bad();
+  f.kill = what == "kill";
+  return f;
+}
 
 }  // namespace
 
@@ -48,7 +89,9 @@ Runner add_train_command(CLI::App& app) {
     opt.steps = f->steps;
     opt.seed = f->seed;
     opt.data = f->data;
+    std::optional<Fault> fault;
     try {  // set-up errors are the same on every rank
+      fault = fault_from_environment();
       plan = exec::load_plan_file(f->plan);
       trainer = std::make_unique<exec::Trainer>(plan, *comm, *backend, opt);
     } catch (const Error& e) {
@@ -62,6 +105,13 @@ Runner add_train_command(CLI::App& app) {
                    comm->size() == 1 ? "" : "s", to_string(plan.training.strategy), f->steps, trainer->samples_per_step());
       double busy_after_first = 0;
       for (int s = 0; s < f->steps; ++s) {
+        if (fault && fault->rank == comm->rank() && fault->step == s + 1) {
+          if (fault->kill) {
+            std::fflush(stdout);
+            std::raise(SIGKILL);
+          }
+          throw Error(fmt::format("injected failure at step {}", fault->step));
+        }
         run.steps.push_back(trainer->step());
         if (s == 0) busy_after_first = comm->busy_seconds();
         if (root) {

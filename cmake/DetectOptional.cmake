@@ -12,7 +12,9 @@ endif()
 
 find_package(NCCL QUIET)
 find_package(MPI QUIET COMPONENTS CXX)
-find_package(Qt6 QUIET COMPONENTS Widgets Charts)
+# The GUI (gui/) needs Widgets, Charts, Svg (chart export) and Concurrent (the
+# recompute worker); its QTest suites need Test.
+find_package(Qt6 QUIET COMPONENTS Widgets Charts Svg Concurrent OPTIONAL_COMPONENTS Test)
 
 function(dlplan_report what found detail)
   if(found)
@@ -25,4 +27,4 @@ endfunction()
 dlplan_report("CUDA toolkit" "${DLPLAN_HAVE_CUDA}" "${CMAKE_CUDA_COMPILER}")
 dlplan_report("NCCL" "${NCCL_FOUND}" "${NCCL_LIBRARY}")
 dlplan_report("MPI" "${MPI_CXX_FOUND}" "${MPI_CXX_LIBRARIES}")
-dlplan_report("Qt 6 Widgets+Charts" "${Qt6_FOUND}" "${Qt6_DIR}")
+dlplan_report("Qt 6 Widgets+Charts+Svg" "${Qt6_FOUND}" "${Qt6_DIR}")

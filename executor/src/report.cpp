@@ -13,7 +13,8 @@ namespace {
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : (v[h - 1] + v[h]) / 2;  // even: the mean of the middle two
 }
 
 // Steps after the first when there are any (the first pays for set-up).

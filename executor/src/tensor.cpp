@@ -14,9 +14,30 @@ namespace dlplan::exec {
 int64_t dtype_size(DType) { return 4; }  // f32 and i32
 
 Storage::~Storage() {
-  if (owner) owner->on_free(*this);
-  std::free(data);
+  if (owner) owner->on_free(*this);  // gives the bytes back to the resource
+  else std::free(data);
 }
+
+namespace {
+
+// Host memory: 64-byte aligned (BLAS), requests counted as asked.
+class HostMemory final : public MemoryResource {
+ public:
+  void* allocate(int64_t bytes, int64_t& granted) override {
+    granted = bytes;
+    const size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+    return std::aligned_alloc(64, rounded);
+  }
+  void release(void* p, int64_t) override { std::free(p); }
+  void zero(void* p, int64_t bytes) override { std::memset(p, 0, static_cast<size_t>(bytes)); }
+  bool host_visible() const override { return true; }
+};
+
+}  // namespace
+
+std::unique_ptr<MemoryResource> make_host_memory() { return std::make_unique<HostMemory>(); }
+
+Allocator::Allocator(std::unique_ptr<MemoryResource> memory) : memory_(std::move(memory)) {}
 
 Tensor Tensor::slice(int64_t elem_offset, Shape new_shape) const {
   Tensor t = *this;
@@ -27,11 +48,11 @@ Tensor Tensor::slice(int64_t elem_offset, Shape new_shape) const {
 
 Tensor Allocator::make(const Shape& shape, DType dtype, int64_t bytes, Category c, std::string what, bool zero) {
   auto s = std::make_shared<Storage>();
-  // 64-byte aligned for BLAS; at least one line so empty tensors have storage.
-  const size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
-  s->data = std::aligned_alloc(64, rounded);
-  if (!s->data) throw Error(fmt::format("out of host memory allocating {} bytes for {}", bytes, what));
-  if (zero) std::memset(s->data, 0, rounded);
+  int64_t granted = bytes;
+  s->data = memory_->allocate(bytes, granted);
+  if (!s->data) throw Error(fmt::format("out of memory allocating {} bytes for {}", bytes, what));
+  if (zero) memory_->zero(s->data, std::max<int64_t>(bytes, 1));
+  bytes = granted;
   s->bytes = bytes;
   s->category = c;
   s->what = std::move(what);
@@ -67,8 +88,11 @@ Tensor Allocator::bytes_buffer(int64_t bytes, Category c, std::string what) {
 }
 
 void Allocator::on_free(const Storage& s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  cur_[static_cast<size_t>(s.category)] -= s.bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cur_[static_cast<size_t>(s.category)] -= s.bytes;
+  }
+  memory_->release(s.data, s.bytes);
 }
 
 CategoryBytes Allocator::current() const {

@@ -82,6 +82,8 @@ class Emitter {
     DeclOptions dopt;
     dopt.flash_attention = cfg.attention == AttentionImpl::flash;
     for (const auto& n : m.nodes) out_.decls.push_back(declare(m, n, dopt));
+    out_.instrs.reserve(m.nodes.size() * 16 + 64);
+    out_.compute.reserve(m.nodes.size() * 3 + 1);
     act_ = activation_bytes(cfg.precision);
     pbytes_ = param_bytes(cfg.precision);
     gbytes_ = grad_bytes(cfg.precision);
@@ -130,8 +132,8 @@ class Emitter {
   Instr& last() { return out_.instrs.back(); }
   void name_last(std::string what, std::string holder) {
     if (!names_) return;
-    last().what = std::move(what);
-    last().holder = std::move(holder);
+    out_.names.resize(static_cast<size_t>(out_.slots));
+    out_.names[static_cast<size_t>(last().slot)] = {std::move(what), std::move(holder)};
   }
   void free_slot(int& slot, When when = When::every) {
     if (slot < 0) return;
@@ -265,8 +267,9 @@ class Emitter {
   // ---- phases -------------------------------------------------------------
   void persistent() {
     CategoryBytes st = model_states(m_, static_cast<int>(N_), cfg_);
+    // Persistent: allocated once (the first micro-batch), never freed in the step.
     for (int c = 0; c < 3; ++c) {
-      alloc(Role::model_states, static_cast<Category>(c), st[static_cast<size_t>(c)]);
+      alloc(Role::model_states, static_cast<Category>(c), st[static_cast<size_t>(c)], When::first_micro);
       static const char* what[] = {"parameters and buffers", "gradients", "optimizer state"};
       name_last(what[c], c == 2 ? "optimizer" : "model");
     }
@@ -275,7 +278,7 @@ class Emitter {
     if (gemms) {
       // The GEMM library's workspace (cuBLAS) is allocated once per handle
       // and cached for the run, as PyTorch does; 0 on the cpu device.
-      alloc(Role::gemm_workspace, Category::workspace, cl_.device.gemm_workspace_bytes);
+      alloc(Role::gemm_workspace, Category::workspace, cl_.device.gemm_workspace_bytes, When::first_micro);
       name_last("GEMM workspace", "cuBLAS");
     }
     if (cfg_.strategy == Strategy::zero3 && unit_params_[0] > 0 && N_ > 1) {

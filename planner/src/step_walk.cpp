@@ -8,7 +8,10 @@
 namespace dlplan {
 
 StepWalk walk_step(const Model& m, const Cluster& cluster, const TrainingConfig& cfg, const WalkOptions& opt) {
-  StepProgram prog = build_step_program(m, cluster, cfg, opt.explain);
+  return walk_program(build_step_program(m, cluster, cfg, opt.explain), opt, cfg.grad_accum);
+}
+
+StepWalk walk_program(const StepProgram& prog, const WalkOptions& opt, int64_t grad_accum) {
   StepWalk out;
   CategoryBytes cur{};
   std::vector<const Instr*> live_alloc(static_cast<size_t>(prog.slots), nullptr);
@@ -29,7 +32,10 @@ StepWalk walk_step(const Model& m, const Cluster& cluster, const TrainingConfig&
           out.peak_event = event;
           if (opt.explain) {
             out.peak_tensors.clear();
-            for (const auto& [slot, a] : live) out.peak_tensors.push_back({a->what, a->holder, a->category, a->bytes});
+            for (const auto& [slot, a] : live) {
+              const SlotName& n = prog.names[static_cast<size_t>(slot)];
+              out.peak_tensors.push_back({n.what, n.holder, a->category, a->bytes});
+            }
           }
         }
         break;
@@ -58,10 +64,10 @@ StepWalk walk_step(const Model& m, const Cluster& cluster, const TrainingConfig&
   }
   std::sort(out.peak_tensors.begin(), out.peak_tensors.end(),
             [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
-  out.compute = std::move(prog.compute);
-  out.comm = std::move(prog.comm);
+  out.compute = prog.compute;
+  out.comm = prog.comm;
   out.backward_start = prog.backward_start;
-  out.grad_accum = cfg.grad_accum;
+  out.grad_accum = grad_accum;
   return out;
 }
 

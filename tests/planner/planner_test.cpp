@@ -181,9 +181,10 @@ TEST(Documents, PlanningJsonHasTheStableFields) {
     }
     EXPECT_EQ(sum, s["memory"]["peak"].get<int64_t>());  // peak excludes runtime
     EXPECT_TRUE(s["memory"]["runtime"].is_number_integer());
-    EXPECT_DOUBLE_EQ(s["comm"]["exposed_seconds"].get<double>(), s["comm"]["seconds"].get<double>());
+    // The simulator overlaps the streams: exposed <= busy, step = compute + exposed.
+    EXPECT_LE(s["comm"]["exposed_seconds"].get<double>(), s["comm"]["seconds"].get<double>() + 1e-15);
     EXPECT_NEAR(s["step_seconds"].get<double>(),
-                s["compute_seconds"].get<double>() + s["comm"]["seconds"].get<double>(), 1e-12);
+                s["compute_seconds"].get<double>() + s["comm"]["exposed_seconds"].get<double>(), 1e-12);
     EXPECT_GT(s["mfu"].get<double>(), 0.0);
     EXPECT_LT(s["mfu"].get<double>(), 1.0);
   }

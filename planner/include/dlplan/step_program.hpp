@@ -116,7 +116,11 @@ struct Instr {
   int index = -1;          // op_saved: which own saved tensor
   int comm = -1;           // issue / wait / staging
   int event = -1;          // forward / recompute / backward / optimizer: compute event index
-  std::string what, holder;  // for --explain
+};
+
+// What a slot holds and who keeps it (for --explain; built on request).
+struct SlotName {
+  std::string what, holder;
 };
 
 struct Bucket {
@@ -131,6 +135,7 @@ struct StepProgram {
   std::vector<CommEvent> comm;
   std::vector<Bucket> buckets;         // DDP
   std::vector<OpDecl> decls;           // per node, as declared for this plan
+  std::vector<SlotName> names;         // per slot, only when built with names
   int slots = 0;
   int backward_start = -1;             // index of the first backward compute event
 };

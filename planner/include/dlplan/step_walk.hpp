@@ -45,5 +45,7 @@ struct StepWalk {
 };
 
 StepWalk walk_step(const Model& m, const Cluster& cluster, const TrainingConfig& cfg, const WalkOptions& opt = {});
+// The same over a program already built (with names when opt.explain).
+StepWalk walk_program(const StepProgram& prog, const WalkOptions& opt, int64_t grad_accum);
 
 }  // namespace dlplan

@@ -20,7 +20,7 @@ class Allocator;
 // One allocation. Freed (and un-counted) when the last Tensor referring to it dies.
 struct Storage {
   void* data = nullptr;
-  int64_t bytes = 0;
+  int64_t bytes = 0;     // what is counted: the resource's granted size
   Category category = Category::workspace;
   std::string what;
   Allocator* owner = nullptr;
@@ -48,8 +48,26 @@ struct Tensor {
   Tensor slice(int64_t elem_offset, Shape new_shape) const;
 };
 
+// Where an allocator's bytes come from: host memory (the default) or a
+// device's (the CUDA caching allocator). `granted` is what the resource really
+// reserves for a request (its block size), which is what gets counted.
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  virtual void* allocate(int64_t bytes, int64_t& granted) = 0;
+  virtual void release(void* p, int64_t granted) = 0;
+  virtual void zero(void* p, int64_t bytes) = 0;
+  virtual bool host_visible() const = 0;   // may the CPU dereference the pointers?
+  virtual int64_t reserved_bytes() const { return 0; }  // cached but not in use (shown apart)
+};
+
+std::unique_ptr<MemoryResource> make_host_memory();
+
 class Allocator {
  public:
+  explicit Allocator(std::unique_ptr<MemoryResource> memory = make_host_memory());
+  MemoryResource& memory() { return *memory_; }
+
   // Uninitialised / zeroed storage of `shape` x dtype, counted in `c`. A
   // uint8 tensor (dropout masks) is DType::i32-free: use bytes() variants.
   Tensor empty(const Shape& shape, DType dtype, Category c, std::string what);
@@ -70,6 +88,7 @@ class Allocator {
   void on_free(const Storage& s);
   Tensor make(const Shape& shape, DType dtype, int64_t bytes, Category c, std::string what, bool zero);
 
+  std::unique_ptr<MemoryResource> memory_;
   mutable std::mutex mu_;
   CategoryBytes cur_{}, at_peak_{}, max_each_{};
   int64_t peak_ = 0, total_ = 0;

@@ -1,0 +1,77 @@
+// Shared device helpers of the CUDA backend's kernels: launch geometry,
+// block reductions, and Philox4x32-10 bit-identical to executor/cpu/philox.cpp.
+#pragma once
+
+#include "kernels.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dlplan::exec::cuda {
+
+constexpr int kThreads = 256;
+
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 65535LL * 16) b = 65535LL * 16;  // grid-stride loops cover the rest
+  return static_cast<unsigned>(b);
+}
+
+#define DLPLAN_GRID_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{blockDim.x} * gridDim.x)
+
+// Sum / max over the block (blockDim.x a multiple of 32, <= 1024). Every thread
+// gets the result. `scratch` holds 32 values; the call synchronises.
+template <typename T>
+__device__ inline T block_sum(T v, T* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = 0;
+  for (int w = 0; w < warps; ++w) r += scratch[w];
+  return r;
+}
+
+__device__ inline float block_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < warps; ++w) r = fmaxf(r, scratch[w]);
+  return r;
+}
+
+// Philox4x32-10 (Salmon et al. SC'11; Random123's constants), as philox.cpp.
+__device__ inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+  }
+  return c0;
+}
+
+// dropout_uniform(seed, node, sample, element) of philox.cpp: out[0] * 2^-32,
+// the uint32 -> float conversion rounding to nearest (as static_cast on the host).
+__device__ inline float dropout_u(uint64_t seed, int node, int64_t sample, int64_t element) {
+  const uint64_t e = static_cast<uint64_t>(element);
+  const uint32_t x = philox_first(static_cast<uint32_t>(e), static_cast<uint32_t>(sample), static_cast<uint32_t>(node),
+                                  static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(seed),
+                                  static_cast<uint32_t>(seed >> 32));
+  return __uint2float_rn(x) * 0x1p-32f;
+}
+
+}  // namespace dlplan::exec::cuda

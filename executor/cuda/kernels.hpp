@@ -1,0 +1,161 @@
+// The CUDA backend's kernel launchers (internal to executor/cuda).
+//
+// The .cu files hold only kernels and these plain launchers (raw device
+// pointers, sizes, a stream); they include no dlplan header, so nvcc never
+// parses the model IR, fmt or nlohmann-json (compile time, and one C++ dialect
+// for the host code). The op logic (shapes, saved tensors, temporaries, cuBLAS)
+// lives in host C++ (cuda_ops.cpp) and calls these. Every launcher enqueues on
+// `s` and returns at once; the caller checks cudaGetLastError().
+//
+// Layouts are the CPU reference's (executor/cpu): row-major, batch first.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define DLPLAN_HOST_DEVICE __host__ __device__
+#else
+#define DLPLAN_HOST_DEVICE
+#endif
+
+namespace dlplan::exec::cuda {
+
+// ---- elementwise.cu --------------------------------------------------------------
+enum class Unary { gelu, gelu_tanh, relu, silu, tanh, sigmoid };
+// y = f(x).
+void unary_forward(Unary f, const float* x, float* y, int64_t n, cudaStream_t s);
+// dx += dy f'(.) — from the input x (gelu, silu) or the output y (relu, tanh, sigmoid).
+void unary_backward(Unary f, const float* x, const float* y, const float* dy, float* dx, int64_t n, cudaStream_t s);
+void add_forward(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+void mul_forward(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+// dx += dy (other == nullptr) or dx += dy * other.
+void accumulate(const float* dy, const float* other, float* dx, int64_t n, cudaStream_t s);
+// Dropout (training): mask / y per element, Philox-keyed as executor/cpu/philox.cpp.
+void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t batch, int64_t per, uint64_t seed, int node,
+                     int64_t first_sample, float p, float scale, cudaStream_t s);
+// dx += dy * (mask ? scale : 0).
+void masked_accumulate(const float* dy, const uint8_t* mask, float scale, float* dx, int64_t n, cudaStream_t s);
+// y[r, j] = bias[j] for r < rows (the bias broadcast a GEMM then accumulates onto).
+void fill_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+// out[j] += sum_r a[r * cols + j].
+void column_sum_add(const float* a, float* out, int64_t rows, int64_t cols, cudaStream_t s);
+// The device twin of dropout_uniform (philox.cpp), for the known-answer test.
+void philox_uniforms(uint64_t seed, int node, int64_t sample, int64_t n, float* out, cudaStream_t s);
+
+// ---- embedding.cu ----------------------------------------------------------------
+// A bad id sets *err (device int, 0 = fine) to 1 + its row, first one wins.
+void embedding_forward(const int32_t* ids, const float* w, float* y, int64_t rows, int64_t dim, int64_t num, int* err,
+                       cudaStream_t s);
+void embedding_backward(const int32_t* ids, const float* dy, float* dw, int64_t rows, int64_t dim, cudaStream_t s);
+// y[s, i] = x[s, i] + w[i] over `per` elements a sample; backward dw += sum_s dy.
+void pos_embedding_forward(const float* x, const float* w, float* y, int64_t batch, int64_t per, cudaStream_t s);
+void batch_sum_add(const float* dy, float* dw, int64_t batch, int64_t per, cudaStream_t s);
+void cls_token_forward(const float* x, const float* w, float* y, int64_t batch, int64_t T, int64_t D, cudaStream_t s);
+void cls_token_backward(const float* dy, float* dw, float* dx, int64_t batch, int64_t T, int64_t D, cudaStream_t s);
+void select_forward(const float* x, float* y, int64_t batch, int64_t T, int64_t D, int64_t index, cudaStream_t s);
+void select_backward(const float* dy, float* dx, int64_t batch, int64_t T, int64_t D, int64_t index, cudaStream_t s);
+// [b, C, P] <-> [b, P, C].
+void tokens_forward(const float* x, float* y, int64_t batch, int64_t C, int64_t P, cudaStream_t s);
+void tokens_backward(const float* dy, float* dx, int64_t batch, int64_t C, int64_t P, cudaStream_t s);
+
+// ---- pool.cu / conv.cu ----------------------------------------------------------
+struct Geom {
+  int64_t C, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
+};
+void maxpool_forward(const Geom& g, const float* x, float* y, int32_t* argmax, int64_t planes, cudaStream_t s);
+void maxpool_backward(const Geom& g, const float* dy, const int32_t* argmax, float* dx, int64_t planes, cudaStream_t s);
+void avgpool_forward(const Geom& g, const float* x, float* y, int64_t planes, cudaStream_t s);
+void avgpool_backward(const Geom& g, const float* dy, float* dx, int64_t planes, cudaStream_t s);
+void global_avgpool_forward(const float* x, float* y, int64_t planes, int64_t hw, cudaStream_t s);
+void global_avgpool_backward(const float* dy, float* dx, int64_t planes, int64_t hw, cudaStream_t s);
+// One sample: col [C kh kw, OH OW] from x [C, H, W]; dx [C, H, W] += col2im(dcol).
+void im2col(const Geom& g, const float* x, float* col, cudaStream_t s);
+void col2im_add(const Geom& g, const float* dcol, float* dx, cudaStream_t s);
+// y[s, o, p] = bias[o] over [batch, O, P].
+void fill_channels(float* y, const float* bias, int64_t batch, int64_t O, int64_t P, cudaStream_t s);
+// db[o] += sum_{s, p} dy[s, o, p].
+void channel_sum_add(const float* dy, float* db, int64_t batch, int64_t O, int64_t P, cudaStream_t s);
+
+// ---- norm.cu ---------------------------------------------------------------------
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, int64_t R,
+                       int64_t D, float eps, cudaStream_t s);
+// dx (may be null) += ...; dw += sum dy x_hat; db (may be null) += sum dy.
+void layernorm_backward(const float* x, const float* w, const float* dy, const float* mean, const float* rstd, float* dx,
+                        float* dw, float* db, int64_t R, int64_t D, cudaStream_t s);
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t R, int64_t D, double eps,
+                     cudaStream_t s);
+void rmsnorm_backward(const float* x, const float* w, const float* dy, const float* rstd, float* dx, float* dw,
+                      int64_t R, int64_t D, cudaStream_t s);
+// BatchNorm over x [b, C, S]. Local statistics in double: mean[C], var[C] (biased).
+void bn_local_stats(const float* x, double* mean, double* var, int64_t b, int64_t C, int64_t S, cudaStream_t s);
+// Writes (mean, var, count) of this rank as float into every one of G slots of 2C+1.
+void bn_fill_gather(const double* mean, const double* var, double count, float* buf, int64_t C, int64_t G,
+                    cudaStream_t s);
+// Combines G gathered slots (Chan et al.) into mean/var (double, in place over the local ones).
+void bn_combine(const float* buf, double* mean, double* var, int64_t C, int64_t G, cudaStream_t s);
+// mean_out/invstd_out (fp32 saved) and, unless `skip_running`, the running statistics.
+// count <= 0: take the count from slot sums of buf (synced); otherwise `count`.
+void bn_finish(const double* mean, const double* var, const float* buf, int64_t G, double count, float* mean_out,
+               float* invstd_out, float* rm, float* rv, int64_t C, double eps, double momentum, bool skip_running,
+               cudaStream_t s);
+void bn_eval_stats(const float* rm, const float* rv, float* mean_out, float* invstd_out, int64_t C, double eps,
+                   cudaStream_t s);
+void bn_apply(const float* x, const float* mean, const float* invstd, const float* gamma, const float* beta, float* y,
+              int64_t b, int64_t C, int64_t S, cudaStream_t s);
+// sums[0..C) = sum dy, sums[C..2C) = sum dy x_hat (double); dgamma += float(sdyx), dbeta += float(sdy);
+// if sync_buf, also writes the float sums there (2C) for the all-reduce.
+void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* invstd, double* sums,
+                      float* dgamma, float* dbeta, float* sync_buf, int64_t b, int64_t C, int64_t S, cudaStream_t s);
+// dx += gamma invstd (dy - sdy/count - x_hat sdyx/count), sums from `sums` (double) or `fsums` (float, synced);
+// eval (training == false): dx += gamma invstd dy.
+void bn_backward_dx(const float* x, const float* dy, const float* mean, const float* invstd, const float* gamma,
+                    const double* sums, const float* fsums, double count, bool training, float* dx, int64_t b,
+                    int64_t C, int64_t S, cudaStream_t s);
+
+// ---- loss.cu ---------------------------------------------------------------------
+// probs [R, K]; row_loss [R] double scratch; out[0] = mean; bad target -> *err = 1 + row.
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* probs, double* row_loss, float* out,
+                           int64_t R, int64_t K, int* err, cudaStream_t s);
+// dz += k (probs - onehot), k = grad_scale * dout[0] / R (dout on the device).
+void cross_entropy_backward(const float* probs, const int32_t* targets, const float* dout, double grad_scale,
+                            float* dz, int64_t R, int64_t K, cudaStream_t s);
+
+// ---- attention.cu ----------------------------------------------------------------
+struct AttnDims {
+  int64_t b, T, H, KV, hd, group;
+  bool causal;
+  float scale;
+  // dropout on the probabilities (p > 0 in training)
+  bool dropout;
+  float p, keep_scale;
+  uint64_t seed;
+  int node;
+  int64_t first_sample;
+  DLPLAN_HOST_DEVICE int64_t qw() const { return H * hd; }
+  DLPLAN_HOST_DEVICE int64_t kw() const { return KV * hd; }
+};
+// In place on t [b, T, heads hd]; inverse = the transpose (for gradients).
+void rope(float* t, int64_t b, int64_t T, int64_t heads, int64_t hd, double theta, bool inverse, cudaStream_t s);
+// Math form: scores [b, H, T, T] (scaled, from the GEMM) -> probs (causal-masked softmax),
+// and with `with_dropout` the mask (1 byte) and dropped probabilities.
+void attn_softmax(const AttnDims& d, const float* scores, float* probs, uint8_t* mask, float* dropped,
+                  bool with_dropout, cudaStream_t s);
+// dprobs (in: dP~ = dctx v^T) -> dS = P (dP - rowsum(P dP)), dP = dP~ mask keep_scale when mask.
+void attn_softmax_backward(const AttnDims& d, const float* probs, const uint8_t* mask, float* dprobs, cudaStream_t s);
+// Flash form (online softmax, FlashAttention Alg. 1): ctx [b, T, H hd], lse [b, H, T].
+void flash_forward(const AttnDims& d, const float* q, const float* k, const float* v, float* ctx, float* lse,
+                   cudaStream_t s);
+// Recomputing backward: dq += ..., dk += ..., dv += ... (no atomics: one block per row).
+void flash_backward(const AttnDims& d, const float* q, const float* k, const float* v, const float* ctx,
+                    const float* lse, const float* dctx, float* dq, float* dk, float* dv, cudaStream_t s);
+
+// ---- adamw.cu --------------------------------------------------------------------
+void optimizer_step(int kind, float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1,
+                    double beta2, double eps, double bc1, double bc2, double wd, double momentum, double clip,
+                    cudaStream_t s);
+// *out += sum x^2 (double, device).
+void sum_of_squares(const float* x, int64_t n, double* out, cudaStream_t s);
+
+}  // namespace dlplan::exec::cuda

@@ -1,0 +1,51 @@
+// The CUDA backend's per-backend state and error checking (internal to
+// executor/cuda; host C++, compiled by the host compiler).
+#pragma once
+
+#include "dlplan/exec/backend.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace dlplan::exec::cuda {
+
+// One per backend: the device, the compute stream, the cuBLAS handle bound to
+// it, a device int for index validation, and a small scratch arena for the
+// per-op reductions the CPU keeps on its stack (row losses, BatchNorm sums,
+// SyncBN staging). The scratch is not an Allocator tensor on purpose: the CPU
+// reference keeps these in std::vectors, outside the accounting, so the
+// measured categories stay the op declarations'. It is a few KiB per layer
+// (2C doubles, R doubles for the loss), grown on demand, and counts as runtime.
+struct Runtime {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  int* err = nullptr;  // device
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+
+  explicit Runtime(int dev);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  void* scratch_at_least(size_t bytes, const OpContext* c);
+};
+
+// A failed CUDA / cuBLAS call as a dlplan::Error: "<file>:<line>: <call>:
+// <error> (node '<name>' (<op>))" — node part only when c is non-null.
+[[noreturn]] void fail(const char* what, const char* detail, const OpContext* c, const char* file, int line);
+void check(cudaError_t e, const char* what, const OpContext* c, const char* file, int line);
+void check(cublasStatus_t e, const char* what, const OpContext* c, const char* file, int line);
+
+#define DLPLAN_CU(ctxptr, call) ::dlplan::exec::cuda::check((call), #call, (ctxptr), __FILE__, __LINE__)
+// After a launcher (kernels.hpp): the launch's error, if any.
+#define DLPLAN_LAUNCHED(ctxptr) \
+  ::dlplan::exec::cuda::check(cudaGetLastError(), "kernel launch", (ctxptr), __FILE__, __LINE__)
+
+void ops_forward(Runtime& rt, OpContext& c);
+void ops_backward(Runtime& rt, OpContext& c);
+
+}  // namespace dlplan::exec::cuda

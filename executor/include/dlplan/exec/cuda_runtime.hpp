@@ -1,0 +1,211 @@
+// The CUDA runtime pieces of the executor (DESIGN.md, "Memory categories",
+// `runtime`; "Strategies, as the executor runs them"): the caching device
+// memory resource, device selection and the `runtime` measurement, and the
+// GPU communicators (NCCL, or MPI through pinned host staging).
+//
+// This header needs no CUDA include: streams are passed as void* (a
+// cudaStream_t, as in cuda_backend.hpp: cuda_compute_stream(backend)). The functions that touch a device are defined in the
+// dlplan_cuda library (built when the CUDA toolkit is found; the NCCL
+// communicator when NCCL is too, DLPLAN_HAVE_NCCL). The inline functions below
+// are pure host logic, usable and tested on any machine.
+#pragma once
+
+#include "dlplan/error.hpp"
+#include "dlplan/exec/communicator.hpp"
+#include "dlplan/exec/tensor.hpp"
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dlplan::exec {
+
+// ---- the caching allocator's size classes (PyTorch CUDACachingAllocator) ----
+inline constexpr int64_t kCudaMinBlock = 512;              // every request rounds to 512 B
+inline constexpr int64_t kCudaSmallSize = 1 << 20;          // blocks <= 1 MiB: the small pool
+inline constexpr int64_t kCudaSmallSegment = 2 << 20;       // ... carved from 2 MiB segments
+inline constexpr int64_t kCudaMinLargeAlloc = 10 << 20;     // blocks < 10 MiB ...
+inline constexpr int64_t kCudaLargeSegment = 20 << 20;      // ... from 20 MiB segments
+inline constexpr int64_t kCudaRoundLarge = 2 << 20;         // larger: one segment, rounded to 2 MiB
+
+// The block size a request of `bytes` is rounded to (0 counts as 1 byte).
+constexpr int64_t cuda_round_size(int64_t bytes) {
+  const int64_t b = bytes < 1 ? 1 : bytes;
+  return (b + kCudaMinBlock - 1) / kCudaMinBlock * kCudaMinBlock;
+}
+// True when a (rounded) block belongs to the small pool.
+constexpr bool cuda_is_small(int64_t rounded) { return rounded <= kCudaSmallSize; }
+// The size of the segment cudaMalloc'd when no cached block fits `rounded`.
+constexpr int64_t cuda_segment_size(int64_t rounded) {
+  if (rounded <= kCudaSmallSize) return kCudaSmallSegment;
+  if (rounded < kCudaMinLargeAlloc) return kCudaLargeSegment;
+  return (rounded + kCudaRoundLarge - 1) / kCudaRoundLarge * kCudaRoundLarge;
+}
+// Whether a free block of `block` bytes is split to serve `rounded` bytes (the
+// rest goes back to the pool): in the small pool when at least 512 B remain,
+// in the large pool when more than 1 MiB remains. Unsplit, the whole block is
+// granted (and counted).
+constexpr bool cuda_should_split(int64_t block, int64_t rounded) {
+  const int64_t rest = block - rounded;
+  return cuda_is_small(rounded) ? rest >= kCudaMinBlock : rest > kCudaSmallSize;
+}
+// What a request is granted when it is served from a fresh segment.
+constexpr int64_t cuda_granted_fresh(int64_t bytes) {
+  const int64_t r = cuda_round_size(bytes);
+  const int64_t seg = cuda_segment_size(r);
+  return cuda_should_split(seg, r) ? r : seg;
+}
+
+// ---- the caching device memory resource -------------------------------------
+struct CudaMemoryStats {
+  int64_t segment_bytes = 0;  // cudaMalloc'd and cached (in use + free)
+  int64_t in_use_bytes = 0;   // granted blocks not yet released
+  int64_t cached_bytes = 0;   // free blocks kept for reuse (= reserved_bytes())
+  int64_t segments = 0;
+  int64_t cuda_mallocs = 0;   // cudaMalloc calls so far (a reuse makes none)
+  int64_t cuda_frees = 0;
+};
+
+// Size-class free lists of blocks carved from cudaMalloc'd segments; a freed
+// block merges with its free neighbours and is reused by later requests.
+// `granted` is the block size (what the Allocator counts); reserved_bytes()
+// is the cached bytes not in use. zero() is cudaMemsetAsync on the stream
+// given (the compute stream; the legacy default stream when null) followed
+// by a synchronisation of that stream, so a later copy on any stream sees
+// the zeros. When cudaMalloc fails, the unused cached segments are freed and
+// the request retried once; then allocate() returns null (the Allocator
+// reports out of memory naming the tensor). Thread-safe.
+class CudaMemory : public MemoryResource {
+ public:
+  virtual CudaMemoryStats stats() const = 0;
+  virtual void empty_cache() = 0;  // cudaFree every segment with no block in use
+  virtual int device() const = 0;
+};
+std::unique_ptr<CudaMemory> make_cuda_memory(int device, void* stream = nullptr);
+
+// ---- devices ------------------------------------------------------------------
+// Devices visible to this process; 0 with the reason (cudaGetDeviceCount's
+// error string, or "no CUDA device") in *why when there is none.
+int cuda_device_count(std::string* why = nullptr);
+
+// The node-local rank from the launcher's environment (OpenMPI
+// OMPI_COMM_WORLD_LOCAL_RANK, Slurm SLURM_LOCALID, MPICH/PMI MPI_LOCALRANKID,
+// PMI_LOCAL_RANK), or -1: lets a device be chosen before MPI starts.
+inline int local_rank_from_env() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return -1;
+}
+
+// Chooses device local_rank % count, makes it current (cudaSetDevice) and
+// returns it. Throws dlplan::Error naming the rank when there is no device.
+int select_cuda_device(int local_rank);
+// The same from the communicator's node-local rank (MPI_Comm_split_type shared).
+int select_cuda_device(const Communicator& comm);
+
+struct CudaDeviceInfo {
+  int device = 0;
+  std::string name;
+  int64_t total_bytes = 0;  // as the device reports it (cudaMemGetInfo)
+  int64_t free_bytes = 0;
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+};
+CudaDeviceInfo cuda_device_info();  // of the current device
+
+// DESIGN.md's `runtime`: device memory in use (cudaMemGetInfo total - free)
+// minus what the allocator holds (its segments: in use + cached); the
+// allocator must be over make_cuda_memory (else dlplan::Error). Measure it
+// after the context, cuBLAS and NCCL are set up (and after the first step,
+// when NCCL has made its channels). Other processes on the same device are
+// counted too: one rank per GPU for a meaningful number.
+int64_t measure_runtime_bytes(const Allocator& alloc);
+
+// Blocking copies between host and device memory (cudaMemcpy, kind inferred),
+// and a synchronisation of the whole device. For set-up, tests and reports.
+void cuda_copy(void* dst, const void* src, int64_t bytes);
+void cuda_device_synchronize();
+// A non-blocking stream (does not synchronise with the legacy default stream).
+void* cuda_create_stream();
+void cuda_destroy_stream(void* stream);
+
+// ---- GPU communicators --------------------------------------------------------
+// A Work whose wait() is device-side: the compute stream waits for the
+// collective (an event recorded after it on the communication stream); the
+// host goes on. wait_host() blocks the host until it is done (errors and the
+// timeout end the job).
+class GpuWork : public Work {
+ public:
+  virtual void wait_host() = 0;
+};
+// wait_host() for a GpuWork, wait() for any other.
+inline void wait_host(const WorkHandle& w) {
+  if (!w) return;
+  if (auto* g = dynamic_cast<GpuWork*>(w.get())) g->wait_host();
+  else w->wait();
+}
+
+// The Communicator interface over device buffers (float32, in place, exactly
+// as communicator.hpp documents), with grouped variants that fuse several
+// buffers into one launch (ncclGroupStart/End). Collectives are ordered after
+// the work issued so far on the compute stream (an event recorded there at
+// issue, waited on by the communication stream). all_gather_bytes,
+// all_reduce_doubles and barrier take host buffers and go to the host
+// communicator (MPI).
+class GpuCommunicator : public Communicator {
+ public:
+  struct Buffer {
+    float* data = nullptr;
+    int64_t count = 0;
+  };
+  virtual WorkHandle all_reduce_many(const std::vector<Buffer>& buffers, int group = 0) = 0;
+  virtual WorkHandle reduce_scatter_many(const std::vector<Buffer>& buffers, int group = 0) = 0;
+  virtual WorkHandle all_gather_many(const std::vector<Buffer>& buffers, int group = 0) = 0;
+  // The host waits for every collective issued so far.
+  virtual void synchronize() = 0;
+  virtual Communicator& host() = 0;  // the bootstrap communicator (MPI or single)
+  virtual int device() const = 0;
+  virtual void* compute_stream() const = 0;
+};
+
+enum class GpuCommKind { nccl, mpi };
+inline GpuCommKind parse_gpu_comm_kind(const std::string& s) {
+  if (s == "nccl") return GpuCommKind::nccl;
+  if (s == "mpi") return GpuCommKind::mpi;
+  throw Error("unknown GPU communicator '" + s + "' (nccl or mpi)");
+}
+
+// Seconds a collective may stay unfinished before the NCCL watchdog aborts
+// the job: DLPLAN_NCCL_TIMEOUT_S (a positive number), default 60.
+inline double nccl_timeout_seconds() {
+  const char* v = std::getenv("DLPLAN_NCCL_TIMEOUT_S");
+  if (v == nullptr || *v == '\0') return 60.0;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(s > 0))
+    throw Error(std::string("DLPLAN_NCCL_TIMEOUT_S='") + v + "' is not a positive number of seconds");
+  return s;
+}
+
+// A GPU communicator over `host`, which it takes over (the MPI communicator
+// from make_communicator, constructed first: it bootstraps NCCL and serves
+// the host-buffer calls), on the current device (select_cuda_device first),
+// ordered after `compute_stream` (null: the legacy default stream).
+//   nccl: NCCL on its own communication stream; the ncclUniqueId made on rank
+//         0 reaches every rank through the host communicator; groups are
+//         ncclCommSplit of contiguous ranks; a watchdog thread polls
+//         ncclCommGetAsyncError and the pending collectives, and on an error
+//         or a collective unfinished after nccl_timeout_seconds() calls
+//         ncclCommAbort and ends the job through host.abort(), naming the
+//         rank and the collective. Needs one device per rank.
+//   mpi:  each collective copies the device buffer to pinned host memory,
+//         runs the host communicator's collective and copies back, on a
+//         staging thread; wait() blocks the host. Several ranks may share one
+//         device (tests; NCCL before 2.30 refuses that).
+// Throws dlplan::Error for `nccl` in a build without NCCL.
+std::unique_ptr<GpuCommunicator> make_gpu_communicator(GpuCommKind kind, std::unique_ptr<Communicator> host,
+                                                       void* compute_stream = nullptr);
+
+}  // namespace dlplan::exec

@@ -1,0 +1,227 @@
+// The step simulator against answers known by hand: a three-op graph with one
+// bucket, the dependency rules on every strategy's timeline, bytes against
+// the plan, overlap trends, prefetch, and the trace format.
+#include "dlplan/loader.hpp"
+#include "dlplan/planner.hpp"
+#include "dlplan/simulator.hpp"
+#include "dlplan/zoo.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+using namespace dlplan;
+
+namespace {
+
+// A device with round numbers: compute is FLOP-bound at 1 GFLOP/s, memory
+// traffic free, links 1 GB/s with 10 us per collective and no per-hop latency.
+Cluster toy_cluster(int gpus) {
+  Cluster c;
+  c.device.kind = "toy";
+  c.device.memory_bytes = int64_t{1} << 40;
+  c.device.hbm_bytes_per_s = 1e30;
+  c.device.bf16_flops = 1e9;
+  c.device.fp32_flops = 1e9;
+  c.device.gemm_efficiency = 1.0;
+  c.device.link_bytes_per_s = 1e9;
+  c.device.link_efficiency = 1.0;
+  c.device.net_bytes_per_s = 1e9;
+  c.device.base_latency_s = 10e-6;
+  c.device.link_hop_latency_s = 0;
+  c.device.net_hop_latency_s = 0;
+  c.gpus_per_node = gpus;
+  return c;
+}
+
+Model three_ops() {
+  nlohmann::json ir = {
+      {"name", "three"},
+      {"inputs", {{"x", {{"shape", {8}}, {"dtype", "f32"}}}, {"label", {{"shape", nlohmann::json::array()}, {"dtype", "i32"}}}}},
+      {"nodes",
+       {{{"name", "fc"}, {"op", "linear"}, {"in", {"x"}}, {"out", 4}},
+        {{"name", "act"}, {"op", "relu"}, {"in", {"fc"}}},
+        {{"name", "loss"}, {"op", "cross_entropy"}, {"in", {"act", "label"}}}}}};
+  return parse_model(ir, "three");
+}
+
+TrainingConfig fp32(Strategy s, int64_t b = 2) {
+  TrainingConfig t;
+  t.strategy = s;
+  t.precision = Precision::fp32;
+  t.micro_batch = b;
+  return t;
+}
+
+TEST(Simulator, ThreeOpsOneBucketByHand) {
+  // fc: 8 -> 4 with bias (36 parameters), relu, loss; DDP on 2 ranks, b = 2.
+  // FLOPs (ops_decl.cpp) at 1 GFLOP/s, so FLOPs are nanoseconds:
+  //   forward:  fc 2*8*4*2 = 128, act 4*4*2 = 32, loss 5*4*2 = 40
+  //   backward: loss 2*4*2 = 16, act 2*4*2 = 16, fc 2*128 = 256
+  //   optimizer: 10 * 36 = 360
+  // The single bucket (36 fp32 = 144 B) is complete after fc's backward and
+  // all-reduced at once: 10 us + 2(n-1)/n * 144 B / 1 GB/s = 10.144 us.
+  // Compute waits for it before the optimizer.
+  Simulation s = simulate_step(three_ops(), toy_cluster(2), fp32(Strategy::ddp));
+  ASSERT_EQ(s.compute.size(), 7u);
+  ASSERT_EQ(s.comm.size(), 1u);
+  const double ns = 1e-9;
+  const double fwd_end = (128 + 32 + 40) * ns, bwd_end = fwd_end + (16 + 16 + 256) * ns;
+  EXPECT_NEAR(s.compute[2].end, fwd_end, 1e-15);
+  EXPECT_NEAR(s.compute[5].end, bwd_end, 1e-15);
+  EXPECT_EQ(s.comm[0].name, "bucket 0 all-reduce");
+  EXPECT_NEAR(s.comm[0].start, bwd_end, 1e-15);
+  const double ar = 10e-6 + 144.0 / 1e9;
+  EXPECT_NEAR(s.comm[0].end, bwd_end + ar, 1e-15);
+  EXPECT_NEAR(s.compute[6].start, bwd_end + ar, 1e-15);  // the optimizer waited
+  EXPECT_NEAR(s.step_seconds, bwd_end + ar + 360 * ns, 1e-15);
+  EXPECT_NEAR(s.exposed_seconds, ar, 1e-15);
+  EXPECT_NEAR(s.comm_bytes, 144.0, 1e-9);  // 2(n-1)/n * 144
+  // Control: on one rank nothing is communicated and nothing waits.
+  Simulation one = simulate_step(three_ops(), toy_cluster(1), fp32(Strategy::ddp));
+  EXPECT_TRUE(one.comm.empty());
+  EXPECT_NEAR(one.step_seconds, bwd_end + 360 * ns, 1e-15);
+}
+
+void check_dependencies(const StepProgram& prog, const Simulation& s, const std::string& label) {
+  // Streams are sequential.
+  for (size_t i = 1; i < s.compute.size(); ++i) EXPECT_GE(s.compute[i].start, s.compute[i - 1].end - 1e-15) << label;
+  for (size_t i = 1; i < s.comm.size(); ++i) EXPECT_GE(s.comm[i].start, s.comm[i - 1].end - 1e-15) << label;
+  // One micro-batch here: comm span k is program event k. A collective starts
+  // after the op it follows and ends before the op that waits for it starts.
+  ASSERT_EQ(s.comm.size(), prog.comm.size()) << label;
+  for (size_t k = 0; k < prog.comm.size(); ++k) {
+    const CommEvent& ev = prog.comm[k];
+    if (ev.issue_after >= 0) {
+      EXPECT_GE(s.comm[k].start, s.compute[static_cast<size_t>(ev.issue_after)].end - 1e-15) << label << " " << ev.name;
+    }
+    if (ev.wait_before >= 0) {  // also SyncBN: the layer runs after its collective
+      EXPECT_LE(s.comm[k].end, s.compute[static_cast<size_t>(ev.wait_before)].start + 1e-15) << label << " " << ev.name;
+    }
+  }
+}
+
+TEST(Simulator, DependencyRulesHoldForEveryStrategy) {
+  Cluster c;
+  c.device = find_device("h100-80g");
+  c.gpus_per_node = 4;
+  for (const char* name : {"tiny-gpt", "tiny-cnn"}) {
+    Model m = load_model(name);
+    for (Strategy s : kAllStrategies)
+      for (bool syncbn : {false, true}) {
+        if (syncbn && std::string(name) != "tiny-cnn") continue;
+        TrainingConfig t;
+        t.strategy = s;
+        t.micro_batch = 4;
+        t.bucket_mb = 0.02;
+        t.syncbn = syncbn;
+        t.syncbn_group = syncbn ? 4 : 0;
+        StepProgram prog = build_step_program(m, c, t);
+        check_dependencies(prog, simulate_program(prog, c, t), std::string(name) + " " + to_string(s));
+      }
+  }
+}
+
+TEST(Simulator, TimelineBytesEqualThePlansCommBytes) {
+  Cluster c;
+  c.device = find_device("a100-80g");
+  c.gpus_per_node = 8;
+  Model m = load_model("tiny-vit");
+  for (Strategy s : kAllStrategies)
+    for (int A : {1, 3}) {
+      TrainingConfig t;
+      t.strategy = s;
+      t.micro_batch = 2;
+      t.grad_accum = A;
+      Simulation sim = simulate_step(m, c, t);
+      double summed = 0;
+      for (const Span& sp : sim.comm) summed += sp.bytes_sent;
+      // Independent: the ring formula over the spans' buffer sizes.
+      double ring = 0;
+      for (const Span& sp : sim.comm) ring += (sp.op == Collective::AllReduce ? 2.0 : 1.0) * 7.0 / 8.0 * sp.bytes;
+      EXPECT_NEAR(summed, ring, 1e-6 * ring) << to_string(s);
+      EXPECT_NEAR(evaluate(m, c, t).comm.bytes, summed, 1e-6 * summed) << to_string(s) << " A=" << A;
+    }
+}
+
+TEST(Simulator, DdpExposedCommunicationShrinksAsBackwardGrows) {
+  // The same gradients (same model), more backward compute to hide them
+  // behind: the FLOP rate falls, communication stays.
+  Model m = load_model("tiny-gpt");
+  TrainingConfig t = fp32(Strategy::ddp, 4);
+  t.bucket_mb = 0.05;
+  double previous = 1e30;
+  for (double gflops : {1000.0, 100.0, 10.0}) {
+    Cluster c = toy_cluster(4);
+    c.device.fp32_flops = gflops * 1e9;
+    c.device.link_bytes_per_s = 1e8;
+    Simulation s = simulate_step(m, c, t);
+    EXPECT_LT(s.exposed_seconds, previous) << gflops;
+    EXPECT_LT(s.exposed_seconds, s.comm_seconds) << "some communication overlaps at " << gflops;
+    previous = s.exposed_seconds;
+  }
+}
+
+TEST(Simulator, Zero3PrefetchHidesGathers) {
+  Model m = load_model("tiny-gpt");
+  Cluster c = toy_cluster(4);
+  c.device.link_bytes_per_s = 1e8;
+  TrainingConfig t = fp32(Strategy::zero3, 4);
+  t.prefetch = 0;
+  const double none = simulate_step(m, c, t).exposed_seconds;
+  t.prefetch = 1;
+  const double one = simulate_step(m, c, t).exposed_seconds;
+  EXPECT_GT(none, one);
+}
+
+TEST(Simulator, MemoryCurvePeakIsTheMemoryModelsPeak) {
+  Cluster c;
+  c.device = find_device("h100-80g");
+  c.gpus_per_node = 2;
+  for (Strategy s : kAllStrategies) {
+    TrainingConfig t;
+    t.strategy = s;
+    t.micro_batch = 4;
+    t.grad_accum = 2;
+    Model m = load_model("tiny-gpt");
+    Simulation sim = simulate_step(m, c, t);
+    int64_t curve = 0;
+    for (const auto& p : sim.memory) curve = std::max(curve, total(p.bytes));
+    EXPECT_EQ(curve, walk_step(m, c, t).peak) << to_string(s);
+    EXPECT_EQ(sim.peak_bytes, curve);
+  }
+}
+
+TEST(Simulator, ChromeTraceHasBothStreamsAndCounters) {
+  Cluster c = toy_cluster(2);
+  Simulation s = simulate_step(three_ops(), c, fp32(Strategy::ddp));
+  std::ostringstream out;
+  write_chrome_trace(s, "three", out);
+  auto j = nlohmann::json::parse(out.str());
+  int x1 = 0, x2 = 0, counters = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") (e["tid"] == 1 ? x1 : x2)++;
+    if (e["ph"] == "C") counters++;
+  }
+  EXPECT_EQ(x1, 7);
+  EXPECT_EQ(x2, 1);
+  EXPECT_GT(counters, 0);
+  EXPECT_NE(text_gantt(s).find("comm    |"), std::string::npos);
+}
+
+TEST(Simulator, OverlapNeverMakesAStepSlowerThanSerial) {
+  Cluster c;
+  c.device = find_device("h100-80g");
+  c.gpus_per_node = 8;
+  Model m = load_model("gpt2");
+  for (Strategy s : kAllStrategies) {
+    TrainingConfig t;
+    t.strategy = s;
+    t.micro_batch = 4;
+    Simulation sim = simulate_step(m, c, t);
+    EXPECT_LE(sim.step_seconds, sim.compute_seconds + sim.comm_seconds + 1e-12) << to_string(s);
+    EXPECT_GE(sim.step_seconds, std::max(sim.compute_seconds, sim.comm_seconds) - 1e-12) << to_string(s);
+  }
+}
+
+}  // namespace
