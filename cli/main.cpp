@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   auto* model = app.add_subcommand("model", "Write a model's IR JSON: a zoo model, or a family at your own size");
   auto* models = app.add_subcommand("models", "List the model zoo");
   auto* gpus = app.add_subcommand("gpus", "List the GPU catalog");
+  auto* calibrate = app.add_subcommand("calibrate", "Measure this machine (GEMM, memory, collectives) into a cluster profile");
   auto* sim = app.add_subcommand("sim", "Simulate a plan's step: a Gantt chart of compute and communication, the memory curve");
   auto* train = app.add_subcommand("train", "Run a plan for real (under mpirun for several ranks) and report measured vs predicted");
 
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   dlplan::cli::Runner run_lists = dlplan::cli::add_list_commands(*models, *gpus);
   dlplan::cli::Runner run_train = dlplan::cli::add_train_command(*train);
   dlplan::cli::Runner run_sim = dlplan::cli::add_sim_command(*sim);
+  dlplan::cli::Runner run_calibrate = dlplan::cli::add_calibrate_command(*calibrate);
 
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
     if (model->parsed()) return run_model();
     if (train->parsed()) return run_train();
     if (sim->parsed()) return run_sim();
+    if (calibrate->parsed()) return run_calibrate();
     return run_lists();
   } catch (const dlplan::Error& e) {
     fmt::print(stderr, "dlplan: error: {}\n", e.what());

@@ -43,6 +43,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Initialized(&initialized);
     int provided = MPI_THREAD_SINGLE;
     if (!initialized) {
+      // A rank waiting in a collective yields its core instead of spinning:
+      // ranks often share cores with the other ranks' compute (a CPU
+      // rehearsal of a plan), where a busy-polling wait steals their time.
+      // OpenMPI reads this before MPI_Init; a value the user set wins.
+      setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
       if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         throw Error("MPI_Init_thread failed");
       owns_mpi_ = true;

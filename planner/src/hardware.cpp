@@ -50,6 +50,10 @@ constexpr int64_t kWorkspaceOld = 4 * kMiB;
 // (Simple 5.7), on the network Ring/LL 2.7 us (Simple 14). We take the LL
 // column: latency only matters for small messages, and NCCL picks LL there.
 constexpr double kBaseLat = 6.6e-6;
+// Fixed cost per op on a GPU: a few kernel launches (~2-5 us each on the
+// host's launch path) that small ops cannot hide; a nominal figure, which
+// `dlplan calibrate` replaces with a measurement.
+constexpr double kGpuOpOverhead = 5e-6;
 constexpr double kNvlinkHop = 0.6e-6;
 constexpr double kPcieHop = 1.0e-6;
 constexpr double kNetHop = 2.7e-6;
@@ -84,6 +88,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.8;        // guess: no published stas00 figure for V100
     d.link_efficiency = 0.8;        // guess, between the A100 and H100 measurements
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -108,6 +113,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.869;      // stas00/ml-engineering, A100 bf16 GEMM
     d.link_efficiency = 0.77;       // 8xA100 ~230 GB/s busbw of 300 (nccl-tests #149)
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -147,6 +153,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.803;      // stas00/ml-engineering, H100 bf16 GEMM
     d.link_efficiency = 0.81;       // 8xH100 ring ~365 GB/s busbw of 450 (nccl #1455)
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeLarge;
@@ -191,6 +198,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.776;      // stas00/ml-engineering, B200 bf16 GEMM
     d.link_efficiency = 0.8;        // guess: no published ring busbw; near H100's 0.81
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeLarge;
@@ -219,6 +227,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.net_efficiency = 0.9;
     d.gemm_efficiency = 0.8;        // guess
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kPcieHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -246,6 +255,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.net_efficiency = 0.9;
     d.gemm_efficiency = 0.8;        // guess
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kPcieHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -273,6 +283,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.net_efficiency = 0.95;
     d.gemm_efficiency = 0.514;       // stas00/ml-engineering, MI300X bf16 GEMM
     d.base_latency_s = kBaseLat;
+    d.op_overhead_s = kGpuOpOverhead;
     d.link_hop_latency_s = kNvlinkHop;  // RCCL keeps NCCL's tuning tables; guess
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeLarge;
@@ -333,6 +344,7 @@ DeviceSpec make_cpu_row() {
   d.net_efficiency = 1.0;
   // MPI shared-memory latencies: a few microseconds per message (guess).
   d.base_latency_s = 5e-6;
+  d.op_overhead_s = 2e-6;  // nominal per-op dispatch on the host; dlplan calibrate measures it
   d.link_hop_latency_s = 2e-6;
   d.net_hop_latency_s = 2e-6;
   d.runtime_bytes = 0;         // DESIGN.md: runtime is 0 on the cpu device
@@ -459,6 +471,7 @@ const std::vector<FieldDef>& device_fields() {
       {"net_hop_latency_s", F::Dbl, Rule::NonNegative, nullptr, nullptr, &DeviceSpec::net_hop_latency_s, true},
       {"runtime_bytes", F::Int, Rule::NonNegative, nullptr, &DeviceSpec::runtime_bytes, nullptr, true},
       {"gemm_workspace_bytes", F::Int, Rule::NonNegative, nullptr, &DeviceSpec::gemm_workspace_bytes, nullptr, true},
+      {"op_overhead_s", F::Dbl, Rule::NonNegative, nullptr, nullptr, &DeviceSpec::op_overhead_s, false},
       {"source", F::Str, Rule::Positive, &DeviceSpec::source, nullptr, nullptr, false},
   };
   return fields;

@@ -1,6 +1,7 @@
 // The step simulator (simulator.hpp). Two clocks, one per stream:
-//   compute: each op takes its roofline time, max(FLOPs / (peak x GEMM
-//            efficiency), bytes / (HBM bandwidth x kMemoryEfficiency));
+//   compute: each op takes a fixed overhead plus its roofline time,
+//            max(FLOPs / (peak x GEMM efficiency), bytes / (HBM bandwidth x
+//            kMemoryEfficiency));
 //   comm:    each collective takes comm_model's time and starts when it is
 //            issued and the stream is free (one NCCL stream: in order).
 // A wait moves the compute clock to the collective's end; SyncBN's
@@ -33,7 +34,7 @@ bool applies(When w, bool first, bool last) {
 double compute_event_seconds(const ComputeEvent& e, const DeviceSpec& d, Precision p) {
   const double math = e.flops / (peak_flops(d, p) * d.gemm_efficiency);
   const double memory = e.bytes / (d.hbm_bytes_per_s * kMemoryEfficiency);
-  return std::max(math, memory);
+  return d.op_overhead_s + std::max(math, memory);
 }
 
 Simulation simulate_program(const StepProgram& prog, const Cluster& c, const TrainingConfig& t, bool timeline) {

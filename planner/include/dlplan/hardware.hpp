@@ -28,6 +28,7 @@ struct DeviceSpec {
   double net_hop_latency_s = 5e-6;  // per ring step across the network
   int64_t runtime_bytes = 0;        // CUDA context + NCCL buffers + handles (0 on cpu)
   int64_t gemm_workspace_bytes = 0; // per-GEMM library workspace (cuBLAS)
+  double op_overhead_s = 0;         // fixed cost per op (kernel launches, dispatch)
   std::string source;               // citation for the figures above
 
   bool has_bf16() const { return bf16_flops > 0; }

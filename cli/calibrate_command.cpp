@@ -1,0 +1,58 @@
+// `mpirun -np N dlplan calibrate --device cpu --out cluster.json [--model M]`:
+// measures this machine through the executor and writes a cluster profile
+// for `dlplan plan --cluster`.
+#include "commands.hpp"
+#include "dlplan/error.hpp"
+#include "dlplan/exec/calibrate.hpp"
+#include "dlplan/loader.hpp"
+
+#include <fmt/format.h>
+
+#include <memory>
+
+namespace dlplan::cli {
+
+Runner add_calibrate_command(CLI::App& app) {
+  struct Flags {
+    std::string device = "cpu", out, model;
+    int64_t micro_batch = 1;
+  };
+  auto f = std::make_shared<Flags>();
+  app.add_option("--device", f->device, "cpu (the CUDA backend's calibration runs with --device cuda once GPUs are built)")
+      ->capture_default_str();
+  app.add_option("--out", f->out, "Write the cluster profile here")->required();
+  app.add_option("--model", f->model, "Measure GEMMs at this model's shapes (zoo name or file)");
+  app.add_option("--micro-batch", f->micro_batch, "Rows of the model's GEMMs are micro-batch x tokens")->capture_default_str();
+  return [f]() {
+    auto comm = exec::make_communicator(nullptr, nullptr);
+    const bool root = comm->rank() == 0;
+    if (f->device != "cpu") {
+      if (root) fmt::print(stderr, "dlplan: error: --device {}: calibration runs on cpu in this build\n", f->device);
+      return 1;
+    }
+    std::unique_ptr<Model> model;
+    try {
+      if (!f->model.empty()) model = std::make_unique<Model>(load_model(f->model));
+    } catch (const Error& e) {
+      if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
+      return 1;
+    }
+    auto backend = exec::make_cpu_backend();
+    const exec::Calibration cal = exec::calibrate(*comm, *backend, model.get(), f->micro_batch);
+    if (!root) return 0;
+    fmt::print("{:>6} {:>6} {:>6} {:>10} {:>12}\n", "m", "n", "k", "ms", "GFLOP/s");
+    for (const auto& g : cal.gemms)
+      fmt::print("{:>6} {:>6} {:>6} {:>10.3f} {:>12.1f}\n", g.m, g.n, g.k, g.seconds * 1e3, g.flops_per_s / 1e9);
+    fmt::print("copy {:.1f} GB/s, op overhead {:.2f} us\n", cal.copy_bytes_per_s / 1e9, cal.op_overhead_s * 1e6);
+    if (!cal.all_reduce.empty()) {
+      fmt::print("{:>12} {:>12}   all-reduce over {} ranks\n", "bytes", "us", comm->size());
+      for (const auto& s : cal.all_reduce) fmt::print("{:>12.0f} {:>12.1f}\n", s.bytes, s.seconds * 1e6);
+      fmt::print("fit: latency {:.1f} us, bus bandwidth {:.2f} GB/s\n", cal.latency_s * 1e6, cal.bus_bytes_per_s / 1e9);
+    }
+    write_file_atomically(f->out, cluster_to_json(cal.cluster).dump(1) + "\n");
+    fmt::print("wrote {}\n", f->out);
+    return 0;
+  };
+}
+
+}  // namespace dlplan::cli

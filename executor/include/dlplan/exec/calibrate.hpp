@@ -1,0 +1,43 @@
+// Calibration: measure the machine the ranks run on, through the executor's
+// own backend and communicator, and describe it as a cluster profile that
+// `dlplan plan --cluster` accepts:
+//   - GEMM throughput: the backend's linear op at the model's shapes (or a
+//     default set), all ranks at once so shared cores are accounted for;
+//   - memory bandwidth: a large copy; per-op overhead: a tiny op, many times;
+//   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
+//     2(n-1)/n * S / bandwidth (least squares; nccl-tests' busbw convention).
+// Backend-neutral: the CUDA backend plugs into the same measurements.
+#pragma once
+
+#include "dlplan/exec/backend.hpp"
+#include "dlplan/exec/communicator.hpp"
+#include "dlplan/hardware.hpp"
+
+#include <string>
+#include <vector>
+
+namespace dlplan::exec {
+
+struct GemmSample {
+  int64_t m = 0, n = 0, k = 0;
+  double seconds = 0, flops_per_s = 0;
+};
+
+struct CollectiveSample {
+  double bytes = 0, seconds = 0;
+};
+
+struct Calibration {
+  Cluster cluster;                 // the profile (device measured, nodes 1 x ranks)
+  std::vector<GemmSample> gemms;
+  std::vector<CollectiveSample> all_reduce;
+  double copy_bytes_per_s = 0;
+  double op_overhead_s = 0;
+  double latency_s = 0, bus_bytes_per_s = 0;  // the all-reduce fit
+};
+
+// `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
+// [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
+Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, int64_t micro_batch);
+
+}  // namespace dlplan::exec
