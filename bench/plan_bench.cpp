@@ -37,17 +37,7 @@ double time_ms(int reps, F&& f) {
 }  // namespace
 
 int main() {
-  zoo::LlamaConfig c;
-  c.name = "llama2-70b";
-  c.layers = 80;
-  c.hidden = 8192;
-  c.heads = 64;
-  c.kv_heads = 8;
-  c.intermediate = 28672;
-  c.vocab = 32000;
-  c.context = 4096;
-  const nlohmann::json ir = zoo::build_llama(c);
-
+  const nlohmann::json ir = *zoo::zoo_model("llama2-70b");
   Model model;
   const double load_ms = time_ms(5, [&] { model = parse_model(ir, "llama2-70b"); });
 
@@ -64,7 +54,7 @@ int main() {
   const double plan_ms = time_ms(reps, [&] { p = plan(req); });
   double per_strategy = time_ms(reps, [&] { (void)evaluate(model, req.cluster, p.results[3].training); });
 
-  fmt::print("dlplan planning benchmark: {} ({} nodes, {:.3f} B parameters) on {} x {}\n\n", c.name, model.nodes.size(),
+  fmt::print("dlplan planning benchmark: {} ({} nodes, {:.3f} B parameters) on {} x {}\n\n", model.name, model.nodes.size(),
              static_cast<double>(model.parameter_count()) / 1e9, req.cluster.world(), req.cluster.device.kind);
   fmt::print("{:<44} {:>10}\n", "what", "median ms");
   fmt::print("{:<44} {:>10.2f}\n", "load + validate + shape inference", load_ms);

@@ -10,8 +10,6 @@
 #include "dlplan/zoo.hpp"
 
 #include <QCoreApplication>
-#include <QDir>
-#include <QFile>
 
 #include <algorithm>
 #include <chrono>
@@ -75,28 +73,12 @@ int main(int argc, char** argv) {
   a.gpus_per_node = 8;
   run("llama2-7b, 8 x h100-80g", a, reps);
 
-  zoo::LlamaConfig c;
-  c.name = "llama2-70b";
-  c.layers = 80;
-  c.hidden = 8192;
-  c.heads = 64;
-  c.kv_heads = 8;
-  c.intermediate = 28672;
-  c.vocab = 32000;
-  c.context = 4096;
-  const QString path = QDir::temp().filePath(QStringLiteral("dlplan-gui-bench-llama2-70b.json"));
-  {
-    QFile f(path);
-    if (!f.open(QIODevice::WriteOnly)) return 1;
-    f.write(QByteArray::fromStdString(zoo::build_llama(c).dump()));
-  }
   Inputs b;
-  b.model = path.toStdString();
+  b.model = "llama2-70b";  // the zoo's 70B-sized graph
   b.nodes = 16;
   b.gpus_per_node = 8;
   b.checkpointing = "units";
   run("llama2-70b-sized, 128 x h100-80g", b, reps);
-  QFile::remove(path);
   std::printf("recompute = plan (4 strategies) + the shown strategy's peak tensors and simulation + table/timeline/tensor models; "
               "sweep = 11 GPU counts x 4 strategies, reported apart\n");
   return 0;

@@ -48,6 +48,19 @@ Json llama2_7b() {
   return build_llama(c);
 }
 
+// Llama-2-70B: 80 layers, hidden 8192, 64 heads with 8 key/value heads (GQA),
+// SwiGLU 28672, vocab 32000. Also the size the planning benchmarks use.
+Json llama2_70b() {
+  LlamaConfig c;
+  c.name = "llama2-70b";
+  c.layers = 80;
+  c.hidden = 8192;
+  c.heads = 64;
+  c.kv_heads = 8;
+  c.intermediate = 28672;
+  return build_llama(c);
+}
+
 Json tiny_mlp() {
   MlpConfig c;
   c.name = "tiny-mlp";
@@ -101,6 +114,8 @@ const std::vector<Model>& models() {
        bert_base},
       {{"llama2-7b", "llama", "Hugging Face meta-llama/Llama-2-7b-hf (LlamaForCausalLM: 32 layers, hidden 4096, 32 heads, intermediate 11008, vocab 32000)"},
        llama2_7b},
+      {{"llama2-70b", "llama", "Hugging Face meta-llama/Llama-2-70b-hf (LlamaForCausalLM: 80 layers, hidden 8192, 64 heads, 8 key/value heads, intermediate 28672, vocab 32000)"},
+       llama2_70b},
       {{"tiny-mlp", "mlp", "dlplan test model: 64 -> 128 -> 128 -> 10"}, tiny_mlp},
       {{"tiny-cnn", "cnn", "dlplan test model: 3x16x16, conv widths 16, 32, 10 classes"}, tiny_cnn},
       {{"tiny-vit", "vit", "dlplan test model: vit_b_16 layout at 16x16, patch 4, 2 layers, hidden 64, 4 heads"},

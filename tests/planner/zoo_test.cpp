@@ -32,7 +32,8 @@ INSTANTIATE_TEST_SUITE_P(Published, ZooCount,
                                            Published{"gpt2-medium", 354'823'168}, // HF gpt2-medium
                                            // HF BertModel with pooler 109,482,240 + a 768x2+2 classifier
                                            Published{"bert-base", 109'482'240 + 768 * 2 + 2},
-                                           Published{"llama2-7b", 6'738'415'616}),  // HF Llama-2-7b modules
+                                           Published{"llama2-7b", 6'738'415'616},   // HF Llama-2-7b modules
+                                           Published{"llama2-70b", 68'976'648'192}),  // HF Llama-2-70b modules
                          [](const auto& info) {
                            std::string s = info.param.name;
                            for (auto& c : s)
