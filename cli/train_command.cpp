@@ -1,6 +1,11 @@
 // `dlplan train`: run a plan for real.
 //   mpirun -np N dlplan train --plan plan.json [--steps K] [--seed S]
 //          [--data synthetic|FILE] [--report run.json] [--progress text|json]
+//          [--device cpu|cuda [--comm nccl|mpi]]
+// --device cuda runs a plan made for a GPU (fp32 only for now) on this node's
+// GPUs: rank r uses device (node-local rank) mod (visible devices), with the
+// CUDA backend, the caching device allocator, and NCCL (--comm nccl, one GPU
+// per rank) or MPI through pinned host buffers (--comm mpi, GPUs may be shared).
 // Errors every rank sees alike (a bad plan, the wrong number of ranks) print
 // once, from rank 0, and every rank exits; a failure on one rank during
 // training ends the whole job, naming that rank.
@@ -16,6 +21,9 @@
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
+#include "dlplan/exec/cuda_backend.hpp"
+#include "dlplan/exec/cuda_runtime.hpp"
+#include "dlplan/exec/device_ops.hpp"
 #include "dlplan/exec/plan_file.hpp"
 #include "dlplan/exec/report.hpp"
 #include "dlplan/exec/trainer.hpp"
@@ -34,6 +42,8 @@ namespace {
 
 struct TrainFlags {
   std::string plan, data = "synthetic", report, progress = "text";
+  std::string device = "cpu", comm = "nccl";
+  bool comm_given = false;
   int steps = 10;
   uint64_t seed = 1;
 };
@@ -79,12 +89,23 @@ Runner add_train_command(CLI::App& app) {
   app.add_option("--progress", f->progress, "text or json (one JSON line per step)")
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json"}));
-  return [f]() {
-    auto comm = exec::make_communicator(nullptr, nullptr);
+  app.add_option("--device", f->device, "cpu, or cuda (a plan for a GPU, on this node's GPUs)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  auto* comm_option = app.add_option("--comm", f->comm, "With --device cuda: nccl, or mpi (through host memory)")
+                          ->capture_default_str()
+                          ->check(CLI::IsMember({"nccl", "mpi"}));
+  return [f, comm_option]() {
+    f->comm_given = comm_option->count() > 0;
+    // Declared before the communicator: a GPU communicator is ordered after
+    // the backend's stream, so the backend goes last.
+    std::unique_ptr<exec::Backend> backend;
+    std::unique_ptr<exec::Communicator> comm = exec::make_communicator(nullptr, nullptr);
     const bool root = comm->rank() == 0;
-    auto backend = exec::make_cpu_backend();
     exec::LoadedPlan plan;
     std::unique_ptr<exec::Trainer> trainer;
+    std::unique_ptr<exec::MemoryResource> memory;
+    std::unique_ptr<exec::DeviceOps> ops;
     exec::TrainOptions opt;
     opt.steps = f->steps;
     opt.seed = f->seed;
@@ -92,8 +113,57 @@ Runner add_train_command(CLI::App& app) {
     std::optional<Fault> fault;
     try {  // set-up errors are the same on every rank
       fault = fault_from_environment();
+      if (f->comm_given && f->device != "cuda")
+        throw Error(fmt::format("--comm {} applies to --device cuda only", f->comm));
+#if !defined(DLPLAN_HAVE_CUDA)
+      if (f->device == "cuda") throw Error("--device cuda: this dlplan was built without CUDA");
+#endif
       plan = exec::load_plan_file(f->plan);
-      trainer = std::make_unique<exec::Trainer>(plan, *comm, *backend, opt);
+    } catch (const Error& e) {
+      if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
+      return 1;
+    }
+    if (f->device == "cpu") {
+      backend = exec::make_cpu_backend();
+      memory = exec::make_host_memory();
+      ops = exec::make_cpu_device_ops();
+    }
+#if defined(DLPLAN_HAVE_CUDA)
+    else {
+      // The device may fail on some ranks only (a node without a GPU): every
+      // rank learns whether any failed, and the failing ones say why.
+      std::string failure;
+      void* stream = nullptr;
+      int device = 0;
+      try {
+        std::string why;
+        if (!exec::cuda_available(&why)) throw Error("--device cuda: " + why);
+        device = exec::select_cuda_device(*comm);
+        backend = exec::make_cuda_backend(device);
+        stream = exec::cuda_compute_stream(*backend);
+        memory = exec::make_cuda_memory(device, stream);
+        ops = exec::make_cuda_device_ops(*backend);
+      } catch (const Error& e) {
+        failure = e.what();
+      }
+      double failed = failure.empty() ? 0 : 1;
+      comm->all_reduce_doubles(&failed, 1);
+      if (failed > 0) {
+        if (!failure.empty() && (root || failed < comm->size()))
+          fmt::print(stderr, "dlplan: error: {}{}\n", failed < comm->size() ? fmt::format("rank {}: ", comm->rank()) : "",
+                     failure);
+        return 1;
+      }
+      try {  // collective: NCCL's set-up fails (or not) on every rank
+        comm = exec::make_gpu_communicator(exec::parse_gpu_comm_kind(f->comm), std::move(comm), stream);
+      } catch (const Error& e) {
+        if (root) fmt::print(stderr, "dlplan: error: --device cuda --comm {}: {}\n", f->comm, e.what());
+        return 1;
+      }
+    }
+#endif
+    try {  // set-up errors are the same on every rank
+      trainer = std::make_unique<exec::Trainer>(plan, *comm, *backend, opt, std::move(memory), std::move(ops));
     } catch (const Error& e) {
       if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
       return 1;
@@ -101,8 +171,10 @@ Runner add_train_command(CLI::App& app) {
     exec::RunMeasurement run;
     try {
       if (root && f->progress == "text")
-        fmt::print("training {} on {} rank{} ({}), {} steps, global batch {}\n", plan.model.name, comm->size(),
-                   comm->size() == 1 ? "" : "s", to_string(plan.training.strategy), f->steps, trainer->samples_per_step());
+        fmt::print("training {} on {} rank{} ({}{}), {} steps, global batch {}\n", plan.model.name, comm->size(),
+                   comm->size() == 1 ? "" : "s", to_string(plan.training.strategy),
+                   f->device == "cpu" ? std::string() : fmt::format(", {} with {}", f->device, comm->name()), f->steps,
+                   trainer->samples_per_step());
       double busy_after_first = 0;
       for (int s = 0; s < f->steps; ++s) {
         if (fault && fault->rank == comm->rank() && fault->step == s + 1) {

@@ -1,5 +1,6 @@
 #include "dlplan/exec/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace dlplan::exec {
@@ -23,20 +24,19 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& a
 }
 
 double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
+  DeviceOps& ops = store_.ops();
   // Global norm: each rank sums the squares of what it owns; sharded
   // gradients are summed across ranks, replicated ones counted once.
   double sq = 0;
-  for (int u = 0; u < store_.units(); ++u) {
-    const float* g = store_.owned_grads(u);
-    for (int64_t e = 0, n = store_.owned_size(u); e < n; ++e) sq += static_cast<double>(g[e]) * g[e];
-  }
+  for (int u = 0; u < store_.units(); ++u) sq = ops.sum_of_squares(store_.owned_grads(u), store_.owned_size(u), sq);
   if (store_.sharded()) comm.all_reduce_doubles(&sq, 1);
   const double norm = std::sqrt(sq);
   const double clip = (cfg_.clip_norm > 0 && norm > cfg_.clip_norm) ? cfg_.clip_norm / (norm + 1e-6) : 1.0;
 
-  const double lr = learning_rate(cfg_, step_index, total_steps);
-  ++t_;
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, t_), bc2 = 1.0 - std::pow(cfg_.beta2, t_);
+  OptimizerUpdate up;
+  up.lr = learning_rate(cfg_, step_index, total_steps);
+  up.clip_scale = clip;
+  up.t = ++t_;
   for (int u = 0; u < store_.units(); ++u) {
     float* p = store_.owned_params(u);
     const float* g = store_.owned_grads(u);
@@ -45,30 +45,10 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
     const int64_t begin = store_.owned_begin(u), n = store_.owned_size(u);
     for (const auto& seg : store_.segments(u)) {
       const int64_t lo = std::max(seg.begin, begin), hi = std::min(seg.end, begin + n);
-      const double wd = seg.decay ? cfg_.weight_decay : 0.0;
-      for (int64_t f = lo; f < hi; ++f) {
-        const int64_t e = f - begin;
-        const double grad = g[e] * clip;
-        switch (cfg_.kind) {
-          case OptimizerKind::adamw: {
-            // Decoupled weight decay (Loshchilov & Hutter, AdamW), then Adam.
-            double w = p[e] * (1.0 - lr * wd);
-            m[e] = static_cast<float>(cfg_.beta1 * m[e] + (1 - cfg_.beta1) * grad);
-            v[e] = static_cast<float>(cfg_.beta2 * v[e] + (1 - cfg_.beta2) * grad * grad);
-            w -= lr * (m[e] / bc1) / (std::sqrt(v[e] / bc2) + cfg_.eps);
-            p[e] = static_cast<float>(w);
-            break;
-          }
-          case OptimizerKind::sgd:
-            p[e] = static_cast<float>(p[e] - lr * (grad + wd * p[e]));
-            break;
-          case OptimizerKind::sgd_momentum: {
-            m[e] = static_cast<float>(cfg_.momentum * m[e] + grad + wd * p[e]);
-            p[e] = static_cast<float>(p[e] - lr * m[e]);
-            break;
-          }
-        }
-      }
+      if (hi <= lo) continue;
+      const int64_t e = lo - begin;  // the run [lo, hi) of the unit is [e, e + hi - lo) of the owned slice
+      up.decay = seg.decay;
+      ops.optimizer_step(cfg_, up, p + e, g + e, m ? m + e : nullptr, v ? v + e : nullptr, hi - lo);
     }
   }
   return norm;

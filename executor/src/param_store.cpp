@@ -42,8 +42,15 @@ Init init_of(const Node& n, const std::string& suffix) {
 
 }  // namespace
 
-ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed)
-    : m_(m), strategy_(t.strategy), world_(world), rank_(rank), sharded_(t.strategy != Strategy::ddp && world > 1) {
+ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed,
+                       DeviceOps* ops)
+    : m_(m),
+      own_ops_(ops ? nullptr : make_cpu_device_ops()),
+      ops_(ops ? ops : own_ops_.get()),
+      strategy_(t.strategy),
+      world_(world),
+      rank_(rank),
+      sharded_(t.strategy != Strategy::ddp && world > 1) {
   size_ = unit_parameter_counts(m);
   const size_t U = size_.size();
   padded_.resize(U);
@@ -88,8 +95,10 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   buffers_.resize(m.nodes.size());
   for (const auto& b : m.buffers) {
     Tensor t = alloc.zeros({b.numel}, DType::f32, Category::params, b.name);
-    if (b.name.size() >= 11 && b.name.compare(b.name.size() - 11, 11, "running_var") == 0)
-      for (int64_t e = 0; e < b.numel; ++e) t.f()[e] = 1.0f;
+    if (b.name.size() >= 11 && b.name.compare(b.name.size() - 11, 11, "running_var") == 0) {
+      const std::vector<float> ones(static_cast<size_t>(b.numel), 1.0f);  // built on the host, then uploaded
+      ops_->upload(t.f(), ones.data(), b.numel * static_cast<int64_t>(sizeof(float)));
+    }
     buffers_[static_cast<size_t>(b.node)].push_back(t);
   }
   initialize(m, seed);
@@ -97,38 +106,44 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
 
 // Deterministic initialisation keyed by (seed, parameter index, element), the
 // same on every rank and for every strategy; each rank keeps what it owns.
+// Each unit is built in a host buffer (zeros where nothing is owned, like the
+// padding), then uploaded.
 void ParamStore::initialize(const Model& m, uint64_t seed) {
   const uint64_t init_seed = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
   const bool shard_params = sharded_ && strategy_ == Strategy::zero3;
-  for (size_t k = 0; k < m.params.size(); ++k) {
-    const ParamInfo& p = m.params[k];
-    const Node& n = m.nodes[static_cast<size_t>(p.node)];
-    const std::string suffix = p.name.substr(n.name.size() + 1);
-    const Init init = init_of(n, suffix);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in(m, n, suffix)));
-    auto [u, off] = where_[k];
-    Tensor& dst = params_[static_cast<size_t>(u)];
-    const int64_t lo = shard_params ? shard_offset(u) : 0;
-    const int64_t hi = lo + dst.numel();
-    for (int64_t e = 0; e < p.numel; ++e) {
-      const int64_t flat = off + e;
-      if (flat < lo || flat >= hi) continue;
-      float v = 0;
-      switch (init) {
-        case Init::uniform_fan_in:
-          v = static_cast<float>((2.0 * dropout_uniform(init_seed, static_cast<int>(k), 0, e) - 1.0) * bound);
-          break;
-        case Init::normal_002: {  // Box-Muller
-          double u1 = std::max(1e-12, static_cast<double>(dropout_uniform(init_seed, static_cast<int>(k), 1, e)));
-          double u2 = dropout_uniform(init_seed, static_cast<int>(k), 2, e);
-          v = static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-          break;
+  for (size_t unit = 0; unit < params_.size(); ++unit) {
+    std::vector<float> dst(static_cast<size_t>(params_[unit].numel()), 0.0f);
+    for (size_t k = 0; k < m.params.size(); ++k) {
+      auto [u, off] = where_[k];
+      if (static_cast<size_t>(u) != unit) continue;
+      const ParamInfo& p = m.params[k];
+      const Node& n = m.nodes[static_cast<size_t>(p.node)];
+      const std::string suffix = p.name.substr(n.name.size() + 1);
+      const Init init = init_of(n, suffix);
+      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in(m, n, suffix)));
+      const int64_t lo = shard_params ? shard_offset(u) : 0;
+      const int64_t hi = lo + static_cast<int64_t>(dst.size());
+      for (int64_t e = 0; e < p.numel; ++e) {
+        const int64_t flat = off + e;
+        if (flat < lo || flat >= hi) continue;
+        float v = 0;
+        switch (init) {
+          case Init::uniform_fan_in:
+            v = static_cast<float>((2.0 * dropout_uniform(init_seed, static_cast<int>(k), 0, e) - 1.0) * bound);
+            break;
+          case Init::normal_002: {  // Box-Muller
+            double u1 = std::max(1e-12, static_cast<double>(dropout_uniform(init_seed, static_cast<int>(k), 1, e)));
+            double u2 = dropout_uniform(init_seed, static_cast<int>(k), 2, e);
+            v = static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+            break;
+          }
+          case Init::ones: v = 1.0f; break;
+          case Init::zeros: v = 0.0f; break;
         }
-        case Init::ones: v = 1.0f; break;
-        case Init::zeros: v = 0.0f; break;
+        dst[static_cast<size_t>(flat - lo)] = v;
       }
-      dst.f()[flat - lo] = v;
     }
+    ops_->upload(params_[unit].f(), dst.data(), static_cast<int64_t>(dst.size() * sizeof(float)));
   }
 }
 
@@ -182,7 +197,7 @@ const float* ParamStore::owned_grads(int u) const {
 }
 
 void ParamStore::zero_grads() {
-  for (auto& g : grads_) std::memset(g.f(), 0, static_cast<size_t>(g.numel()) * sizeof(float));
+  for (auto& g : grads_) ops_->zero(g.f(), g.numel());
 }
 
 std::vector<float> ParamStore::snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const {
@@ -190,11 +205,11 @@ std::vector<float> ParamStore::snapshot_full_params(const std::function<void(flo
   for (int u = 0; u < units(); ++u) {
     std::vector<float> unit(static_cast<size_t>(unit_padded(u)), 0.0f);
     if (sharded_ && strategy_ == Strategy::zero3) {
-      std::memcpy(unit.data() + shard_offset(u), params_[static_cast<size_t>(u)].f(),
-                  static_cast<size_t>(shard_size(u)) * sizeof(float));
+      ops_->download(unit.data() + shard_offset(u), params_[static_cast<size_t>(u)].f(),
+                     shard_size(u) * static_cast<int64_t>(sizeof(float)));
       gather(unit.data(), unit_padded(u));
     } else {
-      std::memcpy(unit.data(), params_[static_cast<size_t>(u)].f(), static_cast<size_t>(unit_size(u)) * sizeof(float));
+      ops_->download(unit.data(), params_[static_cast<size_t>(u)].f(), unit_size(u) * static_cast<int64_t>(sizeof(float)));
     }
     all.insert(all.end(), unit.begin(), unit.begin() + unit_size(u));
   }

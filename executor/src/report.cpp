@@ -38,6 +38,8 @@ RankMemory highest_peak_rank(Trainer& t, Communicator& comm) {
   mine.max_each = t.allocator().max_each();
   mine.peak = t.allocator().peak();
   mine.rss_bytes = resident_peak_bytes();
+  mine.runtime_bytes = t.runtime_bytes();
+  mine.reserved_bytes = t.reserved_bytes();
   std::vector<RankMemory> all(static_cast<size_t>(comm.size()));
   comm.all_gather_bytes(&mine, all.data(), sizeof(RankMemory));
   return *std::max_element(all.begin(), all.end(), [](const RankMemory& a, const RankMemory& b) { return a.peak < b.peak; });
@@ -61,13 +63,14 @@ nlohmann::ordered_json run_report(const LoadedPlan& plan, Trainer& t, const RunM
 
   J memory = J::object();
   for (Category c : kAllCategories) memory[to_string(c)] = m.memory.at_peak[static_cast<size_t>(c)];
-  memory["runtime"] = 0;
+  memory["runtime"] = m.memory.runtime_bytes;
   memory["peak"] = m.memory.peak;
   J max_each = J::object();
   for (Category c : kAllCategories) max_each[to_string(c)] = m.memory.max_each[static_cast<size_t>(c)];
 
   J measured;
   measured["memory"] = memory;
+  measured["reserved_bytes"] = m.memory.reserved_bytes;
   measured["memory_max_per_category"] = max_each;
   measured["rank"] = m.memory.rank;
   measured["step_seconds"] = step_s;
@@ -123,7 +126,10 @@ std::string memory_table(const nlohmann::ordered_json& r) {
     out += fmt::format("  {:<12} {:>12} {:>12} {:>8}\n", name, format_bytes(a), format_bytes(b), diff);
   };
   for (Category c : kAllCategories) row(to_string(c));
+  if (meas.value("runtime", 0.0) > 0 || pred.value("runtime", 0.0) > 0) row("runtime");  // a GPU's context, NCCL
   row("peak");
+  if (const double reserved = r["measured"].value("reserved_bytes", 0.0); reserved > 0)
+    out += fmt::format("  cached by the allocator, not in use (reserved): {}\n", format_bytes(reserved));
   out += fmt::format("  resident set (process high-water mark): {}\n",
                      format_bytes(r["measured"]["rss_bytes"].get<double>()));
   return out;

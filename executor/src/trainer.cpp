@@ -4,12 +4,14 @@
 #include "dlplan/exec/trainer.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/exec/cuda_runtime.hpp"  // GpuCommunicator, wait_host (host logic only: no CUDA needed)
 #include "dlplan/loader.hpp"
 #include "dlplan/planner.hpp"
 
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 namespace dlplan::exec {
@@ -34,32 +36,96 @@ Shape batched(const TensorInfo& t, int64_t b) {
   return s;
 }
 
+// A host tensor outside any allocator (freed with std::free): where the data
+// source writes a batch before it is uploaded.
+Tensor host_staging(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.storage = std::make_shared<Storage>();
+  t.shape = shape;
+  t.dtype = dtype;
+  const int64_t bytes = t.bytes();
+  t.storage->data = std::aligned_alloc(64, static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64));
+  if (t.storage->data == nullptr) throw Error(fmt::format("out of host memory staging {} bytes of input", bytes));
+  t.storage->bytes = bytes;
+  return t;
+}
+
 }  // namespace
 
-Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, const TrainOptions& opt)
-    : plan_(plan), comm_(comm), backend_(backend), opt_(opt) {
+Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, const TrainOptions& opt,
+                 std::unique_ptr<MemoryResource> memory, std::unique_ptr<DeviceOps> ops)
+    : plan_(plan),
+      comm_(comm),
+      backend_(backend),
+      opt_(opt),
+      ops_(ops ? std::move(ops) : make_cpu_device_ops()),
+      alloc_(memory ? std::move(memory) : make_host_memory()) {
   const auto& c = plan.cluster;
   if (c.world() != comm.size())
     throw Error(fmt::format("{}: the plan is for {} ranks ({} node{} x {}), but {} {} launched; run mpirun -np {}", plan.path,
                             c.world(), c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, comm.size(),
                             comm.size() == 1 ? "was" : "were", c.world()));
-  if (c.device.kind != "cpu")
-    throw Error(fmt::format("{}: planned for {}; the CPU executor runs plans for the cpu device (dlplan plan --gpu cpu)",
-                            plan.path, c.device.kind));
-  if (plan.training.precision != Precision::fp32)
-    throw Error(fmt::format("{}: the cpu device trains in fp32 only, not {}", plan.path, to_string(plan.training.precision)));
-  // Does the plan fit this host? Its memory is shared by the ranks of a node.
+  if (ops_->host() != alloc_.memory().host_visible())
+    throw Error(fmt::format("the trainer's device operations ({}) and its memory ({}) disagree", ops_->name(),
+                            alloc_.memory().host_visible() ? "host" : "device"));
   const auto& predicted = plan.document["predicted"]["memory"];
-  if (predicted.contains("peak")) {
-    const int64_t need = static_cast<int64_t>(predicted["peak"].get<double>() * (1 + kFragmentationMargin));
-    const int64_t have = host_cpu_device().memory_bytes / std::max(1, comm.local_size());
-    if (need > have)
-      throw Error(fmt::format("{}: the plan needs {:.2f} GiB per rank but this host offers {:.2f} GiB to each of its {} ranks",
-                              plan.path, need / 1073741824.0, have / 1073741824.0, comm.local_size()));
+  const int64_t need =
+      predicted.contains("peak") ? static_cast<int64_t>(predicted["peak"].get<double>() * (1 + kFragmentationMargin)) : 0;
+  if (ops_->host()) {
+    if (c.device.kind != "cpu")
+      throw Error(fmt::format("{}: planned for {}; the CPU executor runs plans for the cpu device (dlplan plan --gpu cpu)",
+                              plan.path, c.device.kind));
+    if (plan.training.precision != Precision::fp32)
+      throw Error(fmt::format("{}: the cpu device trains in fp32 only, not {}", plan.path, to_string(plan.training.precision)));
+    // Does the plan fit this host? Its memory is shared by the ranks of a node.
+    if (predicted.contains("peak")) {
+      const int64_t have = host_cpu_device().memory_bytes / std::max(1, comm.local_size());
+      if (need > have)
+        throw Error(fmt::format("{}: the plan needs {:.2f} GiB per rank but this host offers {:.2f} GiB to each of its {} ranks",
+                                plan.path, need / 1073741824.0, have / 1073741824.0, comm.local_size()));
+    }
+  } else {
+    if (c.device.kind == "cpu")
+      throw Error(fmt::format("{}: planned for the cpu device; --device {} runs plans for a GPU (dlplan plan --gpu NAME)",
+                              plan.path, ops_->name()));
+    if (plan.training.precision == Precision::bf16_mixed)
+      throw Error(fmt::format("{}: bf16-mixed is not implemented in the CUDA backend yet; plan with --precision fp32", plan.path));
+    if (plan.training.precision != Precision::fp32)
+      throw Error(fmt::format("{}: the CUDA backend trains in fp32 only, not {}", plan.path, to_string(plan.training.precision)));
+    // Does the plan fit the device? Its free memory (after the context and
+    // cuBLAS) is shared by the ranks of this node that use it.
+    const int64_t free_bytes = ops_->device_free_bytes();
+    if (predicted.contains("peak") && free_bytes >= 0) {
+      const int devices = std::max(1, ops_->device_count());
+      const int sharing = std::max(1, (comm.local_size() + devices - 1) / devices);
+      const int64_t have = free_bytes / sharing;
+      if (need > have)
+        throw Error(fmt::format("{}: the plan needs {:.2f} GiB per rank but the GPU has {:.2f} GiB free for each of the {} "
+                                "rank{} using it",
+                                plan.path, need / 1073741824.0, have / 1073741824.0, sharing, sharing == 1 ? "" : "s"));
+    }
+  }
+
+  // d(loss)/d(loss): one float holding 1, from the memory resource but outside
+  // the accounting (as the planner counts it).
+  {
+    MemoryResource* mem = &alloc_.memory();
+    int64_t granted = 4;
+    void* p = mem->allocate(4, granted);
+    if (p == nullptr) throw Error("out of memory allocating the loss gradient (4 bytes)");
+    one_.storage = std::shared_ptr<Storage>(new Storage, [mem, granted](Storage* s) {
+      mem->release(s->data, granted);
+      s->data = nullptr;  // ~Storage frees nothing more
+      delete s;
+    });
+    one_.storage->data = p;
+    one_.storage->bytes = 4;
+    const float value = 1.0f;
+    ops_->upload(one_.f(), &value, sizeof value);
   }
 
   const TrainingConfig& t = plan.training;
-  store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed);
+  store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed, ops_.get());
   optimizer_ = std::make_unique<Optimizer>(t.optimizer, *store_, alloc_);
   data_ = make_data_source(opt.data, plan.model, opt.seed);
   program_ = build_step_program(plan.model, plan.cluster, t);
@@ -67,14 +133,29 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     syncbn_group_ = comm.make_groups(t.syncbn_group);
     syncbn_ = std::make_unique<SyncBnHooks>();
     syncbn_->group_size = t.syncbn_group;
+    // The op reads the result right after: the host waits (a GPU
+    // communicator's wait() would only order the compute stream).
     syncbn_->all_gather = [this](float* buf, int64_t n) {
-      comm_.all_gather(buf, n * syncbn_->group_size, syncbn_group_)->wait();
+      wait_host(comm_.all_gather(buf, n * syncbn_->group_size, syncbn_group_));
     };
-    syncbn_->all_reduce_sum = [this](float* buf, int64_t n) { comm_.all_reduce(buf, n, syncbn_group_)->wait(); };
+    syncbn_->all_reduce_sum = [this](float* buf, int64_t n) { wait_host(comm_.all_reduce(buf, n, syncbn_group_)); };
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Every tensor goes back to the memory resource below; on a device nothing
+  // may still be running on them (best effort: a destructor does not throw).
+  try {
+    for (auto& w : pending_param_gathers_) wait_host(w);
+    ops_->synchronize();
+  } catch (...) {
+  }
+}
+
+Communicator& Trainer::host_comm() {
+  if (auto* g = dynamic_cast<GpuCommunicator*>(&comm_)) return g->host();
+  return comm_;
+}
 
 int64_t Trainer::samples_per_step() const {
   return plan_.training.micro_batch * plan_.training.grad_accum * comm_.size();
@@ -88,12 +169,15 @@ StepStats Trainer::step() {
   const auto start = Clock::now();
   const int A = static_cast<int>(plan_.training.grad_accum);
   for (int micro = 0; micro < A; ++micro) run_micro_batch(micro, micro == 0, micro == A - 1, stats);
-  // The updated parameters' all-gathers (ZeRO-1/2) must land before the next forward.
+  // The updated parameters' all-gathers (ZeRO-1/2) must land before the next
+  // forward. On a GPU, wait() makes the compute stream wait for them, which
+  // orders the next forward (and any download of the parameters) after them.
   const auto wait_start = Clock::now();
   for (auto& w : pending_param_gathers_) w->wait();
   pending_param_gathers_.clear();
   stats.wait_seconds += since(wait_start);
   store_->zero_grads();
+  ops_->synchronize();  // the step's time includes its device work (CPU: nothing to wait for)
 
   double loss = stats.loss;
   comm_.all_reduce_doubles(&loss, 1);
@@ -155,7 +239,9 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         const TensorInfo& ti = m.tensor(in.tensor);
         out = alloc_.empty(batched(ti, b), ti.dtype, in.category, "batch: " + ti.name);
         int input = static_cast<int>(std::find(m.inputs.begin(), m.inputs.end(), in.tensor) - m.inputs.begin());
-        data_->fill(input, out, global_first, b);
+        Tensor host = host_staging(out.shape, out.dtype);  // filled on the host, then uploaded
+        data_->fill(input, host, global_first, b);
+        ops_->upload(out.f(), host.f(), out.bytes());
         tensor_slot[static_cast<size_t>(in.tensor)] = in.slot;
         break;
       }
@@ -192,12 +278,12 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
           for (int k : bk.params) {  // a flat copy of the bucket's gradients
             auto [u, off] = store_->locate(k);
             const int64_t n = m.params[static_cast<size_t>(k)].numel;
-            std::memcpy(out.f() + at, store_->grads(u).f() + off, static_cast<size_t>(n) * sizeof(float));
+            ops_->copy(out.f() + at, store_->grads(u).f() + off, n);
             at += n;
           }
         } else if (t.strategy == Strategy::zero1) {
           out = alloc_.zeros({store_->unit_padded(in.unit)}, DType::f32, Category::comm, "zero1 staging");
-          std::memcpy(out.f(), store_->grads(in.unit).f(), static_cast<size_t>(store_->unit_size(in.unit)) * sizeof(float));
+          ops_->copy(out.f(), store_->grads(in.unit).f(), store_->unit_size(in.unit));
         } else {
           out = alloc_.zeros({store_->unit_padded(in.unit)}, DType::f32, Category::comm, "gradient staging");
           store_->set_grad_staging(in.unit, out);
@@ -238,8 +324,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       case CommPurpose::root_gather: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
         const int u = ev.purpose == CommPurpose::root_gather ? 0 : ev.unit;
-        std::memcpy(buf.f() + store_->shard_offset(u), store_->params(u).f(),
-                    static_cast<size_t>(store_->shard_size(u)) * sizeof(float));
+        ops_->copy(buf.f() + store_->shard_offset(u), store_->params(u).f(), store_->shard_size(u));
         work[static_cast<size_t>(c)] = comm_.all_gather(buf.f(), store_->unit_padded(u));
         break;
       }
@@ -254,6 +339,9 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
   auto finish = [&](int c) {
     const CommEvent& ev = program_.comm[static_cast<size_t>(c)];
     const auto wait_start = Clock::now();
+    // CPU: the host waits. GPU: the compute stream waits (NCCL) or the host
+    // does (MPI-staged); either way the copies back below, enqueued on the
+    // compute stream, come after the collective.
     work[static_cast<size_t>(c)]->wait();
     stats.wait_seconds += since(wait_start);
     if (ev.purpose == CommPurpose::bucket_all_reduce) {
@@ -261,8 +349,9 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       const float* src = slots[static_cast<size_t>(ev.slot)].f();
       for (int k : bk.params) {  // back into the gradients, averaged over ranks
         auto [u, off] = store_->locate(k);
-        float* g = store_->grads(u).f() + off;
-        for (int64_t e = 0, n = m.params[static_cast<size_t>(k)].numel; e < n; ++e) g[e] = *src++ * inv_world;
+        const int64_t n = m.params[static_cast<size_t>(k)].numel;
+        ops_->scaled_copy(store_->grads(u).f() + off, src, inv_world, n);
+        src += n;
       }
     } else if (ev.purpose == CommPurpose::unit_reduce_scatter) {
       const int u = ev.unit;
@@ -270,21 +359,12 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       const float* shard = slots[static_cast<size_t>(ev.slot)].f() + lo;
       float* g = store_->grads(u).f();
       if (t.strategy == Strategy::zero1) {
-        for (int64_t e = 0; e < S && lo + e < store_->unit_size(u); ++e) g[lo + e] = shard[e] * inv_world;
+        ops_->scaled_copy(g + lo, shard, inv_world, std::max<int64_t>(0, std::min(S, store_->unit_size(u) - lo)));
       } else {
-        for (int64_t e = 0; e < S; ++e) g[e] += shard[e] * inv_world;
+        ops_->scaled_add(g, shard, inv_world, S);
       }
     }
   };
-
-  static const Tensor one = [] {  // d(loss)/d(loss)
-    Tensor x;
-    x.storage = std::make_shared<Storage>();
-    x.storage->data = std::aligned_alloc(64, 64);
-    *static_cast<float*>(x.storage->data) = 1.0f;
-    x.storage->bytes = 4;
-    return x;
-  }();
 
   for (const Instr& in : program_.instrs) {
     if (!applies(in.when, first, last)) continue;
@@ -297,15 +377,18 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         ctx.recompute = in.kind == Instr::Kind::recompute;
         backend_.forward(ctx);
         produced[static_cast<size_t>(in.node)] = std::move(ctx.saved);
-        if (ctx.node->op == OpKind::cross_entropy && !ctx.recompute)
-          stats.loss += static_cast<double>(ctx.out.f()[0]) / static_cast<double>(t.grad_accum);
+        if (ctx.node->op == OpKind::cross_entropy && !ctx.recompute) {
+          float loss = 0;
+          ops_->download(&loss, ctx.out.f(), sizeof loss);
+          stats.loss += static_cast<double>(loss) / static_cast<double>(t.grad_accum);
+        }
         break;
       }
       case Instr::Kind::backward: {
         OpContext ctx = make_context(in.node);
         for (int s : saved_slot[static_cast<size_t>(in.node)]) ctx.saved.push_back(s >= 0 ? slots[static_cast<size_t>(s)] : Tensor{});
         produced[static_cast<size_t>(in.node)].clear();
-        ctx.dout = ctx.node->op == OpKind::cross_entropy ? one : grad_of(ctx.node->output);
+        ctx.dout = ctx.node->op == OpKind::cross_entropy ? one_ : grad_of(ctx.node->output);
         for (int id : ctx.node->inputs) ctx.din.push_back(grad_of(id));
         ctx.dparams = store_->grad_views(in.node);
         ctx.grad_scale = 1.0 / static_cast<double>(t.grad_accum);
@@ -321,13 +404,19 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
 }
 
 std::vector<float> Trainer::full_parameters() {
-  return store_->snapshot_full_params([this](float* p, int64_t n) { comm_.all_gather(p, n)->wait(); });
+  // The snapshot is on the host: gathered through the host communicator.
+  Communicator& host = host_comm();
+  return store_->snapshot_full_params([&host](float* p, int64_t n) { host.all_gather(p, n)->wait(); });
 }
 
 std::vector<float> Trainer::buffers() const {
   std::vector<float> out;
   for (size_t i = 0; i < plan_.model.nodes.size(); ++i)
-    for (const Tensor& t : store_->buffer_views(static_cast<int>(i))) out.insert(out.end(), t.f(), t.f() + t.numel());
+    for (const Tensor& t : store_->buffer_views(static_cast<int>(i))) {
+      const size_t at = out.size();
+      out.resize(at + static_cast<size_t>(t.numel()));
+      ops_->download(out.data() + at, t.f(), t.bytes());
+    }
   return out;
 }
 

@@ -183,7 +183,7 @@ TEST(CliLists, ModelsListsTheWholeZoo) {
   const std::vector<std::pair<std::string, std::string>> zoo = {
       {"vit-b16", "86,567,656"},     {"resnet18", "11,689,512"},  {"resnet50", "25,557,032"},
       {"gpt2", "124,439,808"},       {"gpt2-medium", "354,823,168"}, {"bert-base", "109,483,778"},
-      {"llama2-7b", "6,738,415,616"}, {"tiny-mlp", "26,122"},      {"tiny-cnn", "5,466"},
+      {"llama2-7b", "6,738,415,616"}, {"llama2-70b", "68,976,648,192"}, {"tiny-mlp", "26,122"}, {"tiny-cnn", "5,466"},
       {"tiny-vit", "72,010"},        {"tiny-gpt", "120,576"}};
   auto l = lines(r.out);
   EXPECT_EQ(l.size(), zoo.size() + 1) << r.out;  // header + one row each

@@ -8,13 +8,18 @@
 // Ops see per-parameter views into whichever buffer currently holds the full
 // unit (the params, or ZeRO-3's gathered buffer); their gradients go to the
 // full grads or, under ZeRO-2/3, to the unit's staging buffer in `comm`.
+// Tensors live where the allocator's memory resource puts them (host or
+// device); the store touches them only through DeviceOps (initialisation is
+// built on the host and uploaded).
 #pragma once
 
+#include "dlplan/exec/device_ops.hpp"
 #include "dlplan/exec/tensor.hpp"
 #include "dlplan/training.hpp"
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace dlplan::exec {
@@ -27,7 +32,10 @@ struct DecaySegment {
 
 class ParamStore {
  public:
-  ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed);
+  // `ops` (not owned) must outlive the store; null: host loops (make_cpu_device_ops).
+  ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed,
+             DeviceOps* ops = nullptr);
+  DeviceOps& ops() const { return *ops_; }
 
   int world() const { return world_; }
   int rank() const { return rank_; }
@@ -62,7 +70,8 @@ class ParamStore {
   std::pair<int, int64_t> locate(int param) const { return where_[static_cast<size_t>(param)]; }
 
   void zero_grads();
-  // The full parameters of every unit, gathered through `gather` (tests, reports).
+  // The full parameters of every unit (tests, reports), on the host: this
+  // rank's part is downloaded, and `gather` all-gathers a HOST buffer in place.
   std::vector<float> snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const;
 
  private:
@@ -71,6 +80,8 @@ class ParamStore {
   void initialize(const Model& m, uint64_t seed);
 
   const Model& m_;
+  std::unique_ptr<DeviceOps> own_ops_;  // when none was given
+  DeviceOps* ops_ = nullptr;
   Strategy strategy_;
   int world_, rank_;
   bool sharded_;

@@ -19,6 +19,8 @@ struct RankMemory {
   CategoryBytes max_each{};
   int64_t peak = 0;
   int64_t rss_bytes = 0;
+  int64_t runtime_bytes = 0;   // device memory in use outside the allocator (CUDA; 0 on the CPU)
+  int64_t reserved_bytes = 0;  // the allocator's cached, unused bytes (CUDA's caching allocator)
 };
 
 struct RunMeasurement {

@@ -1,11 +1,21 @@
 // The trainer runs a plan: the step program (planner/step_program.hpp) with
 // real tensors, the backend's ops, the communicator's collectives and the
 // optimizer, and measures what it did.
+//
+// The device: the caller hands over the allocator's memory resource and the
+// DeviceOps that touch it (both default to the host: the CPU executor). For
+// CUDA (cli/train_command.cpp): the CUDA backend, make_cuda_memory(device,
+// compute stream), make_cuda_device_ops(backend) and, as `comm`, a
+// GpuCommunicator (make_gpu_communicator over the host MPI communicator,
+// ordered after the compute stream). Collectives then take device pointers;
+// the trainer waits on the host (wait_host) only where the host needs the
+// result (SyncBN's hooks), and otherwise lets the compute stream wait.
 #pragma once
 
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/data.hpp"
+#include "dlplan/exec/device_ops.hpp"
 #include "dlplan/exec/optimizer.hpp"
 #include "dlplan/exec/param_store.hpp"
 #include "dlplan/exec/plan_file.hpp"
@@ -35,28 +45,42 @@ struct TrainOptions {
 
 class Trainer {
  public:
-  Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, const TrainOptions& opt);
+  // Throws dlplan::Error when the plan cannot run here: another world size,
+  // a plan for another kind of device, a precision the backend lacks, or a
+  // predicted peak (+5%) over the memory there is (the host's share per rank,
+  // or the free memory of the GPU shared by this node's ranks).
+  Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, const TrainOptions& opt,
+          std::unique_ptr<MemoryResource> memory = make_host_memory(),
+          std::unique_ptr<DeviceOps> ops = make_cpu_device_ops());
   ~Trainer();
 
   StepStats step();  // one optimizer step (grad_accum micro-batches)
   int steps_done() const { return step_; }
   Allocator& allocator() { return alloc_; }
+  DeviceOps& device_ops() { return *ops_; }
+  // DESIGN.md's `runtime` (the CUDA context, cuBLAS, NCCL: device memory in use
+  // outside the allocator; 0 on the CPU) and the allocator's cached, unused bytes.
+  int64_t runtime_bytes() const { return ops_->runtime_bytes(alloc_); }
+  int64_t reserved_bytes() { return alloc_.memory().reserved_bytes(); }
   const ParamStore& params() const { return *store_; }
   // Every parameter, full (gathered from shards when sharded), in Model::params order.
   std::vector<float> full_parameters();
-  std::vector<float> buffers() const;  // BN running statistics, concatenated
+  std::vector<float> buffers() const;  // BN running statistics, concatenated (on the host)
   double comm_busy_seconds() const { return comm_busy_; }
   int64_t samples_per_step() const;
   int64_t tokens_per_sample() const;
 
  private:
   void run_micro_batch(int micro, bool first, bool last, StepStats& stats);
+  Communicator& host_comm();  // the host-buffer communicator (a GpuCommunicator's host())
 
   const LoadedPlan& plan_;
   Communicator& comm_;
   Backend& backend_;
   TrainOptions opt_;
+  std::unique_ptr<DeviceOps> ops_;  // outlives the store and optimizer that use it
   Allocator alloc_;
+  Tensor one_;  // d(loss)/d(loss) = 1, outside the accounting (released before alloc_ goes)
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataSource> data_;
