@@ -54,6 +54,10 @@ constexpr double kBaseLat = 6.6e-6;
 // host's launch path) that small ops cannot hide; a nominal figure, which
 // `dlplan calibrate` replaces with a measurement.
 constexpr double kGpuOpOverhead = 5e-6;
+// The CUDA caching allocator hands out blocks rounded up to 512 B (PyTorch's
+// CUDACachingAllocator kMinBlockSize; REFERENCES.md), and blocks are what a
+// GPU run measures.
+constexpr int64_t kCudaBlock = 512;
 constexpr double kNvlinkHop = 0.6e-6;
 constexpr double kPcieHop = 1.0e-6;
 constexpr double kNetHop = 2.7e-6;
@@ -89,6 +93,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.link_efficiency = 0.8;        // guess, between the A100 and H100 measurements
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -114,6 +119,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.link_efficiency = 0.77;       // 8xA100 ~230 GB/s busbw of 300 (nccl-tests #149)
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -154,6 +160,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.link_efficiency = 0.81;       // 8xH100 ring ~365 GB/s busbw of 450 (nccl #1455)
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeLarge;
@@ -199,6 +206,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.link_efficiency = 0.8;        // guess: no published ring busbw; near H100's 0.81
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kNvlinkHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeLarge;
@@ -228,6 +236,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.8;        // guess
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kPcieHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -256,6 +265,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.8;        // guess
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kPcieHop;
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeSmall;
@@ -284,6 +294,7 @@ std::vector<DeviceSpec> build_catalog() {
     d.gemm_efficiency = 0.514;       // stas00/ml-engineering, MI300X bf16 GEMM
     d.base_latency_s = kBaseLat;
     d.op_overhead_s = kGpuOpOverhead;
+    d.alloc_granularity_bytes = kCudaBlock;
     d.link_hop_latency_s = kNvlinkHop;  // RCCL keeps NCCL's tuning tables; guess
     d.net_hop_latency_s = kNetHop;
     d.runtime_bytes = kRuntimeLarge;
@@ -472,6 +483,7 @@ const std::vector<FieldDef>& device_fields() {
       {"runtime_bytes", F::Int, Rule::NonNegative, nullptr, &DeviceSpec::runtime_bytes, nullptr, true},
       {"gemm_workspace_bytes", F::Int, Rule::NonNegative, nullptr, &DeviceSpec::gemm_workspace_bytes, nullptr, true},
       {"op_overhead_s", F::Dbl, Rule::NonNegative, nullptr, nullptr, &DeviceSpec::op_overhead_s, false},
+      {"alloc_granularity_bytes", F::Int, Rule::Positive, nullptr, &DeviceSpec::alloc_granularity_bytes, nullptr, false},
       {"source", F::Str, Rule::Positive, &DeviceSpec::source, nullptr, nullptr, false},
   };
   return fields;

@@ -119,6 +119,7 @@ class Emitter {
 
   // ---- instructions -------------------------------------------------------
   int alloc(Role role, Category c, int64_t bytes, When when = When::every) {
+    bytes = pad_to(bytes, std::max<int64_t>(1, cl_.device.alloc_granularity_bytes));  // the allocator's blocks
     Instr in;
     in.kind = Instr::Kind::alloc;
     in.when = when;

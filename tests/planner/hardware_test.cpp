@@ -210,9 +210,9 @@ TEST(ClusterJson, FieldNamesAreTheStructsSnakeCaseNames) {
                         "fp32_flops", "link_bytes_per_s", "net_bytes_per_s", "gemm_efficiency",
                         "link_efficiency", "net_efficiency", "base_latency_s",
                         "link_hop_latency_s", "net_hop_latency_s", "runtime_bytes",
-                        "gemm_workspace_bytes", "op_overhead_s", "source"})
+                        "gemm_workspace_bytes", "op_overhead_s", "alloc_granularity_bytes", "source"})
     EXPECT_TRUE(j["device"].contains(f)) << f;
-  EXPECT_EQ(j["device"].size(), 18u);
+  EXPECT_EQ(j["device"].size(), 19u);
 }
 
 TEST(ClusterFile, CatalogKindWithOverrides) {

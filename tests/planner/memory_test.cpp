@@ -20,6 +20,7 @@ constexpr size_t kParams = 0, kGrads = 1, kOptim = 2, kAct = 3;
 Cluster gpus(int n, int nodes = 1, const char* kind = "h100-80g") {
   Cluster c;
   c.device = find_device(kind);
+  c.device.alloc_granularity_bytes = 1;  // the formulas count bytes, not the allocator's 512 B blocks
   c.nodes = nodes;
   c.gpus_per_node = n / nodes;
   return c;
@@ -296,6 +297,29 @@ TEST(Strategies, Zero2StagesOneUnitsGradientAtATime) {
   // in flight beside the one filling.
   EXPECT_GE(w.max_each[5], root + unit);
   EXPECT_LE(w.max_each[5], root + 3 * unit);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Allocator, GpuPredictionsCountTheCachingAllocatorsBlocks) {
+  // On a GPU every tensor is a 512 B block (PyTorch's caching allocator), so
+  // the predicted categories are multiples of 512 per allocation; on the cpu
+  // device bytes are counted as requested.
+  Model m = load_model("tiny-mlp");
+  TrainingConfig t;
+  t.micro_batch = 3;  // odd sizes: 3 x 128 x 2 B = 768 B activations per layer
+  Cluster gpu;
+  gpu.device = find_device("h100-80g");
+  ASSERT_EQ(gpu.device.alloc_granularity_bytes, 512);
+  const StepWalk w = walk_step(m, gpu, t);
+  EXPECT_EQ(w.at_peak[3] % 512, 0);  // activations: a sum of 512 B multiples
+  Cluster exact = gpu;
+  exact.device.alloc_granularity_bytes = 1;
+  const StepWalk e = walk_step(m, exact, t);
+  EXPECT_GT(w.at_peak[3], e.at_peak[3]);  // control: rounding adds bytes
+  EXPECT_LE(w.peak - e.peak, 512 * 64);   // ... at most a block per live allocation
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ struct DeviceSpec {
   int64_t runtime_bytes = 0;        // CUDA context + NCCL buffers + handles (0 on cpu)
   int64_t gemm_workspace_bytes = 0; // per-GEMM library workspace (cuBLAS)
   double op_overhead_s = 0;         // fixed cost per op (kernel launches, dispatch)
+  int64_t alloc_granularity_bytes = 1;  // the allocator's block rounding (CUDA caching allocator: 512)
   std::string source;               // citation for the figures above
 
   bool has_bf16() const { return bf16_flops > 0; }
