@@ -136,9 +136,14 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     // The op reads the result right after: the host waits (a GPU
     // communicator's wait() would only order the compute stream).
     syncbn_->all_gather = [this](float* buf, int64_t n) {
-      wait_host(comm_.all_gather(buf, n * syncbn_->group_size, syncbn_group_));
+      const int64_t all = n * syncbn_->group_size;
+      syncbn_bytes_ += ring_bytes(Collective::AllGather, 4.0 * static_cast<double>(all), syncbn_->group_size);
+      wait_host(comm_.all_gather(buf, all, syncbn_group_));
     };
-    syncbn_->all_reduce_sum = [this](float* buf, int64_t n) { wait_host(comm_.all_reduce(buf, n, syncbn_group_)); };
+    syncbn_->all_reduce_sum = [this](float* buf, int64_t n) {
+      syncbn_bytes_ += ring_bytes(Collective::AllReduce, 4.0 * static_cast<double>(n), syncbn_->group_size);
+      wait_host(comm_.all_reduce(buf, n, syncbn_group_));
+    };
   }
 }
 
@@ -182,6 +187,8 @@ StepStats Trainer::step() {
   double loss = stats.loss;
   comm_.all_reduce_doubles(&loss, 1);
   stats.loss = loss / comm_.size();
+  stats.comm_bytes += syncbn_bytes_;  // SyncBN's collectives run inside the ops
+  syncbn_bytes_ = 0;
   stats.seconds = since(start);
   ++step_;
   // DESIGN.md: the set-up's and the first step's transients are not part of

@@ -256,6 +256,13 @@ void expect_report(const Json& r, const Json& plan, int world, int steps, bool t
   EXPECT_GT(m.value("rss_bytes", 0.0), 0.0);
   EXPECT_EQ(r["predicted"], plan["predicted"]) << "predicted is not the plan's";
 
+  // What the executor sent is what the planner's step program says it sends.
+  const double sent = m["comm"].value("bytes", -1.0), planned = plan["predicted"]["comm"].value("bytes", -2.0);
+  EXPECT_NEAR(sent, planned, 1e-9 * std::max(1.0, planned)) << "bytes sent per rank per step";
+  if (world > 1) {
+    EXPECT_GT(sent, 0.0);
+  }
+
   // The executor allocates what the planner counted: peaks within 3%.
   const double meas = m["memory"].value("peak", 0.0), pred = plan["predicted"]["memory"].value("peak", 0.0);
   ASSERT_GT(pred, 0.0);

@@ -89,6 +89,7 @@ class Trainer {
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
   double comm_busy_ = 0;
+  double syncbn_bytes_ = 0;  // sent by SyncBN's collectives this step
   std::vector<WorkHandle> pending_param_gathers_;
 };
 
