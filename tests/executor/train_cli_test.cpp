@@ -6,28 +6,20 @@
 // non-zero exit, never a hang. Rank failures are injected with the test-only
 // DLPLAN_FAULT="RANK:STEP:kill|error" (cli/train_command.cpp).
 //
-// Every child runs in its own process group under a deadline (as in
-// comm_failure_test.cpp): past it the group is killed and the test fails.
+// Every child runs in its own process group under a deadline
+// (child_process.hpp): past it the group is killed and the test fails.
+#include "child_process.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
-
-extern char** environ;
 
 namespace {
 
@@ -35,20 +27,8 @@ using Json = nlohmann::json;
 
 constexpr auto kDeadline = std::chrono::seconds(30);
 
-struct Job {
-  bool finished = false;  // false: killed at the deadline
-  int exit_code = -1;     // exit status, or 128 + signal
-  std::string out, err;
-  double seconds = 0;
-  std::string all() const { return out + err; }
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using Job = dlplan::testing::ChildResult;
+using dlplan::testing::slurp;
 
 void spit(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
@@ -76,89 +56,9 @@ std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "dlplan_train_cli_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// Our environment without an enclosing MPI job's variables (so a plain child
-// is a single process) or a stray DLPLAN_FAULT, plus what OpenMPI needs to run
-// as root in a container, one BLAS thread per rank, and `extra`.
-std::vector<std::string> child_environment(const std::vector<std::string>& extra) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string v = *e;
-    const bool enclosing_job = (v.rfind("OMPI_", 0) == 0 && v.rfind("OMPI_MCA_", 0) != 0) || v.rfind("PMIX_", 0) == 0 ||
-                               v.rfind("PMI_", 0) == 0 || v.rfind("SLURM_PROCID=", 0) == 0;
-    const bool ours = v.rfind("DLPLAN_FAULT=", 0) == 0 || v.rfind("OPENBLAS_NUM_THREADS=", 0) == 0;
-    if (!enclosing_job && !ours) env.push_back(v);
-  }
-  env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
-  env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
-  env.push_back("OPENBLAS_NUM_THREADS=1");
-  env.insert(env.end(), extra.begin(), extra.end());
-  return env;
-}
-
-// Runs args[0] (an absolute path) with args, stdout and stderr to files, in a
-// process group of its own; past `deadline` it is killed (SIGTERM to mpiexec,
-// then SIGKILL to the group) and `finished` stays false.
 Job spawn(std::vector<std::string> args, const std::vector<std::string>& extra_env = {},
           std::chrono::seconds deadline = kDeadline) {
-  Job res;
-  static int counter = 0;
-  const std::string tag = std::to_string(counter++);
-  const std::string out_path = temp_path("stdout_" + tag), err_path = temp_path("stderr_" + tag);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  auto env_strings = child_environment(extra_env);
-  std::vector<char*> envp;
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-
-  const auto t0 = std::chrono::steady_clock::now();
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  EXPECT_EQ(rc, 0) << "posix_spawn " << args[0] << ": " << std::strerror(rc);
-  if (rc == 0) {
-    int status = 0;
-    for (;;) {
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        res.finished = true;
-        break;
-      }
-      if (std::chrono::steady_clock::now() - t0 > deadline) {
-        kill(pid, SIGTERM);
-        const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-        while (waitpid(pid, &status, WNOHANG) != pid) {
-          if (std::chrono::steady_clock::now() > grace) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            break;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        kill(-pid, SIGKILL);  // ranks left behind in the group
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  res.out = slurp(out_path);
-  res.err = slurp(err_path);
-  std::remove(out_path.c_str());
-  std::remove(err_path.c_str());
-  return res;
+  return dlplan::testing::run_child(std::move(args), extra_env, deadline);
 }
 
 std::vector<std::string> dlplan_args(std::initializer_list<std::string> a) {
