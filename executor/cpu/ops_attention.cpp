@@ -37,25 +37,22 @@ struct Dims {
 };
 
 Dims dims_of(const OpContext& c) {
-  const Shape& x = in_shape(c, 0);
-  const Attrs& a = c.node->attrs;
+  const AttentionShape a = attention_shape(*c.model, *c.node);
   Dims d{};
   d.b = c.batch;
-  d.T = x[0];
-  d.D = x[1];
-  d.H = a.integer("heads");
-  d.KV = a.integer("kv_heads");
-  d.hd = a.integer("head_dim");
-  d.group = d.H / d.KV;
-  d.causal = a.flag("causal");
-  d.bias = a.flag("bias");
-  d.rope = a.flag("rope");
-  d.p = c.training ? a.number("dropout") : 0.0;
-  d.theta = a.number("rope_theta");
+  d.T = a.T;
+  d.D = a.D;
+  d.H = a.H;
+  d.KV = a.KV;
+  d.hd = a.hd;
+  d.group = a.group();
+  d.causal = a.causal;
+  d.bias = a.bias;
+  d.rope = a.rope;
+  d.p = c.training ? a.dropout : 0.0;
+  d.theta = a.rope_theta;
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.hd)));
-  d.flash = false;
-  for (const auto& s : c.decl->saved)
-    if (s.ref == SavedTensor::Ref::own && s.what == "lse") d.flash = true;
+  d.flash = keeps_log_sum_exp(*c.decl);
   return d;
 }
 

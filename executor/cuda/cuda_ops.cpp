@@ -502,22 +502,21 @@ struct Attn {
 };
 
 Attn attn_of(const OpContext& c) {
-  const Shape& x = in_shape(c, 0);
-  const Attrs& a = c.node->attrs;
+  const AttentionShape a = attention_shape(*c.model, *c.node);
   Attn at{};
   AttnDims& d = at.d;
   d.b = c.batch;
-  d.T = x[0];
-  at.D = x[1];
-  d.H = a.integer("heads");
-  d.KV = a.integer("kv_heads");
-  d.hd = a.integer("head_dim");
-  d.group = d.H / d.KV;
-  d.causal = a.flag("causal");
-  at.bias = a.flag("bias");
-  at.rope = a.flag("rope");
-  at.theta = a.number("rope_theta");
-  at.p_attr = a.number("dropout");
+  d.T = a.T;
+  at.D = a.D;
+  d.H = a.H;
+  d.KV = a.KV;
+  d.hd = a.hd;
+  d.group = a.group();
+  d.causal = a.causal;
+  at.bias = a.bias;
+  at.rope = a.rope;
+  at.theta = a.rope_theta;
+  at.p_attr = a.dropout;
   const double p = c.training ? at.p_attr : 0.0;
   d.dropout = p > 0;
   d.p = static_cast<float>(p);
@@ -526,9 +525,7 @@ Attn attn_of(const OpContext& c) {
   d.node = c.node_index;
   d.first_sample = c.first_sample;
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.hd)));
-  at.flash = false;
-  for (const auto& s : c.decl->saved)
-    if (s.ref == SavedTensor::Ref::own && s.what == "lse") at.flash = true;
+  at.flash = keeps_log_sum_exp(*c.decl);
   return at;
 }
 

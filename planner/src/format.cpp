@@ -21,7 +21,6 @@ std::string format_seconds(double s) {
   return "0 ms";
 }
 
-std::string format_gib(double b) { return fmt::format("{:.2f}", b / (1024.0 * 1024 * 1024)); }
 
 }  // namespace dlplan
 

@@ -22,11 +22,10 @@ SavedTensor keep_own(std::string what, int64_t numel, Elem e, bool per_batch = f
 int64_t rows(const Shape& s) { return s.empty() ? 1 : numel(s) / s.back(); }
 
 void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, OpDecl& d) {
-  const Shape& x = m.tensor(n.inputs[0]).shape;
-  const int64_t T = x[0], D = x[1];
-  const int64_t H = n.attrs.integer("heads"), KV = n.attrs.integer("kv_heads"), hd = n.attrs.integer("head_dim");
-  const bool bias = n.attrs.flag("bias");
-  const double p = n.attrs.number("dropout");
+  const AttentionShape a = attention_shape(m, n);
+  const int64_t T = a.T, D = a.D, H = a.H, KV = a.KV, hd = a.hd;
+  const bool bias = a.bias;
+  const double p = a.dropout;
 
   d.params = {{"q.weight", D * H * hd, true}, {"k.weight", D * KV * hd, true},
               {"v.weight", D * KV * hd, true}, {"o.weight", H * hd * D, true}};
@@ -67,6 +66,28 @@ void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, Op
 }
 
 }  // namespace
+
+AttentionShape attention_shape(const Model& m, const Node& n) {
+  const Shape& x = m.tensor(n.inputs[0]).shape;
+  AttentionShape a;
+  a.T = x[0];
+  a.D = x[1];
+  a.H = n.attrs.integer("heads");
+  a.KV = n.attrs.integer("kv_heads");
+  a.hd = n.attrs.integer("head_dim");
+  a.causal = n.attrs.flag("causal");
+  a.bias = n.attrs.flag("bias");
+  a.rope = n.attrs.flag("rope");
+  a.dropout = n.attrs.number("dropout");
+  a.rope_theta = n.attrs.number("rope_theta");
+  return a;
+}
+
+bool keeps_log_sum_exp(const OpDecl& d) {
+  for (const auto& s : d.saved)
+    if (s.ref == SavedTensor::Ref::own && s.what == "lse") return true;
+  return false;
+}
 
 OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
   OpDecl d;

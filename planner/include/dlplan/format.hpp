@@ -9,7 +9,6 @@ namespace dlplan {
 
 std::string format_bytes(double bytes);     // "23.41 GiB", "512.0 MiB", "12.0 KiB", "0 B"
 std::string format_seconds(double seconds); // "312.4 ms", "1.25 s", "15.7 µs"
-std::string format_gib(double bytes);       // "23.41" (the table's GiB columns)
 
 }  // namespace dlplan
 

@@ -72,4 +72,17 @@ std::vector<std::string> op_names();
 // The declaration of `n` in model `m` (shapes already inferred).
 OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt = {});
 
+// An attention node's shape and options, read in one place for its
+// declaration and for every backend's kernels.
+struct AttentionShape {
+  int64_t T = 0, D = 0;             // tokens, model width
+  int64_t H = 0, KV = 0, hd = 0;    // query heads, key/value heads, head width
+  bool causal = false, bias = false, rope = false;
+  double dropout = 0, rope_theta = 10000;
+  int64_t group() const { return H / KV; }  // query heads per key/value head (GQA)
+};
+AttentionShape attention_shape(const Model& m, const Node& n);
+// Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.
+bool keeps_log_sum_exp(const OpDecl& d);
+
 }  // namespace dlplan

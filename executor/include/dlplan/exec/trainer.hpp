@@ -66,7 +66,6 @@ class Trainer {
   // Every parameter, full (gathered from shards when sharded), in Model::params order.
   std::vector<float> full_parameters();
   std::vector<float> buffers() const;  // BN running statistics, concatenated (on the host)
-  double comm_busy_seconds() const { return comm_busy_; }
   int64_t samples_per_step() const;
   int64_t tokens_per_sample() const;
 
@@ -88,7 +87,6 @@ class Trainer {
   int syncbn_group_ = 0;
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
-  double comm_busy_ = 0;
   double syncbn_bytes_ = 0;  // sent by SyncBN's collectives this step
   std::vector<WorkHandle> pending_param_gathers_;
 };
