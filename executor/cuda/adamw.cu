@@ -1,9 +1,14 @@
 // The optimizer's fused update over a flat shard, and the gradient
-// sum-of-squares for the global-norm clip. Per element in double, exactly as
-// executor/src/optimizer.cpp: kind 0 AdamW (decoupled decay, then Adam with
-// bias corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t), 1 SGD, 2 SGD with
-// momentum. `clip` scales the gradient, `wd` is 0 for a no-decay segment.
+// sum-of-squares for the global-norm clip (in a fixed order: deterministic).
+// Per element in double, exactly as executor/src/optimizer.cpp: kind 0 AdamW
+// (decoupled decay, then Adam with bias corrections bc1 = 1 - beta1^t,
+// bc2 = 1 - beta2^t), 1 SGD, 2 SGD with momentum. `clip` scales the gradient,
+// `wd` is 0 for a no-decay segment.
 #include "common.cuh"
+
+#include <map>
+#include <mutex>
+#include <utility>
 
 namespace dlplan::exec::cuda {
 namespace {
@@ -30,12 +35,41 @@ __global__ void step_k(int kind, float* p, const float* g, float* m, float* v, i
   }
 }
 
-__global__ void sumsq_k(const float* x, int64_t n, double* out) {
+// Sum of squares in a fixed order (no atomics): block b writes its partial
+// (each thread's grid-stride elements in order, then block_sum's fixed tree) to
+// partials[b]; one block then adds the partials (thread t: t, t + 256, ...; a
+// fixed tree) onto *out. The order depends on n only.
+constexpr unsigned kMaxPartials = 1024;
+
+__global__ void sumsq_partial_k(const float* x, int64_t n, double* partials) {
   __shared__ double scratch[32];
   double acc = 0;
   DLPLAN_GRID_LOOP(i, n) acc += static_cast<double>(x[i]) * x[i];
   acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void sumsq_final_k(const double* partials, unsigned count, double* out) {
+  __shared__ double scratch[32];
+  double acc = 0;
+  for (unsigned b = threadIdx.x; b < count; b += blockDim.x) acc += partials[b];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) *out += acc;
+}
+
+// The partials buffer: kMaxPartials doubles (8 KiB) per (device, stream), so that
+// streams running at once never share one. Runtime memory: cudaMalloc'd once,
+// lazily, never freed (outside the Allocator's accounting, as cuBLAS's workspace).
+// Null (with cudaGetLastError holding the error) if the allocation fails.
+double* partials_buffer(cudaStream_t s) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, double*> buffers;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  const std::lock_guard<std::mutex> lock(mu);
+  double*& p = buffers[{dev, s}];
+  if (!p && cudaMalloc(reinterpret_cast<void**>(&p), kMaxPartials * sizeof(double)) != cudaSuccess) p = nullptr;
+  return p;
 }
 
 }  // namespace
@@ -49,9 +83,12 @@ void optimizer_step(int kind, float* p, const float* g, float* m, float* v, int6
 
 void sum_of_squares(const float* x, int64_t n, double* out, cudaStream_t s) {
   if (n <= 0) return;
+  double* partials = partials_buffer(s);
+  if (!partials) return;  // the caller's cudaGetLastError() reports it
   unsigned blocks = blocks_for(n);
-  if (blocks > 1024) blocks = 1024;
-  sumsq_k<<<blocks, kThreads, 0, s>>>(x, n, out);
+  if (blocks > kMaxPartials) blocks = kMaxPartials;
+  sumsq_partial_k<<<blocks, kThreads, 0, s>>>(x, n, partials);
+  sumsq_final_k<<<1, kThreads, 0, s>>>(partials, blocks, out);
 }
 
 }  // namespace dlplan::exec::cuda

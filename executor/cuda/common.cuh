@@ -47,6 +47,42 @@ __device__ inline float block_max(float v, float* scratch) {
   return r;
 }
 
+// Column sums in a fixed order (no atomics; bit-identical run to run): a block
+// of (kColTile, kColLanes) threads owns kColTile adjacent columns (a 32-byte
+// sector of each row it reads). Lane y sums its slice of rows [y c, (y + 1) c),
+// c = ceil(rows / kColLanes), in order (lane_rows); lanes_total then adds the
+// kColLanes slice sums, in lane order, onto the start value (the output's old
+// value). The order depends on the shape only. With rows <= kColLanes every
+// slice is one row, so the sum is start + a_0 + a_1 + ... in row order: the CPU
+// loop's, bit for bit.
+constexpr int kColTile = 8;
+constexpr int kColLanes = 64;
+
+// This lane's rows [*r0, *r1).
+__device__ inline void lane_rows(int64_t rows, int64_t* r0, int64_t* r1) {
+  const int64_t c = (rows + kColLanes - 1) / kColLanes, b = threadIdx.y * c;
+  *r0 = b < rows ? b : rows;
+  *r1 = b + c < rows ? b + c : rows;
+}
+
+// start + the lanes' partials v in lane order, per threadIdx.x; meaningful in
+// lane 0 (threadIdx.y == 0), which passes the start. Every thread of the block
+// must call it (it synchronises); `sm` is kColLanes x kColTile shared values.
+template <typename T>
+__device__ inline T lanes_total(T start, T v, T (*sm)[kColTile]) {
+  sm[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  T acc = start;
+  if (threadIdx.y == 0)
+    for (int y = 0; y < kColLanes; ++y) acc += sm[y][threadIdx.x];
+  __syncthreads();
+  return acc;
+}
+
+// The launch: column_lanes_grid(cols) blocks of column_lanes_block() threads.
+inline dim3 column_lanes_block() { return dim3(kColTile, kColLanes); }
+inline unsigned column_lanes_grid(int64_t cols) { return static_cast<unsigned>((cols + kColTile - 1) / kColTile); }
+
 // Philox4x32-10 (Salmon et al. SC'11; Random123's constants), as philox.cpp.
 __device__ inline uint32_t philox_first(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   for (int round = 0; round < 10; ++round) {

@@ -43,7 +43,9 @@ __global__ void fill_channels_k(float* y, const float* bias, int64_t batch, int6
   DLPLAN_GRID_LOOP(i, batch * O * P) y[i] = bias[(i / P) % O];
 }
 
-// Block per channel o: sum over samples and pixels (float, as the CPU's per-sample sums).
+// Block per channel o: sum over samples and pixels (float, as the CPU's per-sample
+// sums). Fixed order: each thread its strided pixels in order, then block_sum's
+// fixed tree (no atomics, deterministic).
 __global__ void channel_sum_k(const float* dy, float* db, int64_t batch, int64_t O, int64_t P) {
   __shared__ float scratch[32];
   const int64_t o = blockIdx.x;

@@ -83,17 +83,20 @@ __global__ void fill_rows_k(float* y, const float* bias, int64_t rows, int64_t c
   DLPLAN_GRID_LOOP(i, rows * cols) y[i] = bias[i % cols];
 }
 
-// Thread per column, a slice of kRowChunk rows per block row; atomics join slices.
-__global__ void column_sum_k(const float* a, float* out, int64_t rows, int64_t cols, int64_t chunk) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= cols) return;
-  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+// out[j] += sum_r a[r, j] in a fixed order (common.cuh, column lanes): lane y
+// sums its slice of rows, then lane 0 adds the slices in order onto out[j].
+__global__ void column_sum_k(const float* a, float* out, int64_t rows, int64_t cols) {
+  __shared__ float sm[kColLanes][kColTile];
+  const int64_t j = blockIdx.x * int64_t{kColTile} + threadIdx.x;
+  int64_t r0, r1;
+  lane_rows(rows, &r0, &r1);
   float acc = 0;
-  for (int64_t r = r0; r < r1; ++r) acc += a[r * cols + j];
-  if (gridDim.y == 1)
-    out[j] += acc;
-  else
-    atomicAdd(out + j, acc);
+  if (j < cols)
+#pragma unroll 4  // loads in flight; the order of the adds is unchanged
+    for (int64_t r = r0; r < r1; ++r) acc += a[r * cols + j];
+  const bool lead = threadIdx.y == 0 && j < cols;
+  acc = lanes_total(lead ? out[j] : 0.0f, acc, sm);
+  if (lead) out[j] = acc;
 }
 
 __global__ void philox_k(uint64_t seed, int node, int64_t sample, int64_t n, float* out) {
@@ -130,10 +133,7 @@ void fill_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStre
 }
 void column_sum_add(const float* a, float* out, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
-  int64_t chunk = 64;
-  while ((rows + chunk - 1) / chunk > 65535) chunk *= 2;
-  const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>((rows + chunk - 1) / chunk));
-  column_sum_k<<<grid, kThreads, 0, s>>>(a, out, rows, cols, chunk);
+  column_sum_k<<<column_lanes_grid(cols), column_lanes_block(), 0, s>>>(a, out, rows, cols);
 }
 void philox_uniforms(uint64_t seed, int node, int64_t sample, int64_t n, float* out, cudaStream_t s) {
   if (n > 0) philox_k<<<blocks_for(n), kThreads, 0, s>>>(seed, node, sample, n, out);

@@ -1,16 +1,22 @@
 // Embedding, pos_embedding, cls_token, select and tokens (executor/cpu/ops_dense.cpp).
 #include "common.cuh"
 
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cstddef>
+
 namespace dlplan::exec::cuda {
 namespace {
 
+// A bad id lowers *err (read as unsigned, all ones = none) to its row: the
+// lowest bad row wins whatever the schedule, the row the CPU reports.
 __global__ void embedding_fwd_k(const int32_t* ids, const float* w, float* y, int64_t rows, int64_t dim, int64_t num,
                                 int* err) {
   DLPLAN_GRID_LOOP(i, rows * dim) {
     const int64_t r = i / dim, j = i - r * dim;
     const int32_t id = ids[r];
     if (id < 0 || id >= num) {
-      if (j == 0) atomicCAS(err, 0, static_cast<int>(r) + 1);
+      if (j == 0) atomicMin(reinterpret_cast<unsigned*>(err), static_cast<unsigned>(r));
       y[i] = 0.0f;
       continue;
     }
@@ -18,11 +24,40 @@ __global__ void embedding_fwd_k(const int32_t* ids, const float* w, float* y, in
   }
 }
 
-__global__ void embedding_bwd_k(const int32_t* ids, const float* dy, float* dw, int64_t rows, int64_t dim) {
-  DLPLAN_GRID_LOOP(i, rows * dim) {
-    const int64_t r = i / dim, j = i - r * dim;
-    atomicAdd(dw + int64_t{ids[r]} * dim + j, dy[i]);
-  }
+__global__ void iota_k(int32_t* p, int64_t n) { DLPLAN_GRID_LOOP(i, n) p[i] = static_cast<int32_t>(i); }
+
+// Backward after a stable sort of (id, position) by id: block x = sorted index k,
+// threads over columns. The block at the first k of each run of equal ids adds
+// that run's dy rows, positions ascending, onto dw[id]: dw[id] + dy[r1] + dy[r2]
+// + ..., the CPU's order, so bit-identical to it and run to run. Each dw row is
+// written by one block (no atomics).
+__global__ void embedding_bwd_k(const uint32_t* keys, const int32_t* pos, const float* dy, float* dw, int64_t rows,
+                                int64_t dim) {
+  const int64_t k = blockIdx.x;
+  const uint32_t id = keys[k];
+  if (k > 0 && keys[k - 1] == id) return;  // not the first of its run (block-uniform)
+  const int64_t j = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= dim) return;
+  float* out = dw + int64_t{id} * dim + j;
+  float acc = *out;
+  for (int64_t m = k; m < rows && keys[m] == id; ++m) acc += dy[int64_t{pos[m]} * dim + j];
+  *out = acc;
+}
+
+// Scratch layout of embedding_backward: sorted ids [rows] u32, positions [rows]
+// i32, sorted positions [rows] i32 (each 256-byte aligned), then CUB's storage.
+size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
+int id_bits(int64_t num) {  // radix-sort only the bits an id below num can have
+  int b = 1;
+  while (b < 32 && (int64_t{1} << b) < num) ++b;
+  return b;
+}
+size_t sort_bytes(int64_t rows, int64_t num) {
+  size_t t = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, t, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+                                  static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), rows, 0,
+                                  id_bits(num));
+  return t;
 }
 
 __global__ void pos_fwd_k(const float* x, const float* w, float* y, int64_t batch, int64_t per) {
@@ -96,8 +131,31 @@ void embedding_forward(const int32_t* ids, const float* w, float* y, int64_t row
                        cudaStream_t s) {
   if (rows * dim > 0) embedding_fwd_k<<<blocks_for(rows * dim), kThreads, 0, s>>>(ids, w, y, rows, dim, num, err);
 }
-void embedding_backward(const int32_t* ids, const float* dy, float* dw, int64_t rows, int64_t dim, cudaStream_t s) {
-  if (rows * dim > 0) embedding_bwd_k<<<blocks_for(rows * dim), kThreads, 0, s>>>(ids, dy, dw, rows, dim);
+size_t embedding_backward_scratch(int64_t rows, int64_t num) {
+  if (rows <= 0) return 0;
+  return 3 * align256(static_cast<size_t>(rows) * 4) + align256(sort_bytes(rows, num));
+}
+cudaError_t embedding_backward(const int32_t* ids, const float* dy, float* dw, int64_t rows, int64_t dim, int64_t num,
+                               void* scratch, size_t scratch_bytes, cudaStream_t s) {
+  if (rows <= 0 || dim <= 0) return cudaSuccess;
+  if (rows > INT32_MAX || scratch_bytes < embedding_backward_scratch(rows, num)) return cudaErrorInvalidValue;
+  const size_t part = align256(static_cast<size_t>(rows) * 4);
+  char* base = static_cast<char*>(scratch);
+  auto* keys = reinterpret_cast<uint32_t*>(base);
+  auto* pos = reinterpret_cast<int32_t*>(base + part);
+  auto* sorted_pos = reinterpret_cast<int32_t*>(base + 2 * part);
+  size_t temp_bytes = scratch_bytes - 3 * part;
+  iota_k<<<blocks_for(rows), kThreads, 0, s>>>(pos, rows);
+  // Ids were validated in [0, num) by the forward, so as u32 they sort as ids;
+  // LSD radix sort is stable: positions stay ascending within an id.
+  const cudaError_t e = cub::DeviceRadixSort::SortPairs(base + 3 * part, temp_bytes,
+                                                        reinterpret_cast<const uint32_t*>(ids), keys, pos, sorted_pos,
+                                                        rows, 0, id_bits(num), s);
+  if (e != cudaSuccess) return e;
+  const int threads = dim >= kThreads ? kThreads : static_cast<int>((dim + 31) / 32 * 32);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((dim + threads - 1) / threads));
+  embedding_bwd_k<<<grid, threads, 0, s>>>(keys, sorted_pos, dy, dw, rows, dim);
+  return cudaSuccess;
 }
 void pos_embedding_forward(const float* x, const float* w, float* y, int64_t batch, int64_t per, cudaStream_t s) {
   if (batch * per > 0) pos_fwd_k<<<blocks_for(batch * per), kThreads, 0, s>>>(x, w, y, batch, per);

@@ -8,10 +8,15 @@
 // `s` and returns at once; the caller checks cudaGetLastError().
 //
 // Layouts are the CPU reference's (executor/cpu): row-major, batch first.
+//
+// Determinism: no kernel reduces floats with atomics. Every sum runs in an
+// order fixed by the shapes alone, so the same inputs give bit-identical
+// outputs run to run (each kernel notes its order).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -39,16 +44,24 @@ void dropout_forward(const float* x, float* y, uint8_t* mask, int64_t batch, int
 void masked_accumulate(const float* dy, const uint8_t* mask, float scale, float* dx, int64_t n, cudaStream_t s);
 // y[r, j] = bias[j] for r < rows (the bias broadcast a GEMM then accumulates onto).
 void fill_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
-// out[j] += sum_r a[r * cols + j].
+// out[j] += sum_r a[r * cols + j] (fixed order: common.cuh's column lanes).
 void column_sum_add(const float* a, float* out, int64_t rows, int64_t cols, cudaStream_t s);
 // The device twin of dropout_uniform (philox.cpp), for the known-answer test.
 void philox_uniforms(uint64_t seed, int node, int64_t sample, int64_t n, float* out, cudaStream_t s);
 
 // ---- embedding.cu ----------------------------------------------------------------
-// A bad id sets *err (device int, 0 = fine) to 1 + its row, first one wins.
+// Bad ids: *err (a device int read as unsigned; the caller memsets it to 0xFF,
+// all ones = fine) becomes the lowest bad row, the row the CPU reports.
 void embedding_forward(const int32_t* ids, const float* w, float* y, int64_t rows, int64_t dim, int64_t num, int* err,
                        cudaStream_t s);
-void embedding_backward(const int32_t* ids, const float* dy, float* dw, int64_t rows, int64_t dim, cudaStream_t s);
+// dw[id] += dy rows in position order (a stable radix sort of the ids, then one
+// block per run of equal ids): the CPU's sum bit for bit. Ids must lie in
+// [0, num) (the forward checked). `scratch` holds at least
+// embedding_backward_scratch(rows, num) bytes (the sort's keys, positions and
+// CUB's temporary storage); a sort error is returned, launches are not checked.
+size_t embedding_backward_scratch(int64_t rows, int64_t num);
+cudaError_t embedding_backward(const int32_t* ids, const float* dy, float* dw, int64_t rows, int64_t dim, int64_t num,
+                               void* scratch, size_t scratch_bytes, cudaStream_t s);
 // y[s, i] = x[s, i] + w[i] over `per` elements a sample; backward dw += sum_s dy.
 void pos_embedding_forward(const float* x, const float* w, float* y, int64_t batch, int64_t per, cudaStream_t s);
 void batch_sum_add(const float* dy, float* dw, int64_t batch, int64_t per, cudaStream_t s);
@@ -115,7 +128,8 @@ void bn_backward_dx(const float* x, const float* dy, const float* mean, const fl
                     int64_t C, int64_t S, cudaStream_t s);
 
 // ---- loss.cu ---------------------------------------------------------------------
-// probs [R, K]; row_loss [R] double scratch; out[0] = mean; bad target -> *err = 1 + row.
+// probs [R, K]; row_loss [R] double scratch; out[0] = mean; bad targets: *err
+// (as embedding_forward's) becomes the lowest bad row.
 void cross_entropy_forward(const float* logits, const int32_t* targets, float* probs, double* row_loss, float* out,
                            int64_t R, int64_t K, int* err, cudaStream_t s);
 // dz += k (probs - onehot), k = grad_scale * dout[0] / R (dout on the device).
@@ -144,18 +158,24 @@ void attn_softmax(const AttnDims& d, const float* scores, float* probs, uint8_t*
                   bool with_dropout, cudaStream_t s);
 // dprobs (in: dP~ = dctx v^T) -> dS = P (dP - rowsum(P dP)), dP = dP~ mask keep_scale when mask.
 void attn_softmax_backward(const AttnDims& d, const float* probs, const uint8_t* mask, float* dprobs, cudaStream_t s);
-// Flash form (online softmax, FlashAttention Alg. 1): ctx [b, T, H hd], lse [b, H, T].
-void flash_forward(const AttnDims& d, const float* q, const float* k, const float* v, float* ctx, float* lse,
-                   cudaStream_t s);
-// Recomputing backward: dq += ..., dk += ..., dv += ... (no atomics: one block per row).
-void flash_backward(const AttnDims& d, const float* q, const float* k, const float* v, const float* ctx,
-                    const float* lse, const float* dctx, float* dq, float* dk, float* dv, cudaStream_t s);
+// Flash form (FlashAttention-2, Dao 2023): ctx [b, T, H hd], lse [b, H, T];
+// tiles in shared memory, online softmax (Alg. 1). hd <= 1024, else
+// cudaErrorInvalidValue (nothing launched); launches are not checked.
+cudaError_t flash_forward(const AttnDims& d, const float* q, const float* k, const float* v, float* ctx, float* lse,
+                          cudaStream_t s);
+// Recomputing backward (Alg. 2): dq += ..., dk += ..., dv += ...; D is scratch of
+// b H T floats (rowsum(dO * O)). No atomics: one pass per key tile (dk, dv), one
+// per query tile (dq), sums in a fixed order. Errors as flash_forward.
+cudaError_t flash_backward(const AttnDims& d, const float* q, const float* k, const float* v, const float* ctx,
+                           const float* lse, const float* dctx, float* dq, float* dk, float* dv, float* D,
+                           cudaStream_t s);
 
 // ---- adamw.cu --------------------------------------------------------------------
 void optimizer_step(int kind, float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1,
                     double beta2, double eps, double bc1, double bc2, double wd, double momentum, double clip,
                     cudaStream_t s);
-// *out += sum x^2 (double, device).
+// *out += sum x^2 (double, device): per-block partials into a lazily allocated
+// per-(device, stream) buffer, then one block adds them in order (deterministic).
 void sum_of_squares(const float* x, int64_t n, double* out, cudaStream_t s);
 
 }  // namespace dlplan::exec::cuda

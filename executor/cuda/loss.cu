@@ -28,7 +28,7 @@ __global__ void ce_fwd_k(const float* logits, const int32_t* targets, float* pro
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x) p[j] *= inv;
   if (threadIdx.x == 0) {
     if (t < 0 || t >= K) {
-      atomicCAS(err, 0, static_cast<int>(r) + 1);
+      atomicMin(reinterpret_cast<unsigned*>(err), static_cast<unsigned>(r));  // lowest bad row wins, as the CPU
       row_loss[r] = 0;
     } else {
       row_loss[r] = log(sum) + mx - z[t];

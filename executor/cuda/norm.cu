@@ -1,7 +1,7 @@
 // LayerNorm, RMSNorm and BatchNorm (with SyncBatchNorm's combine step)
 // kernels; statistics in double and kept in fp32, as executor/cpu/ops_norm.cpp.
-// Row statistics: one block a row. Parameter gradients: a thread a column over
-// a slice of rows, slices joined with atomics. BatchNorm: one block a channel.
+// Row statistics: one block a row. Parameter gradients: a block per 32 columns,
+// rows summed in a fixed order (no atomics). BatchNorm: one block a channel.
 #include "common.cuh"
 
 namespace dlplan::exec::cuda {
@@ -47,34 +47,36 @@ __global__ void ln_dx_k(const float* x, const float* w, const float* dy, const f
 }
 
 // dw[j] += sum_r dy x_hat, db[j] += sum_r dy; rms: dw[j] += sum_r dy x rstd.
+// Fixed order (common.cuh, column lanes): lane y sums its slice of rows, then
+// lane 0 adds the slices in order onto dw[j] / db[j] — no atomics.
 __global__ void norm_param_k(const float* x, const float* dy, const float* mean, const float* rstd, float* dw, float* db,
-                             int64_t R, int64_t D, int64_t chunk) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= D) return;
-  const int64_t r0 = blockIdx.y * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;
+                             int64_t R, int64_t D) {
+  __shared__ float sm[kColLanes][kColTile];
+  const int64_t j = blockIdx.x * int64_t{kColTile} + threadIdx.x;
+  int64_t r0, r1;
+  lane_rows(R, &r0, &r1);
   float aw = 0, ab = 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float d = dy[r * D + j];
-    const float xh = mean ? (x[r * D + j] - mean[r]) * rstd[r] : x[r * D + j] * rstd[r];
-    aw += d * xh;
-    ab += d;
-  }
-  if (gridDim.y == 1) {
-    dw[j] += aw;
-    if (db) db[j] += ab;
-  } else {
-    atomicAdd(dw + j, aw);
-    if (db) atomicAdd(db + j, ab);
+  if (j < D)
+#pragma unroll 4  // loads in flight; the order of the adds is unchanged
+    for (int64_t r = r0; r < r1; ++r) {
+      const float d = dy[r * D + j];
+      const float xh = mean ? (x[r * D + j] - mean[r]) * rstd[r] : x[r * D + j] * rstd[r];
+      aw += d * xh;
+      ab += d;
+    }
+  const bool lead = threadIdx.y == 0 && j < D;
+  aw = lanes_total(lead ? dw[j] : 0.0f, aw, sm);
+  if (db) ab = lanes_total(lead ? db[j] : 0.0f, ab, sm);  // db is uniform over the block
+  if (lead) {
+    dw[j] = aw;
+    if (db) db[j] = ab;
   }
 }
 
 void norm_param_grads(const float* x, const float* dy, const float* mean, const float* rstd, float* dw, float* db,
                       int64_t R, int64_t D, cudaStream_t s) {
   if (R <= 0 || D <= 0) return;
-  int64_t chunk = 64;
-  while ((R + chunk - 1) / chunk > 65535) chunk *= 2;
-  const dim3 grid(static_cast<unsigned>((D + kThreads - 1) / kThreads), static_cast<unsigned>((R + chunk - 1) / chunk));
-  norm_param_k<<<grid, kThreads, 0, s>>>(x, dy, mean, rstd, dw, db, R, D, chunk);
+  norm_param_k<<<column_lanes_grid(D), column_lanes_block(), 0, s>>>(x, dy, mean, rstd, dw, db, R, D);
 }
 
 __global__ void rms_fwd_k(const float* x, const float* w, float* y, float* rstd, int64_t D, double eps) {

@@ -30,11 +30,29 @@ __global__ void maxpool_fwd_k(Geom g, const float* x, float* y, int32_t* am, int
   }
 }
 
+// Thread per input pixel (a gather, no atomics): adds dy of every window whose
+// argmax is this pixel, windows in output order (oh, then ow, ascending) — the
+// CPU's scatter order, so the sum is the CPU's bit for bit. Window oh covers
+// rows [oh sh - ph, oh sh - ph + kh), i.e. oh in [ceil((ih + ph - kh + 1) / sh),
+// floor((ih + ph) / sh)] within [0, OH); the same for columns.
 __global__ void maxpool_bwd_k(Geom g, const float* dy, const int32_t* am, float* dx, int64_t planes) {
-  const int64_t P = g.OH * g.OW;
-  DLPLAN_GRID_LOOP(i, planes * P) {
-    const int64_t pl = i / P;
-    if (am[i] >= 0) atomicAdd(dx + pl * g.H * g.W + am[i], dy[i]);
+  const int64_t HW = g.H * g.W, P = g.OH * g.OW;
+  DLPLAN_GRID_LOOP(i, planes * HW) {
+    const int64_t pl = i / HW, r = i - pl * HW, ih = r / g.W, iw = r - ih * g.W;
+    const int64_t th = ih + g.ph - g.kh + 1, tw = iw + g.pw - g.kw + 1;
+    const int64_t oh0 = th > 0 ? (th + g.sh - 1) / g.sh : 0, ow0 = tw > 0 ? (tw + g.sw - 1) / g.sw : 0;
+    const int64_t oh1 = min((ih + g.ph) / g.sh, g.OH - 1), ow1 = min((iw + g.pw) / g.sw, g.OW - 1);
+    const float* dyp = dy + pl * P;
+    const int32_t* amp = am + pl * P;
+    float acc = dx[i];
+    bool hit = false;
+    for (int64_t oh = oh0; oh <= oh1; ++oh)
+      for (int64_t ow = ow0; ow <= ow1; ++ow)
+        if (amp[oh * g.OW + ow] == r) {
+          acc += dyp[oh * g.OW + ow];
+          hit = true;
+        }
+    if (hit) dx[i] = acc;
   }
 }
 
@@ -99,7 +117,7 @@ void maxpool_forward(const Geom& g, const float* x, float* y, int32_t* argmax, i
   if (n > 0) maxpool_fwd_k<<<blocks_for(n), kThreads, 0, s>>>(g, x, y, argmax, planes);
 }
 void maxpool_backward(const Geom& g, const float* dy, const int32_t* argmax, float* dx, int64_t planes, cudaStream_t s) {
-  const int64_t n = planes * g.OH * g.OW;
+  const int64_t n = planes * g.H * g.W;
   if (n > 0) maxpool_bwd_k<<<blocks_for(n), kThreads, 0, s>>>(g, dy, argmax, dx, planes);
 }
 void avgpool_forward(const Geom& g, const float* x, float* y, int64_t planes, cudaStream_t s) {
