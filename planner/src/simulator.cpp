@@ -10,9 +10,12 @@
 // instructions where they belong.
 #include "dlplan/simulator.hpp"
 
+#include "dlplan/ledger.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <ostream>
 
@@ -24,10 +27,6 @@ namespace {
 constexpr double kMemoryEfficiency = 0.85;
 
 double peak_flops(const DeviceSpec& d, Precision p) { return p == Precision::bf16_mixed ? d.bf16_flops : d.fp32_flops; }
-
-bool applies(When w, bool first, bool last) {
-  return w == When::every || (w == When::first_micro && first) || (w == When::last_micro && last);
-}
 
 }  // namespace
 
@@ -55,11 +54,9 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
 
   double tc = 0, tm = 0;  // the two streams' clocks
   std::vector<double> done(prog.comm.size(), 0);
-  CategoryBytes cur{};
-  std::vector<const Instr*> live(static_cast<size_t>(prog.slots), nullptr);
-  const int A = static_cast<int>(t.grad_accum);
+  int micro = 0;
 
-  auto run_comm = [&](int k, int micro, double issue_time) {
+  auto run_comm = [&](int k, double issue_time) {
     const CommEvent& ev = prog.comm[static_cast<size_t>(k)];
     const double start = std::max(tm, issue_time);
     tm = start + cost[static_cast<size_t>(k)];
@@ -78,56 +75,50 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     s.comm.push_back(std::move(sp));
   };
 
-  for (int micro = 0; micro < A; ++micro) {
-    const bool first = micro == 0, last = micro == A - 1;
-    for (const Instr& in : prog.instrs) {
-      if (!applies(in.when, first, last)) continue;
-      switch (in.kind) {
-        case Instr::Kind::alloc:
-          if (in.bytes <= 0) break;
-          cur[static_cast<size_t>(in.category)] += in.bytes;
-          live[static_cast<size_t>(in.slot)] = &in;
-          if (total(cur) > s.peak_bytes) s.peak_bytes = total(cur);
-          if (timeline) s.memory.push_back({tc, cur});
-          break;
-        case Instr::Kind::free:
-          if (const Instr* a = live[static_cast<size_t>(in.slot)]) {
-            cur[static_cast<size_t>(a->category)] -= a->bytes;
-            live[static_cast<size_t>(in.slot)] = nullptr;
-            if (timeline) s.memory.push_back({tc, cur});
-          }
-          break;
-        case Instr::Kind::forward:
-        case Instr::Kind::recompute:
-        case Instr::Kind::backward:
-        case Instr::Kind::optimizer: {
-          const ComputeEvent& ev = prog.compute[static_cast<size_t>(in.event)];
-          if (auto it = blocking_at.find(in.event); it != blocking_at.end())
-            for (int k : it->second) {  // SyncBN: the layer waits for its collective
-              run_comm(k, micro, tc);
-              tc = std::max(tc, done[static_cast<size_t>(k)]);
+  // The program's memory comes from the shared runner's ledger; the visitor
+  // only advances the clocks and draws the curve.
+  ProgramRunner runner(prog);
+  FunctionVisitor clocks;
+  auto memory_point = [&] {
+    if (timeline) s.memory.push_back({tc, runner.ledger().current()});
+  };
+  clocks.alloc = [&](const Instr&, bool) { memory_point(); };
+  clocks.free = [&](const Instr&) { memory_point(); };
+  clocks.instr = [&](const Instr& in) {
+        switch (in.kind) {
+          case Instr::Kind::forward:
+          case Instr::Kind::recompute:
+          case Instr::Kind::backward:
+          case Instr::Kind::optimizer: {
+            const ComputeEvent& ev = prog.compute[static_cast<size_t>(in.event)];
+            if (auto it = blocking_at.find(in.event); it != blocking_at.end())
+              for (int k : it->second) {  // SyncBN: the layer waits for its collective
+                run_comm(k, tc);
+                tc = std::max(tc, done[static_cast<size_t>(k)]);
+              }
+            const double start = tc;
+            tc += seconds[static_cast<size_t>(in.event)];
+            s.compute_seconds += seconds[static_cast<size_t>(in.event)];
+            if (ev.phase != Phase::recompute && ev.phase != Phase::optimizer) s.model_flops += ev.flops;
+            if (timeline) {
+              Span sp;
+              sp.name = ev.name;
+              sp.phase = ev.phase;
+              sp.start = start;
+              sp.end = tc;
+              sp.micro_batch = micro;
+              s.compute.push_back(std::move(sp));
             }
-          const double start = tc;
-          tc += seconds[static_cast<size_t>(in.event)];
-          s.compute_seconds += seconds[static_cast<size_t>(in.event)];
-          if (ev.phase != Phase::recompute && ev.phase != Phase::optimizer) s.model_flops += ev.flops;
-          if (timeline) {
-            Span sp;
-            sp.name = ev.name;
-            sp.phase = ev.phase;
-            sp.start = start;
-            sp.end = tc;
-            sp.micro_batch = micro;
-            s.compute.push_back(std::move(sp));
+            break;
           }
-          break;
+          case Instr::Kind::issue: run_comm(in.comm, tc); break;
+          case Instr::Kind::wait: tc = std::max(tc, done[static_cast<size_t>(in.comm)]); break;
+          default: break;
         }
-        case Instr::Kind::issue: run_comm(in.comm, micro, tc); break;
-        case Instr::Kind::wait: tc = std::max(tc, done[static_cast<size_t>(in.comm)]); break;
-        case Instr::Kind::mark: break;
-      }
-    }
-  }
+  };
+  const int A = static_cast<int>(t.grad_accum);
+  for (micro = 0; micro < A; ++micro) runner.run_micro_batch(micro == 0, micro == A - 1, clocks);
+  s.peak_bytes = runner.ledger().peak();
   s.step_seconds = std::max(tc, tm);  // the next step's forward waits for the last all-gathers
   s.exposed_seconds = s.step_seconds - s.compute_seconds;
   const double peak = peak_flops(c.device, t.precision);

@@ -1,11 +1,53 @@
-// The dry run of a step program: counts every allocation in its category and
-// records the peak, its breakdown and (on request) the tensors alive then.
+// The dry run of a step program: ProgramRunner counts every allocation in its
+// category (ledger.hpp); this records the peak, its breakdown and (on
+// request) the tensors alive then, and the memory after every op.
 #include "dlplan/step_walk.hpp"
 
+#include "dlplan/ledger.hpp"
+
 #include <algorithm>
-#include <unordered_map>
 
 namespace dlplan {
+namespace {
+
+class Walker final : public ProgramVisitor {
+ public:
+  Walker(ProgramRunner& runner, const WalkOptions& opt, StepWalk& out) : runner_(runner), opt_(opt), out_(out) {}
+
+  void on_alloc(const Instr&, bool peaked) override {
+    if (!peaked) return;
+    out_.peak_event = event_;
+    if (!opt_.explain) return;
+    const StepProgram& prog = runner_.program();
+    out_.peak_tensors.clear();
+    for (int slot = 0; slot < prog.slots; ++slot)
+      if (const Instr* a = runner_.holder(slot)) {
+        const SlotName& n = prog.names[static_cast<size_t>(slot)];
+        out_.peak_tensors.push_back({n.what, n.holder, a->category, a->bytes});
+      }
+  }
+
+  void on_instr(const Instr& in) override {
+    switch (in.kind) {
+      case Instr::Kind::forward:
+      case Instr::Kind::recompute:
+      case Instr::Kind::backward:
+      case Instr::Kind::optimizer: event_ = in.event; break;
+      case Instr::Kind::mark:
+        if (opt_.timeline) out_.timeline.push_back({in.event, runner_.ledger().current()});
+        break;
+      default: break;
+    }
+  }
+
+ private:
+  ProgramRunner& runner_;
+  const WalkOptions& opt_;
+  StepWalk& out_;
+  int event_ = -1;
+};
+
+}  // namespace
 
 StepWalk walk_step(const Model& m, const Cluster& cluster, const TrainingConfig& cfg, const WalkOptions& opt) {
   return walk_program(build_step_program(m, cluster, cfg, opt.explain), opt, cfg.grad_accum);
@@ -13,55 +55,13 @@ StepWalk walk_step(const Model& m, const Cluster& cluster, const TrainingConfig&
 
 StepWalk walk_program(const StepProgram& prog, const WalkOptions& opt, int64_t grad_accum) {
   StepWalk out;
-  CategoryBytes cur{};
-  std::vector<const Instr*> live_alloc(static_cast<size_t>(prog.slots), nullptr);
-  std::unordered_map<int, const Instr*> live;  // for --explain only
-  int event = -1;
-
-  for (const Instr& in : prog.instrs) {
-    switch (in.kind) {
-      case Instr::Kind::alloc: {
-        if (in.bytes <= 0) break;
-        cur[static_cast<size_t>(in.category)] += in.bytes;
-        live_alloc[static_cast<size_t>(in.slot)] = &in;
-        if (opt.explain) live[in.slot] = &in;
-        for (size_t c = 0; c < cur.size(); ++c) out.max_each[c] = std::max(out.max_each[c], cur[c]);
-        if (total(cur) > out.peak) {
-          out.peak = total(cur);
-          out.at_peak = cur;
-          out.peak_event = event;
-          if (opt.explain) {
-            out.peak_tensors.clear();
-            for (const auto& [slot, a] : live) {
-              const SlotName& n = prog.names[static_cast<size_t>(slot)];
-              out.peak_tensors.push_back({n.what, n.holder, a->category, a->bytes});
-            }
-          }
-        }
-        break;
-      }
-      case Instr::Kind::free: {
-        const Instr*& a = live_alloc[static_cast<size_t>(in.slot)];
-        if (!a) break;
-        cur[static_cast<size_t>(a->category)] -= a->bytes;
-        if (opt.explain) live.erase(in.slot);
-        a = nullptr;
-        break;
-      }
-      case Instr::Kind::forward:
-      case Instr::Kind::recompute:
-      case Instr::Kind::backward:
-      case Instr::Kind::optimizer:
-        event = in.event;
-        break;
-      case Instr::Kind::mark:
-        if (opt.timeline) out.timeline.push_back({in.event, cur});
-        break;
-      case Instr::Kind::issue:
-      case Instr::Kind::wait:
-        break;
-    }
-  }
+  ProgramRunner runner(prog);
+  Walker walker(runner, opt, out);
+  runner.run_step(grad_accum, walker);
+  const MemoryLedger& l = runner.ledger();
+  out.peak = l.peak();
+  out.at_peak = l.at_peak();
+  out.max_each = l.max_each();
   std::sort(out.peak_tensors.begin(), out.peak_tensors.end(),
             [](const LiveTensor& a, const LiveTensor& b) { return a.bytes > b.bytes; });
   out.compute = prog.compute;
