@@ -23,12 +23,12 @@ Shape batched(int64_t b, const Shape& per_sample) {
 
 Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string& what, bool zero) {
   auto name = c.node->name + "." + what;
-  return zero ? c.alloc->zeros(shape, dt, Category::activations, std::move(name))
-              : c.alloc->empty(shape, dt, Category::activations, std::move(name));
+  const Category cat = saved_category(c);
+  return zero ? c.alloc->zeros(shape, dt, cat, std::move(name)) : c.alloc->empty(shape, dt, cat, std::move(name));
 }
 
 Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what) {
-  return c.alloc->bytes_buffer(bytes, Category::activations, c.node->name + "." + what);
+  return c.alloc->bytes_buffer(bytes, saved_category(c), c.node->name + "." + what);
 }
 
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace dlplan::exec {
@@ -43,6 +44,8 @@ Runtime::Runtime(int dev) : device(dev) {
   DLPLAN_CU(nullptr, cublasSetStream(blas, stream));
   DLPLAN_CU(nullptr, cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));  // fp32, no TF32
   DLPLAN_CU(nullptr, cudaMalloc(reinterpret_cast<void**>(&err), sizeof(int)));
+  const char* sync = std::getenv("DLPLAN_CUDA_SYNC");
+  sync_each_op = sync != nullptr && *sync != '\0' && std::strcmp(sync, "0") != 0;
 }
 
 Runtime::~Runtime() {
@@ -56,6 +59,7 @@ Runtime::~Runtime() {
 
 void* Runtime::scratch_at_least(size_t bytes, const OpContext* c) {
   if (bytes <= scratch_bytes) return scratch;
+  ++scratch_grows;
   const size_t grown = std::max<size_t>({bytes, 2 * scratch_bytes, 4096});
   if (scratch) {
     DLPLAN_CU(c, cudaStreamSynchronize(stream));  // earlier kernels may still read it
@@ -77,10 +81,26 @@ class CudaBackend final : public Backend {
   void forward(OpContext& c) override {
     DLPLAN_CU(&c, cudaSetDevice(rt_.device));
     ops_forward(rt_, c);
+    if (rt_.sync_each_op) DLPLAN_CU(&c, cudaStreamSynchronize(rt_.stream));  // "(forward)" is in the node's name
   }
   void backward(OpContext& c) override {
     DLPLAN_CU(&c, cudaSetDevice(rt_.device));
     ops_backward(rt_, c);
+    if (rt_.sync_each_op) DLPLAN_CU(&c, cudaStreamSynchronize(rt_.stream));
+  }
+  void set_gemm_workspace(void* p, int64_t bytes) override {
+    DLPLAN_CU(nullptr, cudaSetDevice(rt_.device));
+    // After cublasSetStream (the constructor's), which resets the workspace.
+    DLPLAN_CU(nullptr, cublasSetWorkspace(rt_.blas, p, static_cast<size_t>(bytes)));
+  }
+  void prepare(const Model& m, int64_t micro_batch, int syncbn_group) override {
+    size_t most = 0;
+    for (const Node& n : m.nodes) most = std::max(most, scratch_bytes_for(m, n, micro_batch, syncbn_group));
+    if (most > 0) {
+      DLPLAN_CU(nullptr, cudaSetDevice(rt_.device));
+      rt_.scratch_at_least(most, nullptr);
+    }
+    rt_.scratch_grows = 0;
   }
   Runtime& runtime() { return rt_; }
   const Runtime& runtime() const { return rt_; }

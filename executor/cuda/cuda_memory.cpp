@@ -130,8 +130,10 @@ class CachingCudaMemory final : public CudaMemory {
   void zero(void* p, int64_t bytes) override {
     if (bytes <= 0) return;
     cudart::DeviceGuard guard(device_);
+    // Enqueued on the compute stream, so every consumer (a kernel on that
+    // stream, or a collective ordered after it by an event) comes after it;
+    // the host does not wait.
     cudart::check(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_), "cudaMemsetAsync");
-    cudart::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after zeroing)");
   }
 
   bool host_visible() const override { return false; }
@@ -174,7 +176,10 @@ class CachingCudaMemory final : public CudaMemory {
       free_cached_segments();
       rc = cudaMalloc(&p, static_cast<size_t>(size));
     }
-    if (rc == cudaErrorMemoryAllocation) {
+    // Out of memory, or a size no device has (CUDA answers an absurd request
+    // with cudaErrorInvalidValue on some drivers): null, and the Allocator
+    // reports it naming the tensor. Any other error is a device fault.
+    if (rc == cudaErrorMemoryAllocation || rc == cudaErrorInvalidValue) {
       (void)cudaGetLastError();
       return nullptr;
     }

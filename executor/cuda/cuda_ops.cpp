@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <string>
@@ -31,10 +32,10 @@ Shape batched(int64_t b, const Shape& per) {
   return s;
 }
 Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string& what) {
-  return c.alloc->empty(shape, dt, Category::activations, c.node->name + "." + what);
+  return c.alloc->empty(shape, dt, saved_category(c), c.node->name + "." + what);
 }
 Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what) {
-  return c.alloc->bytes_buffer(bytes, Category::activations, c.node->name + "." + what);
+  return c.alloc->bytes_buffer(bytes, saved_category(c), c.node->name + "." + what);
 }
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero = false) {
   auto name = c.node->name + "." + what;
@@ -93,12 +94,14 @@ void project_backward(Runtime& rt, const OpContext& c, const float* x, const flo
   }
 }
 
-// Reads the device error flag (synchronising the stream); 0 = fine, else 1 + the bad row.
+// Reads the device error flag (synchronising the stream): the kernels lower it,
+// read as unsigned, from all ones (the memset 0xFF) to the lowest bad row.
+// Returns 0 = fine, else 1 + that row.
 int64_t take_error_row(Runtime& rt, const OpContext& c) {
-  int h = 0;
-  CU(cudaMemcpyAsync(&h, rt.err, sizeof(int), cudaMemcpyDeviceToHost, rt.stream));
+  unsigned h = 0;
+  CU(cudaMemcpyAsync(&h, rt.err, sizeof(unsigned), cudaMemcpyDeviceToHost, rt.stream));
   CU(cudaStreamSynchronize(rt.stream));
-  return h;
+  return h == UINT_MAX ? 0 : int64_t{h} + 1;
 }
 int32_t read_i32(Runtime& rt, const OpContext& c, const int32_t* p) {
   int32_t h = 0;
@@ -114,14 +117,18 @@ int64_t total(const OpContext& c) { return c.batch * numel(in_shape(c, 0)); }
 void embedding_fwd(Runtime& rt, OpContext& c) {
   const int64_t num = c.node->attrs.integer("num"), dim = c.node->attrs.integer("dim");
   const int64_t n = total(c);
-  CU(cudaMemsetAsync(rt.err, 0, sizeof(int), rt.stream));
+  CU(cudaMemsetAsync(rt.err, 0xFF, sizeof(int), rt.stream));
   embedding_forward(c.in[0].i(), c.params[0].f(), c.out.f(), n, dim, num, rt.err, rt.stream);
   LAUNCHED();
   if (const int64_t row = take_error_row(rt, c))
     op_error(c, fmt::format("token id {} is outside [0, {})", read_i32(rt, c, c.in[0].i() + row - 1), num));
 }
 void embedding_bwd(Runtime& rt, OpContext& c) {
-  embedding_backward(c.in[0].i(), c.dout.f(), c.dparams[0].f(), total(c), c.node->attrs.integer("dim"), rt.stream);
+  const int64_t rows = total(c), num = c.node->attrs.integer("num");
+  const size_t bytes = embedding_backward_scratch(rows, num);  // sort keys, positions, CUB's storage
+  void* scratch = bytes > 0 ? rt.scratch_at_least(bytes, &c) : nullptr;
+  CU(embedding_backward(c.in[0].i(), c.dout.f(), c.dparams[0].f(), rows, c.node->attrs.integer("dim"), num, scratch,
+                        bytes, rt.stream));
   LAUNCHED();
 }
 
@@ -627,7 +634,7 @@ void attention_fwd(Runtime& rt, OpContext& c) {
   c.saved.push_back(ctx);
   if (a.flash) {
     Tensor lse = alloc_saved(c, {d.b, d.H, d.T}, DType::f32, "lse");
-    flash_forward(d, q.f(), k.f(), v.f(), ctx.f(), lse.f(), rt.stream);
+    CU(flash_forward(d, q.f(), k.f(), v.f(), ctx.f(), lse.f(), rt.stream));
     LAUNCHED();
     c.saved.push_back(std::move(lse));
   } else {
@@ -649,8 +656,9 @@ void attention_bwd(Runtime& rt, OpContext& c) {
   Tensor dk = alloc_temp(c, {d.b, d.T, d.kw()}, "dk", true);
   Tensor dv = alloc_temp(c, {d.b, d.T, d.kw()}, "dv", true);
   if (a.flash) {
-    flash_backward(d, c.saved[0].f(), c.saved[1].f(), c.saved[2].f(), c.saved[3].f(), c.saved[4].f(), dctx.f(), dq.f(),
-                   dk.f(), dv.f(), rt.stream);
+    auto* D = static_cast<float*>(rt.scratch_at_least(static_cast<size_t>(d.b * d.H * d.T) * sizeof(float), &c));
+    CU(flash_backward(d, c.saved[0].f(), c.saved[1].f(), c.saved[2].f(), c.saved[3].f(), c.saved[4].f(), dctx.f(), dq.f(),
+                      dk.f(), dv.f(), D, rt.stream));
     LAUNCHED();
   } else {
     math_backward(rt, c, a, dctx.f(), dq.f(), dk.f(), dv.f());
@@ -673,7 +681,7 @@ void cross_entropy_fwd(Runtime& rt, OpContext& c) {
   const int64_t K = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / K;
   Tensor probs = alloc_saved(c, {R, K}, DType::f32, "probs");
   auto* row_loss = static_cast<double*>(rt.scratch_at_least(static_cast<size_t>(R) * sizeof(double), &c));
-  CU(cudaMemsetAsync(rt.err, 0, sizeof(int), rt.stream));
+  CU(cudaMemsetAsync(rt.err, 0xFF, sizeof(int), rt.stream));
   cross_entropy_forward(c.in[0].f(), c.in[1].i(), probs.f(), row_loss, c.out.f(), R, K, rt.err, rt.stream);
   LAUNCHED();
   if (const int64_t row = take_error_row(rt, c))
@@ -689,6 +697,20 @@ void cross_entropy_bwd(Runtime& rt, OpContext& c) {
 }
 
 }  // namespace
+
+size_t scratch_bytes_for(const Model& m, const Node& n, int64_t batch, int syncbn_group) {
+  const Shape& x = m.tensor(n.inputs.at(0)).shape;
+  switch (n.op) {
+    case OpKind::batchnorm: {  // batchnorm_fwd / batchnorm_bwd: 2C doubles + G slots of 2C+1 floats (or 2C)
+      const auto C = static_cast<size_t>(x.at(0)), G = static_cast<size_t>(std::max(syncbn_group, 1));
+      return 2 * C * sizeof(double) + std::max(G * (2 * C + 1), 2 * C) * sizeof(float);
+    }
+    case OpKind::cross_entropy:  // cross_entropy_fwd: one double per row
+      return static_cast<size_t>(batch * numel(x) / x.back()) * sizeof(double);
+    default:
+      return 0;
+  }
+}
 
 void ops_forward(Runtime& rt, OpContext& c) {
   switch (c.node->op) {

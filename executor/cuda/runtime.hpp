@@ -32,7 +32,15 @@ struct Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   void* scratch_at_least(size_t bytes, const OpContext* c);
+  int scratch_grows = 0;  // reallocations of the scratch (0 after prepare() sized it)
+  // DLPLAN_CUDA_SYNC=1: synchronise and check after every op, so that a
+  // kernel fault is reported at the op that caused it (debugging).
+  bool sync_each_op = false;
 };
+
+// The scratch bytes an op needs at this micro-batch (cuda_ops.cpp, beside
+// the ops that use it); CudaBackend::prepare reserves the model's largest.
+size_t scratch_bytes_for(const Model& m, const Node& n, int64_t batch, int syncbn_group);
 
 // A failed CUDA / cuBLAS call as a dlplan::Error: "<file>:<line>: <call>:
 // <error> (node '<name>' (<op>))" — node part only when c is non-null.

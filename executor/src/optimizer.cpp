@@ -29,7 +29,15 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
   // gradients are summed across ranks, replicated ones counted once.
   double sq = 0;
   for (int u = 0; u < store_.units(); ++u) sq = ops.sum_of_squares(store_.owned_grads(u), store_.owned_size(u), sq);
-  if (store_.sharded()) comm.all_reduce_doubles(&sq, 1);
+  if (store_.sharded()) {
+    comm.all_reduce_doubles(&sq, 1);
+  } else if (comm.size() > 1) {
+    // Replicated gradients: every rank computed the same sum, up to rounding
+    // on a backend whose reductions are not bit-reproducible. One value for
+    // all (the mean), so that replicas clip alike and never drift apart.
+    comm.all_reduce_doubles(&sq, 1);
+    sq /= comm.size();
+  }
   const double norm = std::sqrt(sq);
   const double clip = (cfg_.clip_norm > 0 && norm > cfg_.clip_norm) ? cfg_.clip_norm / (norm + 1e-6) : 1.0;
 

@@ -4,6 +4,7 @@
 #include "dlplan/exec/trainer.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/ledger.hpp"
 #include "dlplan/exec/cuda_runtime.hpp"  // GpuCommunicator, wait_host (host logic only: no CUDA needed)
 #include "dlplan/loader.hpp"
 #include "dlplan/planner.hpp"
@@ -19,10 +20,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-bool applies(When w, bool first, bool last) {
-  return w == When::every || (w == When::first_micro && first) || (w == When::last_micro && last);
-}
 
 // What one rank sends for a collective of S bytes over n ranks (DESIGN.md).
 double ring_bytes(Collective op, double S, int n) {
@@ -125,10 +122,21 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
   }
 
   const TrainingConfig& t = plan.training;
+  program_ = build_step_program(plan.model, plan.cluster, t);
+  runner_ = std::make_unique<ProgramRunner>(program_);
+  slots_.resize(static_cast<size_t>(program_.slots));
+  work_.resize(program_.comm.size());
+  // The GEMM library's workspace: persistent, counted where the program
+  // allocates it (workspace), held here for the trainer's life.
+  for (const Instr& in : program_.instrs)
+    if (in.kind == Instr::Kind::alloc && in.role == Role::gemm_workspace && in.bytes > 0) {
+      gemm_workspace_ = alloc_.bytes_buffer(in.bytes, Category::workspace, "GEMM workspace (cuBLAS)");
+      backend_.set_gemm_workspace(gemm_workspace_.storage->data, in.bytes);
+    }
+  backend_.prepare(plan.model, t.micro_batch, t.syncbn ? static_cast<int>(t.syncbn_group) : 1);
   store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed, ops_.get());
   optimizer_ = std::make_unique<Optimizer>(t.optimizer, *store_, alloc_);
   data_ = make_data_source(opt.data, plan.model, opt.seed);
-  program_ = build_step_program(plan.model, plan.cluster, t);
   if (t.syncbn && t.syncbn_group > 1) {
     syncbn_group_ = comm.make_groups(t.syncbn_group);
     syncbn_ = std::make_unique<SyncBnHooks>();
@@ -153,6 +161,7 @@ Trainer::~Trainer() {
   try {
     for (auto& w : pending_param_gathers_) wait_host(w);
     ops_->synchronize();
+    backend_.set_gemm_workspace(nullptr, 0);  // the backend outlives the workspace tensor
   } catch (...) {
   }
 }
@@ -173,7 +182,11 @@ StepStats Trainer::step() {
   stats.step = step_;
   const auto start = Clock::now();
   const int A = static_cast<int>(plan_.training.grad_accum);
+  // Every step runs the program from its start, persistent allocations
+  // included (the parameter store holds those tensors; the ledger re-counts).
+  runner_->clear_slots();
   for (int micro = 0; micro < A; ++micro) run_micro_batch(micro, micro == 0, micro == A - 1, stats);
+  for (Tensor& t : slots_) t = Tensor{};  // what the program keeps for the next step is held elsewhere
   // The updated parameters' all-gathers (ZeRO-1/2) must land before the next
   // forward. On a GPU, wait() makes the compute stream wait for them, which
   // orders the next forward (and any download of the parameters) after them.
@@ -193,7 +206,10 @@ StepStats Trainer::step() {
   ++step_;
   // DESIGN.md: the set-up's and the first step's transients are not part of
   // the peak, so measurement restarts after the first step.
-  if (step_ == 1 && opt_.steps > 1) alloc_.reset_peak();
+  if (step_ == 1 && opt_.steps > 1) {
+    alloc_.reset_peak();
+    runner_->ledger().reset_peak();
+  }
   stats.peak_bytes = alloc_.peak();
   return stats;
 }
@@ -207,12 +223,14 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
   const float inv_world = 1.0f / static_cast<float>(N);
   const bool staged_grads = store_->sharded() && (t.strategy == Strategy::zero2 || t.strategy == Strategy::zero3);
 
-  std::vector<Tensor> slots(static_cast<size_t>(program_.slots));
-  std::vector<const Instr*> slot_alloc(static_cast<size_t>(program_.slots), nullptr);
+  // Slots live for the step (a slot may outlive its micro-batch: ZeRO-3's
+  // root unit is gathered in the first and freed in the last); tensor ids
+  // map to slots for one micro-batch.
+  std::vector<Tensor>& slots = slots_;
   std::vector<int> tensor_slot(m.tensors.size(), -1), grad_slot(m.tensors.size(), -1);
   std::vector<std::vector<Tensor>> produced(m.nodes.size());  // own saved tensors, until bound to slots
   std::vector<std::vector<int>> saved_slot(m.nodes.size());
-  std::vector<WorkHandle> work(program_.comm.size());
+  std::vector<WorkHandle>& work = work_;
 
   auto tensor_of = [&](int id) { return tensor_slot[static_cast<size_t>(id)] >= 0 ? slots[static_cast<size_t>(tensor_slot[static_cast<size_t>(id)])] : Tensor{}; };
   auto grad_of = [&](int id) { return grad_slot[static_cast<size_t>(id)] >= 0 ? slots[static_cast<size_t>(grad_slot[static_cast<size_t>(id)])] : Tensor{}; };
@@ -241,7 +259,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       case Role::model_states:
       case Role::gemm_workspace:
       case Role::op_temp:
-        return;  // held by the parameter store / the library / the op itself
+        return;  // held by the parameter store / the trainer (gemm_workspace_) / the op itself
       case Role::batch_input: {
         const TensorInfo& ti = m.tensor(in.tensor);
         out = alloc_.empty(batched(ti, b), ti.dtype, in.category, "batch: " + ti.name);
@@ -299,18 +317,15 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       }
     }
     slots[static_cast<size_t>(in.slot)] = std::move(out);
-    slot_alloc[static_cast<size_t>(in.slot)] = &in;
   };
 
-  auto release = [&](int slot) {
-    const Instr* a = slot_alloc[static_cast<size_t>(slot)];
-    if (!a) return;
-    if (a->role == Role::gathered) store_->set_gathered(a->unit, {});
-    if (a->role == Role::staging && staged_grads) store_->set_grad_staging(a->unit, {});
-    if (a->role == Role::node_output || a->role == Role::batch_input) tensor_slot[static_cast<size_t>(a->tensor)] = -1;
-    if (a->role == Role::grad) grad_slot[static_cast<size_t>(a->tensor)] = -1;
-    slots[static_cast<size_t>(slot)] = Tensor{};
-    slot_alloc[static_cast<size_t>(slot)] = nullptr;
+  // `a`: the allocation the program's free releases (ProgramRunner knows it).
+  auto release = [&](const Instr& a) {
+    if (a.role == Role::gathered) store_->set_gathered(a.unit, {});
+    if (a.role == Role::staging && staged_grads) store_->set_grad_staging(a.unit, {});
+    if (a.role == Role::node_output || a.role == Role::batch_input) tensor_slot[static_cast<size_t>(a.tensor)] = -1;
+    if (a.role == Role::grad) grad_slot[static_cast<size_t>(a.tensor)] = -1;
+    slots[static_cast<size_t>(a.slot)] = Tensor{};
   };
 
   auto issue = [&](int c) {
@@ -373,17 +388,20 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
     }
   };
 
-  for (const Instr& in : program_.instrs) {
-    if (!applies(in.when, first, last)) continue;
+  FunctionVisitor visit;
+  visit.alloc = [&](const Instr& in, bool) { allocate(in); };
+  visit.free = [&](const Instr& a) { release(a); };
+  visit.instr = [&](const Instr& in) {
     switch (in.kind) {
-      case Instr::Kind::alloc: allocate(in); break;
-      case Instr::Kind::free: release(in.slot); break;
       case Instr::Kind::forward:
       case Instr::Kind::recompute: {
         OpContext ctx = make_context(in.node);
         ctx.recompute = in.kind == Instr::Kind::recompute;
+        ctx.keep_saved = ctx.recompute || !checkpointed(*ctx.node, t);
         backend_.forward(ctx);
-        produced[static_cast<size_t>(in.node)] = std::move(ctx.saved);
+        // Not kept (a checkpointed unit's first forward): freed here, as the
+        // program frees them with the op's temporaries.
+        if (ctx.keep_saved) produced[static_cast<size_t>(in.node)] = std::move(ctx.saved);
         if (ctx.node->op == OpKind::cross_entropy && !ctx.recompute) {
           float loss = 0;
           ops_->download(&loss, ctx.out.f(), sizeof loss);
@@ -405,9 +423,27 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       case Instr::Kind::issue: issue(in.comm); break;
       case Instr::Kind::wait: finish(in.comm); break;
       case Instr::Kind::optimizer: stats.grad_norm = optimizer_->step(step_, opt_.steps, comm_); break;
-      case Instr::Kind::mark: break;
+      case Instr::Kind::mark: check_ledger(in); break;
+      default: break;
     }
-  }
+  };
+  runner_->run_micro_batch(first, last, visit);
+}
+
+// After every op (the program's marks) the allocator's bytes per category
+// must equal the program's: on the CPU exactly, on a GPU up to the caching
+// allocator's block rounding. The largest difference is kept, with where.
+void Trainer::check_ledger(const Instr& mark) {
+  const CategoryBytes real = alloc_.current(), want = runner_->ledger().current();
+  int64_t diff = 0;
+  for (size_t c = 0; c < real.size(); ++c) diff += std::abs(real[c] - want[c]);
+  if (diff <= ledger_check_.worst_bytes) return;
+  ledger_check_.worst_bytes = diff;
+  ledger_check_.measured = real;
+  ledger_check_.predicted = want;
+  ledger_check_.step = step_;
+  const ComputeEvent* ev = mark.event >= 0 ? &program_.compute[static_cast<size_t>(mark.event)] : nullptr;
+  ledger_check_.where = ev ? fmt::format("after {} ({})", ev->name, to_string(ev->phase)) : "at the step's start";
 }
 
 std::vector<float> Trainer::full_parameters() {

@@ -41,6 +41,10 @@ int64_t total(const CategoryBytes& b) {
   return t;
 }
 
+bool checkpointed(const Node& n, const TrainingConfig& cfg) {
+  return cfg.checkpointing == Checkpointing::units && n.unit != 0;
+}
+
 int64_t pad_to(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 std::vector<int64_t> unit_parameter_counts(const Model& m) {
@@ -102,7 +106,7 @@ class Emitter {
  private:
   const OpDecl& decl(int i) const { return out_.decls[static_cast<size_t>(i)]; }
   const Node& node(int i) const { return m_.nodes[static_cast<size_t>(i)]; }
-  bool checkpointed(int i) const { return cfg_.checkpointing == Checkpointing::units && node(i).unit != 0; }
+  bool checkpointed(int i) const { return dlplan::checkpointed(node(i), cfg_); }
   bool is_model_input(int t) const { return m_.tensor(t).producer < 0; }
   int64_t elem_bytes(Elem e) const { return e == Elem::compute ? act_ : e == Elem::u8 ? 1 : 4; }
   int64_t tensor_bytes(int t) const {
@@ -369,15 +373,24 @@ class Emitter {
             d.fwd_flops * static_cast<double>(b_), traffic(i));
     std::vector<int> temps;
     op_temps(i, d.fwd_temps, temps);
-    if (ph == Phase::recompute || !checkpointed(i))
-      for (size_t k = 0, own = 0; k < d.saved.size(); ++k) {
-        const auto& s = d.saved[k];
-        if (s.ref != SavedTensor::Ref::own) continue;
-        own_[static_cast<size_t>(i)].push_back(alloc(Role::op_saved, Category::activations, own_bytes(s)));
+    const bool keep = ph == Phase::recompute || !checkpointed(i);
+    for (size_t k = 0, own = 0; k < d.saved.size(); ++k) {
+      const auto& s = d.saved[k];
+      if (s.ref != SavedTensor::Ref::own) continue;
+      if (!keep) {
+        // The no-grad forward of a checkpointed unit: the op still makes the
+        // tensor (attention's probabilities, norm statistics), but nothing
+        // keeps it past the op.
+        temps.push_back(alloc(Role::op_temp, Category::workspace, own_bytes(s)));
         last().node = i;
-        last().index = static_cast<int>(own++);
-        name_last(n.name + "." + s.what, n.name);
+        name_last(n.name + "." + s.what + " (not kept: checkpointed)", n.name);
+        continue;
       }
+      own_[static_cast<size_t>(i)].push_back(alloc(Role::op_saved, Category::activations, own_bytes(s)));
+      last().node = i;
+      last().index = static_cast<int>(own++);
+      name_last(n.name + "." + s.what, n.name);
+    }
     if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
       const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
       CommEvent ev{n.name + " syncbn stats", Collective::AllGather, CommPurpose::syncbn,

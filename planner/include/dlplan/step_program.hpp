@@ -140,6 +140,11 @@ struct StepProgram {
   int backward_start = -1;             // index of the first backward compute event
 };
 
+// Does activation checkpointing recompute this node in backward? (Every node
+// of a non-root unit under Checkpointing::units.) Its first forward then runs
+// without keeping anything: its own saved tensors are temporaries.
+bool checkpointed(const Node& n, const TrainingConfig& cfg);
+
 StepProgram build_step_program(const Model& m, const Cluster& cluster, const TrainingConfig& cfg,
                                bool with_names = false);
 

@@ -10,7 +10,8 @@
 // exactly its declaration (ops.hpp):
 //  - the trainer allocates `out` before forward, and `din` before backward;
 //  - forward allocates the op's own saved tensors (SavedTensor::Ref::own, in
-//    declaration order) into `saved`, category activations, and its forward
+//    declaration order) into `saved`, category activations (workspace when
+//    !keep_saved), and its forward
 //    temporaries (workspace), freeing the temporaries before returning;
 //  - backward allocates and frees its backward temporaries (workspace);
 //    `din` and `dparams` are accumulated into (+=), never overwritten.
@@ -45,6 +46,10 @@ struct OpContext {
   uint64_t seed = 0;
   bool training = true;
   bool recompute = false;      // a checkpointed unit's second forward: BN must not update running stats again
+  // False in the first (no-grad) forward of a checkpointed unit: the op's own
+  // saved tensors are then temporaries (workspace), dropped when it returns,
+  // as under torch.utils.checkpoint; they are made again by the recompute.
+  bool keep_saved = true;
 
   std::vector<Tensor> in;      // inputs, [b, ...]
   Tensor out;                  // [b, ...] (scalar loss: shape {})
@@ -59,12 +64,24 @@ struct OpContext {
   const SyncBnHooks* syncbn = nullptr;
 };
 
+// Where an op's own saved tensors are counted (see OpContext::keep_saved).
+inline Category saved_category(const OpContext& c) { return c.keep_saved ? Category::activations : Category::workspace; }
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual void forward(OpContext& ctx) = 0;
   virtual void backward(OpContext& ctx) = 0;
+  // The GEMM library's workspace, allocated by the trainer as the plan counts
+  // it (a persistent `workspace` tensor); the backend hands it to its GEMM
+  // library (cuBLAS: cublasSetWorkspace). The CPU's BLAS takes none.
+  virtual void set_gemm_workspace(void* /*device_ptr*/, int64_t /*bytes*/) {}
+  // Called once before training: the backend sizes its own scratch (per-op
+  // reductions kept outside the accounting, as the CPU keeps them on its
+  // stack) for the largest op of the model at this micro-batch, so that it
+  // never grows (CUDA: cudaFree, a device-wide synchronisation) mid-step.
+  virtual void prepare(const Model& /*m*/, int64_t /*micro_batch*/, int /*syncbn_group*/) {}
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -19,6 +19,7 @@
 #include "dlplan/exec/optimizer.hpp"
 #include "dlplan/exec/param_store.hpp"
 #include "dlplan/exec/plan_file.hpp"
+#include "dlplan/ledger.hpp"
 #include "dlplan/step_program.hpp"
 
 #include <functional>
@@ -35,6 +36,15 @@ struct StepStats {
   double comm_bytes = 0;    // sent by this rank (ring accounting)
   double grad_norm = 0;
   int64_t peak_bytes = 0;   // allocator peak so far (after the first step: steady state)
+};
+
+// The allocator against the program after every op (Trainer::check_ledger):
+// the largest sum over categories of |measured - predicted| seen, and where.
+struct LedgerCheck {
+  int64_t worst_bytes = 0;
+  CategoryBytes measured{}, predicted{};
+  int step = -1;
+  std::string where;
 };
 
 struct TrainOptions {
@@ -63,6 +73,7 @@ class Trainer {
   int64_t runtime_bytes() const { return ops_->runtime_bytes(alloc_); }
   int64_t reserved_bytes() { return alloc_.memory().reserved_bytes(); }
   const ParamStore& params() const { return *store_; }
+  const LedgerCheck& ledger_check() const { return ledger_check_; }
   // Every parameter, full (gathered from shards when sharded), in Model::params order.
   std::vector<float> full_parameters();
   std::vector<float> buffers() const;  // BN running statistics, concatenated (on the host)
@@ -71,6 +82,7 @@ class Trainer {
 
  private:
   void run_micro_batch(int micro, bool first, bool last, StepStats& stats);
+  void check_ledger(const Instr& mark);
   Communicator& host_comm();  // the host-buffer communicator (a GpuCommunicator's host())
 
   const LoadedPlan& plan_;
@@ -80,10 +92,15 @@ class Trainer {
   std::unique_ptr<DeviceOps> ops_;  // outlives the store and optimizer that use it
   Allocator alloc_;
   Tensor one_;  // d(loss)/d(loss) = 1, outside the accounting (released before alloc_ goes)
+  Tensor gemm_workspace_;  // the plan's GEMM workspace, handed to the backend (CUDA: cuBLAS)
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataSource> data_;
   StepProgram program_;
+  std::unique_ptr<ProgramRunner> runner_;  // slot liveness and the program's bytes (ledger.hpp)
+  std::vector<Tensor> slots_;              // what each live slot holds, for the step
+  std::vector<WorkHandle> work_;           // per collective of the program
+  LedgerCheck ledger_check_;
   int syncbn_group_ = 0;
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
