@@ -1,0 +1,741 @@
+#!/usr/bin/env python3
+"""dlplan's model IR (DESIGN.md, "Model IR") as a PyTorch module.
+
+    import ir_torch
+    ir = json.load(open("models/tiny-gpt.json"))
+    model = ir_torch.build(ir)               # an nn.Module; forward returns the loss
+    ir_torch.load_flat(model, "params.f32")  # every parameter, in Model::params order
+    loss = model(tokens=..., targets=...)    # batch-first tensors, one per IR input
+
+Every op of the IR's table is built with the semantics of dlplan's executor
+(executor/cpu/ops_*.cpp), so the same parameters and batch give the same loss
+and gradients:
+
+  * parameters are the module's parameters in exactly Model::params order
+    (planner/src/loader.cpp: nodes in execution order, each node's parameters in
+    its declaration order, planner/src/ops_decl.cpp), with these shapes:
+      embedding      weight [num, dim]
+      pos_embedding  weight [max_len, D]           (out = x + weight[:T])
+      cls_token      weight [D]                    (prepended as token 0)
+      linear         weight [out, in], bias [out]  (a tied linear has no weight:
+                                                    it uses the embedding's)
+      conv2d         weight [out, C/groups, kh, kw], bias [out]
+      batchnorm      weight [C], bias [C]; buffers running_mean, running_var
+      layernorm      weight [D] (, bias [D])
+      rmsnorm        weight [D]
+      attention      q.weight [H hd, D], k.weight [KV hd, D], v.weight [KV hd, D],
+                     o.weight [D, H hd], then (bias) q.bias, k.bias, v.bias, o.bias
+  * attention: scale 1/sqrt(head_dim); query head h reads kv head h // (H/KV);
+    RoPE in the rotate-half form (HF Llama: pairs (i, i + hd/2), angle
+    pos * theta^(-2i/hd)), applied to q and k after the projections; dropout on
+    the probabilities;
+  * avgpool2d counts padding (count_include_pad); maxpool2d pads with -inf;
+  * batchnorm normalises with the batch statistics in training mode and
+    updates the running statistics with the unbiased variance (PyTorch's);
+  * cross_entropy is the mean over every label position of the micro-batch,
+    computed in fp32.
+
+The batch dimension is implicit in the IR and first here. i32 inputs may be
+given as int32 or int64 tensors. Works on PyTorch 1.13 and 2.x; uses
+F.scaled_dot_product_attention where it exists (math form otherwise).
+
+Node order follows the loader: the file's order when it is already
+topological, else the order of Boost's topological_sort (reverse DFS finish
+order, vertices and out-edges in insertion order), so parameter order matches
+dlplan's for any IR.
+"""
+import math
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["build", "load_flat", "save_flat", "flat_parameters", "flat_grads", "param_count", "param_names",
+           "IRModule", "random_inputs", "with_seq_len", "tokens_per_sample", "node_order", "model_flops_per_sample",
+           "OPS"]
+
+# ---- the op table (planner/src/ops_schema.cpp) ------------------------------------
+
+_REQUIRED = object()
+_DERIVED = object()  # filled from shapes
+_NULL = object()     # optional, absent means none (linear's tie)
+
+# op -> (inputs, {attr: default})
+OPS = {
+    "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED}),
+    "pos_embedding": (1, {"max_len": _DERIVED}),
+    "cls_token": (1, {}),
+    "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL}),
+    "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
+    "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
+    "layernorm": (1, {"eps": 1e-5, "bias": True}),
+    "rmsnorm": (1, {"eps": 1e-6}),
+    "gelu": (1, {"approximate": "none"}),
+    "relu": (1, {}),
+    "silu": (1, {}),
+    "tanh": (1, {}),
+    "sigmoid": (1, {}),
+    "add": (2, {}),
+    "mul": (2, {}),
+    "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
+                      "bias": True, "dropout": 0.0, "rope": False, "rope_theta": 10000.0}),
+    "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
+    "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
+    "global_avgpool": (1, {}),
+    "flatten": (1, {}),
+    "tokens": (1, {}),
+    "select": (1, {"index": 0}),
+    "dropout": (1, {"p": _REQUIRED}),
+    "cross_entropy": (2, {}),
+}
+
+
+def _pair(v):
+    return (int(v[0]), int(v[1])) if isinstance(v, (list, tuple)) else (int(v), int(v))
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def node_order(ir):
+    """Indices of ir["nodes"] in dlplan's execution order (loader.cpp's topological_order)."""
+    nodes = ir["nodes"]
+    index = {n["name"]: i for i, n in enumerate(nodes)}
+    out_edges = [[] for _ in nodes]
+    file_order_ok = True
+    for i, n in enumerate(nodes):
+        for src in n["in"]:
+            j = index.get(src)
+            if j is None:
+                continue  # a model input
+            out_edges[j].append(i)
+            if j > i:
+                file_order_ok = False
+    if file_order_ok:
+        return list(range(len(nodes)))
+    # boost::topological_sort: DFS over vertices 0..n-1, out-edges in insertion
+    # order; vertices are appended as they finish; the order is the reverse.
+    color = [0] * len(nodes)  # 0 white, 1 gray, 2 black
+    finished = []
+    for root in range(len(nodes)):
+        if color[root]:
+            continue
+        color[root] = 1
+        stack = [(root, 0)]
+        while stack:
+            u, k = stack[-1]
+            if k < len(out_edges[u]):
+                stack[-1] = (u, k + 1)
+                v = out_edges[u][k]
+                if color[v] == 0:
+                    color[v] = 1
+                    stack.append((v, 0))
+                elif color[v] == 1:
+                    raise ValueError(f"cycle through node '{nodes[v]['name']}'")
+            else:
+                color[u] = 2
+                finished.append(u)
+                stack.pop()
+    return finished[::-1]
+
+
+def _fill_attrs(node):
+    op = node.get("op")
+    if op not in OPS:
+        raise ValueError(f"node '{node.get('name')}': unknown op '{op}' (known: {', '.join(OPS)})")
+    n_in, spec = OPS[op]
+    if len(node["in"]) != n_in:
+        raise ValueError(f"node '{node['name']}' ({op}): takes {n_in} inputs, got {len(node['in'])}")
+    for key in node:
+        if key not in ("name", "op", "in", "unit") and key not in spec:
+            raise ValueError(f"node '{node['name']}' ({op}): unknown attribute '{key}'")
+    a = {}
+    for key, default in spec.items():
+        if key in node and node[key] is not None:
+            a[key] = node[key]
+        elif default is _REQUIRED:
+            raise ValueError(f"node '{node['name']}' ({op}): missing required attribute '{key}'")
+        elif default is _NULL or default is _DERIVED:
+            a[key] = None
+        else:
+            a[key] = default
+    return a
+
+
+class _Node:
+    __slots__ = ("name", "op", "inputs", "unit", "a", "in_shapes", "shape", "dtype", "mod", "params")
+
+
+def _plan(ir):
+    """Nodes in execution order with attributes filled and shapes inferred (ops_schema.cpp)."""
+    shapes, dtypes = {}, {}
+    inputs = []
+    for name, spec in ir["inputs"].items():
+        shapes[name] = tuple(int(d) for d in spec["shape"])
+        dtypes[name] = spec["dtype"]
+        inputs.append(name)
+    raw = ir["nodes"]
+    plan = []
+    by_name = {}
+    for idx in node_order(ir):
+        r = raw[idx]
+        n = _Node()
+        n.name, n.op, n.inputs = r["name"], r["op"], list(r["in"])
+        n.unit = r.get("unit", "")
+        n.a = _fill_attrs(r)
+        for src in n.inputs:
+            if src not in shapes:
+                raise ValueError(f"node '{n.name}': input '{src}' is neither a model input nor a node")
+        n.in_shapes = [shapes[s] for s in n.inputs]
+        x = n.in_shapes[0]
+        a, op = n.a, n.op
+        if op == "embedding":
+            out = x + (int(a["dim"]),)
+        elif op == "pos_embedding":
+            if a["max_len"] is None:
+                a["max_len"] = x[0]
+            out = x
+        elif op == "cls_token":
+            out = (x[0] + 1, x[1])
+        elif op == "linear":
+            out = x[:-1] + (int(a["out"]),)
+        elif op == "conv2d":
+            k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
+            out = (int(a["out"]), (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
+        elif op == "attention":
+            if a["kv_heads"] is None:
+                a["kv_heads"] = a["heads"]
+            if a["head_dim"] is None:
+                if x[1] % a["heads"]:
+                    raise ValueError(f"node '{n.name}': width {x[1]} is not divisible by heads {a['heads']}")
+                a["head_dim"] = x[1] // a["heads"]
+            out = x
+        elif op in ("maxpool2d", "avgpool2d"):
+            if a["stride"] is None:
+                a["stride"] = a["kernel"]
+            k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
+            out = (x[0], (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
+        elif op == "global_avgpool":
+            out = (x[0],)
+        elif op == "flatten":
+            out = (_numel(x),)
+        elif op == "tokens":
+            out = (x[1] * x[2], x[0])
+        elif op == "select":
+            out = (x[1],)
+        elif op == "cross_entropy":
+            out = ()
+        else:  # elementwise, norms, add, mul, dropout
+            out = x
+        n.shape = out
+        n.dtype = "f32"
+        shapes[n.name], dtypes[n.name] = out, "f32"
+        by_name[n.name] = n
+        plan.append(n)
+    # Tied parameters belong to the root unit (loader.cpp).
+    for n in plan:
+        if n.op == "linear" and n.a["tie"] is not None:
+            t = by_name.get(n.a["tie"])
+            if t is None or t.op != "embedding":
+                raise ValueError(f"node '{n.name}': tie names '{n.a['tie']}', which is not an embedding node")
+            t.unit = ""
+    losses = [n for n in plan if n.op == "cross_entropy"]
+    if len(losses) != 1:
+        raise ValueError(f"a model needs exactly one cross_entropy node, found {len(losses)}")
+    return inputs, shapes, dtypes, plan
+
+
+# ---- the module --------------------------------------------------------------------
+
+
+def _param(*shape, device=None):
+    return nn.Parameter(torch.empty(*shape, device=device))
+
+
+class _NodeParams(nn.Module):
+    """One node's parameters (and buffers), registered in declaration order."""
+
+
+_HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+class IRModule(nn.Module):
+    """The IR as a module. forward(*inputs in IR order, or name=tensor) -> the loss."""
+
+    def __init__(self, ir, checkpointing="none", use_sdpa=None, device=None):
+        super().__init__()
+        self._device = device
+        self.ir_name = ir.get("name", "model")
+        self.input_names, self.shapes, self.dtypes, self._nodes = _plan(ir)
+        self.input_specs = {k: (self.shapes[k], self.dtypes[k]) for k in self.input_names}
+        if checkpointing not in ("none", "units"):
+            raise ValueError(f"checkpointing must be 'none' or 'units', got {checkpointing!r}")
+        self.checkpointing = checkpointing
+        self.use_sdpa = _HAS_SDPA if use_sdpa is None else (use_sdpa and _HAS_SDPA)
+        self.nodes = nn.ModuleDict()
+        self._names = []  # dlplan's parameter names, in order
+        self._decay = []  # weight decay flag per parameter (ParamInfo::weight_decay)
+        used = set()
+        for n in self._nodes:
+            key = n.name.replace(".", "_")
+            while key in used or not key or hasattr(self.nodes, key):  # "update", "keys": ModuleDict's own
+                key += "_"
+            used.add(key)
+            m = _NodeParams()
+            plist = self._declare(n, m)  # [(suffix, weight_decay)]
+            n.mod = key
+            n.params = [s for s, _ in plist]
+            if plist or list(m.buffers()):
+                self.nodes[key] = m
+            for suffix, decay in plist:
+                self._names.append(f"{n.name}.{suffix}")
+                self._decay.append(decay)
+        self._by_name = {n.name: n for n in self._nodes}
+        self._segments = self._make_segments()
+        self._rope_cache = {}
+        self.reset_parameters()
+
+    # Parameters in ops_decl.cpp's order and the executor's layouts.
+    def _declare(self, n, m):
+        a, x, op = n.a, n.in_shapes[0], n.op
+        out = []
+
+        def P(*shape):
+            return _param(*shape, device=self._device)
+
+        def add(suffix, t, decay):
+            m.register_parameter(suffix.replace(".", "_"), t)
+            out.append((suffix, decay))
+
+        if op == "embedding":
+            add("weight", P(int(a["num"]), int(a["dim"])), True)
+        elif op == "pos_embedding":
+            if x[0] > int(a["max_len"]):
+                raise ValueError(f"node '{n.name}': sequence length {x[0]} exceeds max_len {a['max_len']}")
+            add("weight", P(int(a["max_len"]), x[1]), True)
+        elif op == "cls_token":
+            add("weight", P(x[1]), False)
+        elif op == "linear":
+            if a["tie"] is None:
+                add("weight", P(int(a["out"]), x[-1]), True)
+            if a["bias"]:
+                add("bias", P(int(a["out"])), False)
+        elif op == "conv2d":
+            k = _pair(a["kernel"])
+            g = int(a["groups"])
+            add("weight", P(int(a["out"]), x[0] // g, k[0], k[1]), True)
+            if a["bias"]:
+                add("bias", P(int(a["out"])), False)
+        elif op == "batchnorm":
+            add("weight", P(x[0]), False)
+            add("bias", P(x[0]), False)
+            m.register_buffer("running_mean", torch.zeros(x[0], device=self._device))
+            m.register_buffer("running_var", torch.ones(x[0], device=self._device))
+        elif op == "layernorm":
+            add("weight", P(x[-1]), False)
+            if a["bias"]:
+                add("bias", P(x[-1]), False)
+        elif op == "rmsnorm":
+            add("weight", P(x[-1]), False)
+        elif op == "attention":
+            D, H, KV, hd = x[1], int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
+            if H % KV:
+                raise ValueError(f"node '{n.name}': kv_heads {KV} must divide heads {H}")
+            if a["rope"] and hd % 2:
+                raise ValueError(f"node '{n.name}': rope needs an even head_dim")
+            add("q.weight", P(H * hd, D), True)
+            add("k.weight", P(KV * hd, D), True)
+            add("v.weight", P(KV * hd, D), True)
+            add("o.weight", P(D, H * hd), True)
+            if a["bias"]:
+                add("q.bias", P(H * hd), False)
+                add("k.bias", P(KV * hd), False)
+                add("v.bias", P(KV * hd), False)
+                add("o.bias", P(D), False)
+        return out
+
+    def reset_parameters(self):
+        """A PyTorch-style initialisation (not dlplan's): normal(0, 0.02) weights
+        of GEMMs and embeddings, zero biases, unit norm scales."""
+        with torch.no_grad():
+            for name, p in zip(self._names, self.parameters()):
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.dim() == 1 and not name.endswith("cls_token.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02)
+
+    # -- introspection --
+    def param_names(self):
+        return list(self._names)
+
+    def named_dlplan_parameters(self):
+        return list(zip(self._names, self.parameters()))
+
+    def decay_flags(self):
+        return list(self._decay)
+
+    def tokens_per_sample(self):
+        return tokens_per_sample_of(self.input_specs)
+
+    # -- segments: consecutive nodes of one unit (checkpointing) --
+    def _make_segments(self):
+        segs = []
+        for n in self._nodes:
+            if segs and segs[-1][0] == n.unit:
+                segs[-1][1].append(n)
+            else:
+                segs.append((n.unit, [n]))
+        # What each segment reads from outside, and what later nodes read from it.
+        out = []
+        later_reads = set()
+        read_after = []
+        for unit, nodes in reversed(segs):
+            read_after.append(set(later_reads))
+            for n in nodes:
+                later_reads.update(n.inputs)
+        read_after.reverse()
+        loss = next(n.name for n in self._nodes if n.op == "cross_entropy")
+        for (unit, nodes), after in zip(segs, read_after):
+            produced = {n.name for n in nodes}
+            ins = []
+            for n in nodes:
+                for s in n.inputs:
+                    if s not in produced and s not in ins:
+                        ins.append(s)
+            outs = [n.name for n in nodes if n.name in after or n.name == loss]
+            out.append((unit, nodes, ins, outs))
+        return out
+
+    # -- forward --
+    def forward(self, *args, **kwargs):
+        vals = {}
+        for name, v in zip(self.input_names, args):
+            vals[name] = v
+        vals.update(kwargs)
+        for name in self.input_names:
+            if name not in vals:
+                raise ValueError(f"model input '{name}' is missing")
+        loss = None
+        for unit, nodes, ins, outs in self._segments:
+            if self.checkpointing == "units" and unit and self.training and torch.is_grad_enabled():
+                res = _checkpoint(self._run_segment_fn(nodes, ins, outs), *[vals[s] for s in ins])
+                vals.update(zip(outs, res))
+            else:
+                self._run_nodes(nodes, vals)
+        for n in self._nodes:
+            if n.op == "cross_entropy":
+                loss = vals[n.name]
+        return loss
+
+    def _run_segment_fn(self, nodes, ins, outs):
+        def fn(*tensors):
+            v = dict(zip(ins, tensors))
+            self._run_nodes(nodes, v)
+            return tuple(v[o] for o in outs)
+        return fn
+
+    def _run_nodes(self, nodes, vals):
+        for n in nodes:
+            vals[n.name] = self._run(n, [vals[s] for s in n.inputs])
+
+    def _p(self, n, suffix):
+        return getattr(self.nodes[n.mod], suffix.replace(".", "_"))
+
+    def _run(self, n, xs):
+        a, op, x = n.a, n.op, xs[0]
+        if op == "embedding":
+            return F.embedding(x.long(), self._p(n, "weight"))
+        if op == "pos_embedding":
+            T = x.shape[1]
+            return x + self._p(n, "weight")[:T]
+        if op == "cls_token":
+            w = self._p(n, "weight")
+            return torch.cat([w.to(x.dtype).expand(x.shape[0], 1, x.shape[2]), x], dim=1)
+        if op == "linear":
+            if a["tie"] is not None:
+                t = self._by_name[a["tie"]]
+                w = self._p(t, "weight")
+            else:
+                w = self._p(n, "weight")
+            return F.linear(x, w, self._p(n, "bias") if a["bias"] else None)
+        if op == "conv2d":
+            return F.conv2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
+                            stride=_pair(a["stride"]), padding=_pair(a["padding"]), groups=int(a["groups"]))
+        if op == "batchnorm":
+            m = self.nodes[n.mod]
+            return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, self.training,
+                                float(a["momentum"]), float(a["eps"]))
+        if op == "layernorm":
+            return F.layer_norm(x, (x.shape[-1],), self._p(n, "weight"),
+                                self._p(n, "bias") if a["bias"] else None, float(a["eps"]))
+        if op == "rmsnorm":
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + float(a["eps"]))
+            return self._p(n, "weight") * y.to(x.dtype)
+        if op == "gelu":
+            return F.gelu(x, approximate=a["approximate"])
+        if op == "relu":
+            return F.relu(x)
+        if op == "silu":
+            return F.silu(x)
+        if op == "tanh":
+            return torch.tanh(x)
+        if op == "sigmoid":
+            return torch.sigmoid(x)
+        if op == "add":
+            return x + xs[1]
+        if op == "mul":
+            return x * xs[1]
+        if op == "attention":
+            return self._attention(n, x)
+        if op == "maxpool2d":
+            return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]))
+        if op == "avgpool2d":
+            return F.avg_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
+                                ceil_mode=False, count_include_pad=True)
+        if op == "global_avgpool":
+            return x.mean(dim=(2, 3))
+        if op == "flatten":
+            return x.reshape(x.shape[0], -1)
+        if op == "tokens":
+            return x.flatten(2).transpose(1, 2)
+        if op == "select":
+            return x[:, int(a["index"])]
+        if op == "dropout":
+            return F.dropout(x, float(a["p"]), self.training)
+        if op == "cross_entropy":
+            K = x.shape[-1]
+            return F.cross_entropy(x.float().reshape(-1, K), xs[1].reshape(-1).long())
+        raise ValueError(f"op {op} not supported")
+
+    def _rope(self, T, hd, theta, device, dtype):
+        key = (T, hd, theta, str(device), dtype)
+        cs = self._rope_cache.get(key)
+        if cs is None:
+            half = hd // 2
+            i = torch.arange(half, dtype=torch.float64)
+            inv_freq = 1.0 / torch.pow(torch.tensor(float(theta), dtype=torch.float64), 2.0 * i / hd)
+            ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            cs = (ang.cos().to(torch.float32).to(device=device, dtype=dtype),
+                  ang.sin().to(torch.float32).to(device=device, dtype=dtype))
+            self._rope_cache[key] = cs
+        return cs
+
+    def _apply_rope(self, t, cos, sin):
+        # t: [B, heads, T, hd]; pairs (i, i + hd/2): (x1 cos - x2 sin, x2 cos + x1 sin).
+        half = t.shape[-1] // 2
+        x1, x2 = t[..., :half], t[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def _attention(self, n, x):
+        a = n.a
+        B, T, D = x.shape
+        H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
+        bias = bool(a["bias"])
+        p = float(a["dropout"]) if self.training else 0.0
+        P = lambda s: self._p(n, s)  # noqa: E731
+        q = F.linear(x, P("q.weight"), P("q.bias") if bias else None).view(B, T, H, hd).transpose(1, 2)
+        k = F.linear(x, P("k.weight"), P("k.bias") if bias else None).view(B, T, KV, hd).transpose(1, 2)
+        v = F.linear(x, P("v.weight"), P("v.bias") if bias else None).view(B, T, KV, hd).transpose(1, 2)
+        if a["rope"]:
+            cos, sin = self._rope(T, hd, float(a["rope_theta"]), x.device, q.dtype)
+            q = self._apply_rope(q, cos, sin)
+            k = self._apply_rope(k, cos, sin)
+        if KV != H:  # query head h reads kv head h // (H / KV)
+            k = k.repeat_interleave(H // KV, dim=1)
+            v = v.repeat_interleave(H // KV, dim=1)
+        causal = bool(a["causal"])
+        if self.use_sdpa:
+            ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
+        else:
+            s = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            if causal:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+                s = s.masked_fill(mask, float("-inf"))
+            probs = torch.softmax(s, dim=-1)
+            if p > 0:
+                probs = F.dropout(probs, p, True)
+            ctx = torch.matmul(probs, v)
+        ctx = ctx.transpose(1, 2).reshape(B, T, H * hd)
+        return F.linear(ctx, P("o.weight"), P("o.bias") if bias else None)
+
+
+def _checkpoint(fn, *args):
+    from torch.utils.checkpoint import checkpoint
+    try:
+        return checkpoint(fn, *args, use_reentrant=False)
+    except TypeError:  # a PyTorch without use_reentrant
+        return checkpoint(fn, *args)
+
+
+# ---- helpers -----------------------------------------------------------------------
+
+
+def build(ir, checkpointing="none", use_sdpa=None, device=None):
+    """The IR (a dict as json.load gives it) as an IRModule, its parameters
+    created on `device` (default: the CPU; "meta" to count without memory)."""
+    return IRModule(ir, checkpointing=checkpointing, use_sdpa=use_sdpa, device=device)
+
+
+def param_count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def param_names(module):
+    return module.param_names()
+
+
+def flat_parameters(module):
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in module.parameters()])
+
+
+def flat_grads(module):
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float().cpu()
+                      for p in module.parameters()])
+
+
+def _read_f32(path):
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    if len(data) % 4:
+        raise ValueError(f"{path}: {len(data)} bytes is not a multiple of 4")
+    if not data:
+        return torch.empty(0)
+    if sys.byteorder != "little":  # swap each float's 4 bytes
+        data[0::4], data[1::4], data[2::4], data[3::4] = data[3::4], data[2::4], data[1::4], data[0::4]
+    return torch.frombuffer(data, dtype=torch.float32).clone()
+
+
+def load_flat(module, path_or_tensor):
+    """Copies a flat float32 (little-endian) vector of every parameter,
+    concatenated in Model::params order, into the module's parameters."""
+    flat = path_or_tensor if torch.is_tensor(path_or_tensor) else _read_f32(path_or_tensor)
+    total = param_count(module)
+    if flat.numel() != total:
+        raise ValueError(f"{path_or_tensor if not torch.is_tensor(path_or_tensor) else 'tensor'}: "
+                         f"{flat.numel()} floats, the model has {total} parameters")
+    off = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            k = p.numel()
+            p.copy_(flat[off:off + k].view_as(p).to(device=p.device, dtype=p.dtype))
+            off += k
+    return module
+
+
+def save_flat(module, path):
+    flat = flat_parameters(module)
+    with open(path, "wb") as f:
+        f.write(flat.numpy().astype("<f4").tobytes())
+
+
+def tokens_per_sample_of(input_specs):
+    """As loader.cpp's tokens_per_sample: the length of the first [T] i32 input."""
+    for name, (shape, dtype) in input_specs.items():
+        if dtype == "i32" and len(shape) == 1:
+            return shape[0]
+    return 0
+
+
+def tokens_per_sample(ir):
+    return tokens_per_sample_of({k: (tuple(v["shape"]), v["dtype"]) for k, v in ir["inputs"].items()})
+
+
+def with_seq_len(ir, seq_len):
+    """The IR with every [T] i32 input of length seq_len (loader.cpp's with_seq_len)."""
+    import copy
+    if tokens_per_sample(ir) == 0:
+        raise ValueError(f"{ir.get('name')}: the model has no token inputs ([T] i32), so --seq-len does not apply")
+    out = copy.deepcopy(ir)
+    for spec in out["inputs"].values():
+        if spec["dtype"] == "i32" and len(spec["shape"]) == 1:
+            spec["shape"][0] = int(seq_len)
+    return out
+
+
+def _node_flops(n):
+    """(forward, backward) FLOPs per sample of one node: planner/src/ops_decl.cpp's
+    declaration (multiply-adds count 2; attention counts the full T x T scores)."""
+    a, op = n.a, n.op
+    x = n.in_shapes[0]
+    out = float(_numel(n.shape))
+    rows = float(_numel(x[:-1])) if x else 1.0
+    if op == "embedding":
+        return 0.0, out
+    if op == "pos_embedding":
+        return out, out
+    if op == "linear":
+        f = 2.0 * rows * x[-1] * int(a["out"])
+        return f, 2 * f
+    if op == "conv2d":
+        k = _pair(a["kernel"])
+        f = 2.0 * out * (x[0] // int(a["groups"])) * k[0] * k[1]
+        return f, 2 * f
+    if op in ("batchnorm", "layernorm"):
+        return 8.0 * out, 12.0 * out
+    if op == "rmsnorm":
+        return 6.0 * out, 10.0 * out
+    if op in ("gelu", "silu"):
+        return 8.0 * out, 12.0 * out
+    if op in ("relu", "tanh", "sigmoid"):
+        return 4.0 * out, 2.0 * out
+    if op == "add":
+        return out, 0.0
+    if op == "mul":
+        return out, 2.0 * out
+    if op == "attention":
+        T, D = x
+        H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
+        proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D
+        f = proj + 2 * (2.0 * H * T * T * hd)
+        return f, 2 * f
+    if op in ("maxpool2d", "avgpool2d"):
+        k = _pair(a["kernel"])
+        return out * k[0] * k[1], (out if op == "maxpool2d" else out * k[0] * k[1])
+    if op == "global_avgpool":
+        return float(_numel(x)), float(_numel(x))
+    if op == "dropout":
+        return 2.0 * out, out
+    if op == "cross_entropy":
+        return 5.0 * _numel(x), 2.0 * _numel(x)
+    return 0.0, 0.0  # cls_token, flatten, tokens, select
+
+
+def model_flops_per_sample(module):
+    """Forward + backward FLOPs of one sample, as dlplan's planner counts them
+    (its simulator's model_flops, recomputation excluded, divided by the micro-batch)."""
+    return sum(sum(_node_flops(n)) for n in module._nodes)
+
+
+def random_inputs(module, batch, device="cpu", generator=None):
+    """A random batch for the module's inputs: ids below the vocabulary of the
+    embedding that reads them, labels / targets below the loss's classes, f32
+    inputs normal(0, 1). Returns {name: tensor} (i32 inputs as int64), made on
+    `device` (or on the generator's device and then moved)."""
+    classes = 2
+    vocab = {}
+    targets = set()
+    for n in module._nodes:
+        if n.op == "cross_entropy":
+            classes = n.in_shapes[0][-1]
+            targets.add(n.inputs[1])
+        if n.op == "embedding" and n.inputs[0] in module.input_specs:
+            vocab[n.inputs[0]] = int(n.a["num"])
+    where = generator.device if generator is not None else device
+    out = {}
+    for name, (shape, dtype) in module.input_specs.items():
+        full = (batch,) + tuple(shape)
+        if dtype == "f32":
+            t = torch.randn(full, generator=generator, device=where)
+        else:
+            hi = vocab.get(name) or (classes if name in targets else max([classes] + list(vocab.values())))
+            t = torch.randint(0, hi, full, generator=generator, device=where)
+        out[name] = t.to(device)
+    return out
