@@ -1,7 +1,7 @@
 // `dlplan train`: run a plan for real.
 //   mpirun -np N dlplan train --plan plan.json [--steps K] [--seed S]
 //          [--data synthetic|FILE] [--report run.json] [--progress text|json]
-//          [--device cpu|cuda [--comm nccl|mpi]]
+//          [--device cpu|cuda [--comm nccl|mpi]] [--allow-edited-plan]
 // --device cuda runs a plan made for a GPU (fp32 only for now) on this node's
 // GPUs: rank r uses device (node-local rank) mod (visible devices), with the
 // CUDA backend, the caching device allocator, and NCCL (--comm nccl, one GPU
@@ -19,14 +19,13 @@
 // one is a set-up error.
 #include "commands.hpp"
 #include "dlplan/error.hpp"
-#include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
-#include "dlplan/exec/cuda_backend.hpp"
-#include "dlplan/exec/cuda_runtime.hpp"
-#include "dlplan/exec/device_ops.hpp"
-#include "dlplan/exec/plan_file.hpp"
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/report.hpp"
 #include "dlplan/exec/trainer.hpp"
+#include "dlplan/limits.hpp"
+#include "dlplan/output_file.hpp"
+#include "dlplan/plan_io.hpp"
 
 #include <fmt/format.h>
 
@@ -44,6 +43,7 @@ struct TrainFlags {
   std::string plan, data = "synthetic", report, progress = "text";
   std::string device = "cpu", comm = "nccl";
   bool comm_given = false;
+  bool allow_edited = false;
   int steps = 10;
   uint64_t seed = 1;
 };
@@ -95,75 +95,57 @@ Runner add_train_command(CLI::App& app) {
   auto* comm_option = app.add_option("--comm", f->comm, "With --device cuda: nccl, or mpi (through host memory)")
                           ->capture_default_str()
                           ->check(CLI::IsMember({"nccl", "mpi"}));
+  app.add_flag("--allow-edited-plan", f->allow_edited,
+               "Run a plan edited after planning (its prediction may no longer hold; the report says so)");
   return [f, comm_option]() {
     f->comm_given = comm_option->count() > 0;
     // Declared before the communicator: a GPU communicator is ordered after
-    // the backend's stream, so the backend goes last.
-    std::unique_ptr<exec::Backend> backend;
+    // the backend's stream, so the device goes last.
+    exec::Device device;
     std::unique_ptr<exec::Communicator> comm = exec::make_communicator(nullptr, nullptr);
     const bool root = comm->rank() == 0;
-    exec::LoadedPlan plan;
+    PlanDocument plan;
     std::unique_ptr<exec::Trainer> trainer;
-    std::unique_ptr<exec::MemoryResource> memory;
-    std::unique_ptr<exec::DeviceOps> ops;
     exec::TrainOptions opt;
     opt.steps = f->steps;
     opt.seed = f->seed;
     opt.data = f->data;
     std::optional<Fault> fault;
+    exec::DeviceKind kind = exec::DeviceKind::cpu;
     try {  // set-up errors are the same on every rank
       fault = fault_from_environment();
-      if (f->comm_given && f->device != "cuda")
+      kind = exec::parse_device_kind(f->device);
+      if (f->comm_given && kind != exec::DeviceKind::cuda)
         throw Error(fmt::format("--comm {} applies to --device cuda only", f->comm));
-#if !defined(DLPLAN_HAVE_CUDA)
-      if (f->device == "cuda") throw Error("--device cuda: this dlplan was built without CUDA");
-#endif
-      plan = exec::load_plan_file(f->plan);
+      if (!exec::device_built(kind))
+        throw Error("--device cuda: this dlplan was built without CUDA (configure found no nvcc: see its build summary)");
+      plan = read_plan_file(f->plan, PlanReadOptions{.allow_edited = f->allow_edited});
+      // Sample indices (data and dropout are keyed by them) stay within 2^62.
+      const int64_t global = plan.training.micro_batch * plan.training.grad_accum * plan.cluster.world();
+      if (f->steps > kMaxSampleIndex / global)
+        throw Error(fmt::format("--steps {} x a global batch of {} samples would index past 2^62 samples", f->steps, global));
+      if (plan.edited && root)
+        fmt::print(stderr, "dlplan: warning: {}: edited after planning (--allow-edited-plan); its prediction may not "
+                           "hold, and the report says plan_edited\n", f->plan);
     } catch (const Error& e) {
       if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
       return 1;
     }
-    if (f->device == "cpu") {
-      backend = exec::make_cpu_backend();
-      memory = exec::make_host_memory();
-      ops = exec::make_cpu_device_ops();
+    try {  // collective: the device may fail on some ranks only
+      device = exec::make_device(kind, *comm);
+    } catch (const exec::DeviceError& e) {
+      if (e.reported_here) fmt::print(stderr, "dlplan: error: {}\n", e.what());
+      return 1;
     }
-#if defined(DLPLAN_HAVE_CUDA)
-    else {
-      // The device may fail on some ranks only (a node without a GPU): every
-      // rank learns whether any failed, and the failing ones say why.
-      std::string failure;
-      void* stream = nullptr;
-      int device = 0;
-      try {
-        std::string why;
-        if (!exec::cuda_available(&why)) throw Error("--device cuda: " + why);
-        device = exec::select_cuda_device(*comm);
-        backend = exec::make_cuda_backend(device);
-        stream = exec::cuda_compute_stream(*backend);
-        memory = exec::make_cuda_memory(device, stream);
-        ops = exec::make_cuda_device_ops(*backend);
-      } catch (const Error& e) {
-        failure = e.what();
-      }
-      double failed = failure.empty() ? 0 : 1;
-      comm->all_reduce_doubles(&failed, 1);
-      if (failed > 0) {
-        if (!failure.empty() && (root || failed < comm->size()))
-          fmt::print(stderr, "dlplan: error: {}{}\n", failed < comm->size() ? fmt::format("rank {}: ", comm->rank()) : "",
-                     failure);
-        return 1;
-      }
-      try {  // collective: NCCL's set-up fails (or not) on every rank
-        comm = exec::make_gpu_communicator(exec::parse_gpu_comm_kind(f->comm), std::move(comm), stream);
-      } catch (const Error& e) {
-        if (root) fmt::print(stderr, "dlplan: error: --device cuda --comm {}: {}\n", f->comm, e.what());
-        return 1;
-      }
+    try {  // collective: NCCL's set-up fails (or not) on every rank
+      comm = exec::make_device_communicator(device, exec::parse_gpu_comm_kind(f->comm), std::move(comm));
+    } catch (const Error& e) {
+      if (root) fmt::print(stderr, "dlplan: error: --device {} --comm {}: {}\n", f->device, f->comm, e.what());
+      return 1;
     }
-#endif
     try {  // set-up errors are the same on every rank
-      trainer = std::make_unique<exec::Trainer>(plan, *comm, *backend, opt, std::move(memory), std::move(ops));
+      trainer = std::make_unique<exec::Trainer>(plan, *comm, *device.backend, opt, std::move(device.memory),
+                                                std::move(device.ops));
     } catch (const Error& e) {
       if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
       return 1;
@@ -200,7 +182,7 @@ Runner add_train_command(CLI::App& app) {
       if (root) {
         if (f->progress == "text") fmt::print("{}", exec::memory_table(report));
         if (!f->report.empty()) {
-          write_file_atomically(f->report, report.dump(1) + "\n");
+          write_output_file(f->report, report_json(report).dump(1) + "\n");
           if (f->progress == "text") fmt::print("wrote {}\n", f->report);
         }
       }

@@ -33,12 +33,12 @@ Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what) {
 
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero) {
   auto name = c.node->name + "." + what;
-  return zero ? c.alloc->zeros(shape, DType::f32, Category::workspace, std::move(name))
-              : c.alloc->empty(shape, DType::f32, Category::workspace, std::move(name));
+  return zero ? c.alloc->zeros(shape, compute(c), Category::workspace, std::move(name))
+              : c.alloc->empty(shape, compute(c), Category::workspace, std::move(name));
 }
 
 void op_error(const OpContext& c, const std::string& message) {
-  throw Error(fmt::format("{}: node '{}' ({}): {}", c.model->source, c.node->name, to_string(c.node->op), message));
+  node_error(c.model->source, *c.node, message);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -56,6 +56,14 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   void forward(OpContext& c) override {
+    run_in_fp32(c, /*backward=*/false, [this](OpContext& w) { dispatch_forward(w); });
+  }
+  void backward(OpContext& c) override {
+    run_in_fp32(c, /*backward=*/true, [this](OpContext& w) { dispatch_backward(w); });
+  }
+
+ private:
+  void dispatch_forward(OpContext& c) {
     switch (c.node->op) {
       case OpKind::embedding: return embedding_forward(c);
       case OpKind::pos_embedding: return pos_embedding_forward(c);
@@ -85,7 +93,7 @@ class CpuBackend final : public Backend {
     op_error(c, "op has no CPU forward");
   }
 
-  void backward(OpContext& c) override {
+  void dispatch_backward(OpContext& c) {
     switch (c.node->op) {
       case OpKind::embedding: return embedding_backward(c);
       case OpKind::pos_embedding: return pos_embedding_backward(c);

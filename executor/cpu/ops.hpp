@@ -15,9 +15,12 @@
 //    declaration's bwd_temps.
 #pragma once
 
+#include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
 
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace dlplan::exec::cpu {
 
@@ -26,10 +29,37 @@ const Shape& in_shape(const OpContext& c, int i);   // per-sample shape of input
 const Shape& out_shape(const OpContext& c);         // per-sample shape of the output
 Shape batched(int64_t b, const Shape& per_sample);  // [b, ...per_sample]
 // A saved tensor of the op (category activations) and a temporary (workspace),
-// named "<node>.<what>".
+// named "<node>.<what>". Temporaries and the saved tensors declared
+// Elem::compute are in the storage dtype, compute(c) (bf16 under bf16-mixed).
+inline DType compute(const OpContext& c) { return c.act_dtype; }
 Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string& what, bool zero = false);
 Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what);
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero = false);
+
+// ---- mixed_precision.cpp: bf16 storage, fp32 arithmetic ------------------------
+// Runs a forward (backward) op on fp32 views of c's bf16 inputs, parameters,
+// output, saved tensors and output gradient, and rounds what it wrote (the
+// output, the accumulated gradients) back into them. fp32 tensors pass as
+// they are, so an fp32 run is the plain op.
+void run_in_fp32(OpContext& c, bool backward, const std::function<void(OpContext&)>& op);
+
+// The fp32 values of a tensor an op fills itself (its own saved tensor or a
+// temporary): data() for the arithmetic, the tensor itself when it is fp32;
+// store() rounds them into a bf16 tensor and leaves data() holding what the
+// tensor now holds, so that later arithmetic sees the stored values.
+class Fp32Buffer {
+ public:
+  explicit Fp32Buffer(const Tensor& t, bool load = false);
+  float* data();
+  void store();
+  // Rounds n values at p (inside data()) to what the tensor will store, for
+  // arithmetic that must see a block's stored values before store().
+  void round(float* p, int64_t n) const;
+
+ private:
+  Tensor target_;
+  std::vector<float> twin_;
+};
 [[noreturn]] void op_error(const OpContext& c, const std::string& message);
 
 // C += alpha * op(A) * op(B), row-major, thin wrapper over cblas_sgemm.

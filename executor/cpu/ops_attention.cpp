@@ -126,21 +126,25 @@ struct ProbDropout {
 void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, const float* v, float* ctx) {
   const int64_t TT = d.T * d.T;
   Tensor scores = alloc_temp(c, {d.b, d.H, d.T, d.T}, "scores");
-  Tensor probs = alloc_saved(c, {d.b, d.H, d.T, d.T}, DType::f32, "probs");
+  Tensor probs = alloc_saved(c, {d.b, d.H, d.T, d.T}, compute(c), "probs");
   const bool with_dropout = c.node->attrs.number("dropout") > 0;  // declared tensors, even in eval
   Tensor mask, dropped;
   if (with_dropout) {
     mask = alloc_saved_bytes(c, d.b * d.H * TT, "probs_mask");
-    dropped = alloc_saved(c, {d.b, d.H, d.T, d.T}, DType::f32, "probs_dropped");
+    dropped = alloc_saved(c, {d.b, d.H, d.T, d.T}, compute(c), "probs_dropped");
   }
+  // Each block is rounded to the storage dtype once final (bf16-mixed), so
+  // the next step reads what is stored.
+  Fp32Buffer sbuf(scores), pbuf(probs), dbuf(dropped);
   const ProbDropout drop(c, d);
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t g = h / d.group, sh = s * d.H + h;
-      float* S = scores.f() + sh * TT;
-      float* P = probs.f() + sh * TT;
+      float* S = sbuf.data() + sh * TT;
+      float* P = pbuf.data() + sh * TT;
       gemm(false, true, d.T, d.T, d.hd, d.scale, q + s * d.T * d.qw() + h * d.hd, d.qw(),
            k + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f, S, d.T);
+      sbuf.round(S, TT);
       for (int64_t i = 0; i < d.T; ++i) {
         float* srow = S + i * d.T;
         float* prow = P + i * d.T;
@@ -156,21 +160,26 @@ void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, c
         for (int64_t j = 0; j < valid; ++j) prow[j] *= inv;
         for (int64_t j = valid; j < d.T; ++j) prow[j] = 0.0f;
       }
+      pbuf.round(P, TT);
       const float* Pv = P;  // the probabilities that multiply v
       if (with_dropout) {
         uint8_t* m = mask.u8() + sh * TT;
-        float* Pd = dropped.f() + sh * TT;
+        float* Pd = dbuf.data() + sh * TT;
         for (int64_t i = 0; i < d.T; ++i)
           for (int64_t j = 0; j < d.T; ++j) {
             const float f = drop.active() ? drop(s, h, i, j) : 1.0f;
             m[i * d.T + j] = f != 0.0f ? 1 : 0;
             Pd[i * d.T + j] = P[i * d.T + j] * f;
           }
+        dbuf.round(Pd, TT);
         Pv = Pd;
       }
       gemm(false, false, d.T, d.hd, d.T, 1.0f, Pv, d.T, v + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f,
            ctx + s * d.T * d.qw() + h * d.hd, d.qw());
     }
+  sbuf.store();
+  pbuf.store();
+  if (with_dropout) dbuf.store();
   c.saved.push_back(std::move(probs));
   if (with_dropout) {
     c.saved.push_back(std::move(mask));
@@ -188,13 +197,14 @@ void math_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, fl
   const float* probs = c.saved[4].f();
   const bool with_dropout = c.saved.size() > 5;
   Tensor dprobs = alloc_temp(c, {d.b, d.H, d.T, d.T}, "dprobs");
+  Fp32Buffer dpbuf(dprobs);
   const float keep_scale = d.p > 0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 1.0f;
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t g = h / d.group, sh = s * d.H + h;
       const float* P = probs + sh * TT;
       const float* Pv = with_dropout ? c.saved[6].f() + sh * TT : P;
-      float* dP = dprobs.f() + sh * TT;
+      float* dP = dpbuf.data() + sh * TT;
       const float* dctx_h = dctx + s * d.T * d.qw() + h * d.hd;
       gemm(false, true, d.T, d.T, d.hd, 1.0f, dctx_h, d.qw(), v + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f, dP, d.T);
       gemm(true, false, d.T, d.hd, d.T, 1.0f, Pv, d.T, dctx_h, d.qw(), 1.0f, dv + s * d.T * d.kw() + g * d.hd, d.kw());
@@ -209,11 +219,13 @@ void math_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, fl
         for (int64_t j = 0; j < d.T; ++j) dot += double{prow[j]} * drow[j];
         for (int64_t j = 0; j < d.T; ++j) drow[j] = prow[j] * (drow[j] - static_cast<float>(dot));
       }
+      dpbuf.round(dP, TT);
       gemm(false, false, d.T, d.hd, d.T, d.scale, dP, d.T, k + s * d.T * d.kw() + g * d.hd, d.kw(), 1.0f,
            dq + s * d.T * d.qw() + h * d.hd, d.qw());
       gemm(true, false, d.T, d.hd, d.T, d.scale, dP, d.T, q + s * d.T * d.qw() + h * d.hd, d.qw(), 1.0f,
            dk + s * d.T * d.kw() + g * d.hd, d.kw());
     }
+  dpbuf.store();
 }
 
 // ---- flash form --------------------------------------------------------------------
@@ -338,27 +350,32 @@ void attention_forward(OpContext& c) {
   const Dims d = dims_of(c);
   const int64_t R = d.b * d.T;
   const float* x = c.in[0].f();
-  Tensor q = alloc_saved(c, {d.b, d.T, d.qw()}, DType::f32, "q");
-  Tensor k = alloc_saved(c, {d.b, d.T, d.kw()}, DType::f32, "k");
-  Tensor v = alloc_saved(c, {d.b, d.T, d.kw()}, DType::f32, "v");
-  Tensor ctx = alloc_saved(c, {d.b, d.T, d.qw()}, DType::f32, "context");
-  project(x, weight(c, 0), bias_of(c, d, 0), q.f(), R, d.D, d.qw());
-  project(x, weight(c, 1), bias_of(c, d, 1), k.f(), R, d.D, d.kw());
-  project(x, weight(c, 2), bias_of(c, d, 2), v.f(), R, d.D, d.kw());
+  Tensor q = alloc_saved(c, {d.b, d.T, d.qw()}, compute(c), "q");
+  Tensor k = alloc_saved(c, {d.b, d.T, d.kw()}, compute(c), "k");
+  Tensor v = alloc_saved(c, {d.b, d.T, d.kw()}, compute(c), "v");
+  Tensor ctx = alloc_saved(c, {d.b, d.T, d.qw()}, compute(c), "context");
+  Fp32Buffer qb(q), kb(k), vb(v), cb(ctx);  // each stored (bf16 under bf16-mixed) once computed
+  project(x, weight(c, 0), bias_of(c, d, 0), qb.data(), R, d.D, d.qw());
+  project(x, weight(c, 1), bias_of(c, d, 1), kb.data(), R, d.D, d.kw());
+  project(x, weight(c, 2), bias_of(c, d, 2), vb.data(), R, d.D, d.kw());
   if (d.rope) {
-    rope(q.f(), d, d.H, false);
-    rope(k.f(), d, d.KV, false);
+    rope(qb.data(), d, d.H, false);
+    rope(kb.data(), d, d.KV, false);
   }
+  qb.store();
+  kb.store();
+  vb.store();
   // Saved in declaration order: q, k, v, context, then lse or probs (+mask, dropped).
   c.saved.push_back(q);
   c.saved.push_back(k);
   c.saved.push_back(v);
   c.saved.push_back(ctx);
   if (d.flash)
-    flash_forward(c, d, q.f(), k.f(), v.f(), ctx.f());
+    flash_forward(c, d, qb.data(), kb.data(), vb.data(), cb.data());
   else
-    math_forward(c, d, q.f(), k.f(), v.f(), ctx.f());
-  project(ctx.f(), weight(c, 3), bias_of(c, d, 3), c.out.f(), R, d.qw(), d.D);
+    math_forward(c, d, qb.data(), kb.data(), vb.data(), cb.data());
+  cb.store();
+  project(cb.data(), weight(c, 3), bias_of(c, d, 3), c.out.f(), R, d.qw(), d.D);
 }
 
 void attention_backward(OpContext& c) {
@@ -371,23 +388,29 @@ void attention_backward(OpContext& c) {
 
   // Output projection: dcontext = dy Wo; dWo += dy^T context; dbo += sum dy.
   Tensor dctx = alloc_temp(c, {d.b, d.T, d.qw()}, "dcontext", true);
-  project_backward(c.saved[3].f(), weight(c, 3), dy, dctx.f(), dparam(3), dbias(3), R, d.qw(), d.D);
+  Fp32Buffer dcb(dctx, /*load=*/true);
+  project_backward(c.saved[3].f(), weight(c, 3), dy, dcb.data(), dparam(3), dbias(3), R, d.qw(), d.D);
+  dcb.store();
 
   Tensor dq = alloc_temp(c, {d.b, d.T, d.qw()}, "dq", true);
   Tensor dk = alloc_temp(c, {d.b, d.T, d.kw()}, "dk", true);
   Tensor dv = alloc_temp(c, {d.b, d.T, d.kw()}, "dv", true);
+  Fp32Buffer dqb(dq, true), dkb(dk, true), dvb(dv, true);
   if (d.flash)
-    flash_backward(c, d, dctx.f(), dq.f(), dk.f(), dv.f());
+    flash_backward(c, d, dcb.data(), dqb.data(), dkb.data(), dvb.data());
   else
-    math_backward(c, d, dctx.f(), dq.f(), dk.f(), dv.f());
+    math_backward(c, d, dcb.data(), dqb.data(), dkb.data(), dvb.data());
   if (d.rope) {  // gradients through the rotation: its transpose
-    rope(dq.f(), d, d.H, true);
-    rope(dk.f(), d, d.KV, true);
+    rope(dqb.data(), d, d.H, true);
+    rope(dkb.data(), d, d.KV, true);
   }
+  dqb.store();
+  dkb.store();
+  dvb.store();
   float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
-  project_backward(x, weight(c, 0), dq.f(), dx, dparam(0), dbias(0), R, d.D, d.qw());
-  project_backward(x, weight(c, 1), dk.f(), dx, dparam(1), dbias(1), R, d.D, d.kw());
-  project_backward(x, weight(c, 2), dv.f(), dx, dparam(2), dbias(2), R, d.D, d.kw());
+  project_backward(x, weight(c, 0), dqb.data(), dx, dparam(0), dbias(0), R, d.D, d.qw());
+  project_backward(x, weight(c, 1), dkb.data(), dx, dparam(1), dbias(1), R, d.D, d.kw());
+  project_backward(x, weight(c, 2), dvb.data(), dx, dparam(2), dbias(2), R, d.D, d.kw());
 }
 
 }  // namespace dlplan::exec::cpu

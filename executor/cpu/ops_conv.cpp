@@ -77,14 +77,16 @@ void conv2d_forward(OpContext& c) {
   const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
   Tensor cols;
   if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");  // reused sample by sample
+  Fp32Buffer colbuf(cols);
   const float* w = c.params[0].f();
   for (int64_t s = 0; s < c.batch; ++s) {
     const float* x = c.in[0].f() + s * in_sz;
     float* y = c.out.f() + s * out_sz;
     const float* col = x;  // direct: the input is the [C, P] column matrix
     if (!g.direct()) {
-      float* cs = cols.f();
+      float* cs = colbuf.data();
       im2col(g, x, cs);
+      colbuf.store();  // the columns as stored (bf16 under bf16-mixed), read back by the GEMM
       col = cs;
     }
     if (bias)
@@ -103,15 +105,17 @@ void conv2d_backward(OpContext& c) {
   const bool need_dx = c.din[0].defined();
   Tensor cols;
   if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");  // reused sample by sample
+  Fp32Buffer colbuf(cols);
   const float* w = c.params[0].f();
   float* dw = c.dparams[0].f();
   for (int64_t s = 0; s < c.batch; ++s) {
     const float* x = c.in[0].f() + s * in_sz;
     const float* dy = c.dout.f() + s * out_sz;
-    float* cs = g.direct() ? nullptr : cols.f();
+    float* cs = g.direct() ? nullptr : colbuf.data();
     const float* col = x;
     if (cs) {
       im2col(g, x, cs);
+      colbuf.store();
       col = cs;
     }
     for (int64_t gi = 0; gi < g.groups; ++gi)
@@ -125,7 +129,10 @@ void conv2d_backward(OpContext& c) {
     for (int64_t gi = 0; gi < g.groups; ++gi)
       gemm(true, false, g.K(), g.P(), g.Og(), 1.0f, w + gi * g.Og() * g.K(), g.K(), dy + gi * g.Og() * g.P(), g.P(),
            cs ? 0.0f : 1.0f, dcol + gi * g.K() * g.P(), g.P());
-    if (cs) col2im_add(g, cs, dx);
+    if (cs) {
+      colbuf.store();  // dcol as stored
+      col2im_add(g, cs, dx);
+    }
   }
   if (c.node->attrs.flag("bias")) {
     float* db = c.dparams[1].f();

@@ -13,10 +13,14 @@
 namespace dlplan::exec::cuda {
 namespace {
 
-__global__ void step_k(int kind, float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1,
-                       double beta2, double eps, double bc1, double bc2, double wd, double momentum, double clip) {
+// p: the fp32 weights updated (the parameters, or their master copy); out:
+// where the model reads them (null when p is the parameters; bf16 params).
+template <typename G>
+__global__ void step_k(int kind, float* p, const G* g, float* m, float* v, __nv_bfloat16* out, int64_t n, double lr,
+                       double beta1, double beta2, double eps, double bc1, double bc2, double wd, double momentum,
+                       double clip) {
   DLPLAN_GRID_LOOP(e, n) {
-    const double grad = g[e] * clip;
+    const double grad = static_cast<double>(ld(g, e)) * clip;
     if (kind == 0) {
       double w = p[e] * (1.0 - lr * wd);
       const float me = static_cast<float>(beta1 * m[e] + (1 - beta1) * grad);
@@ -32,6 +36,7 @@ __global__ void step_k(int kind, float* p, const float* g, float* m, float* v, i
       m[e] = me;
       p[e] = static_cast<float>(p[e] - lr * me);
     }
+    if (out) out[e] = __float2bfloat16_rn(p[e]);
   }
 }
 
@@ -41,10 +46,14 @@ __global__ void step_k(int kind, float* p, const float* g, float* m, float* v, i
 // fixed tree) onto *out. The order depends on n only.
 constexpr unsigned kMaxPartials = 1024;
 
-__global__ void sumsq_partial_k(const float* x, int64_t n, double* partials) {
+template <typename T>
+__global__ void sumsq_partial_k(const T* x, int64_t n, double* partials) {
   __shared__ double scratch[32];
   double acc = 0;
-  DLPLAN_GRID_LOOP(i, n) acc += static_cast<double>(x[i]) * x[i];
+  DLPLAN_GRID_LOOP(i, n) {
+    const double xi = ld(x, i);
+    acc += xi * xi;
+  }
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
@@ -74,20 +83,29 @@ double* partials_buffer(cudaStream_t s) {
 
 }  // namespace
 
-void optimizer_step(int kind, float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1,
-                    double beta2, double eps, double bc1, double bc2, double wd, double momentum, double clip,
-                    cudaStream_t s) {
-  if (n > 0)
-    step_k<<<blocks_for(n), kThreads, 0, s>>>(kind, p, g, m, v, n, lr, beta1, beta2, eps, bc1, bc2, wd, momentum, clip);
+void optimizer_step(int kind, float* p, const void* g, bool bf16, void* bf16_params, float* m, float* v, int64_t n,
+                    double lr, double beta1, double beta2, double eps, double bc1, double bc2, double wd, double momentum,
+                    double clip, cudaStream_t s) {
+  if (n <= 0) return;
+  auto* out = static_cast<__nv_bfloat16*>(bf16_params);
+  if (bf16)
+    step_k<<<blocks_for(n), kThreads, 0, s>>>(kind, p, static_cast<const __nv_bfloat16*>(g), m, v, out, n, lr, beta1,
+                                              beta2, eps, bc1, bc2, wd, momentum, clip);
+  else
+    step_k<<<blocks_for(n), kThreads, 0, s>>>(kind, p, static_cast<const float*>(g), m, v, out, n, lr, beta1, beta2,
+                                              eps, bc1, bc2, wd, momentum, clip);
 }
 
-void sum_of_squares(const float* x, int64_t n, double* out, cudaStream_t s) {
+void sum_of_squares(const void* x, bool bf16, int64_t n, double* out, cudaStream_t s) {
   if (n <= 0) return;
   double* partials = partials_buffer(s);
   if (!partials) return;  // the caller's cudaGetLastError() reports it
   unsigned blocks = blocks_for(n);
   if (blocks > kMaxPartials) blocks = kMaxPartials;
-  sumsq_partial_k<<<blocks, kThreads, 0, s>>>(x, n, partials);
+  if (bf16)
+    sumsq_partial_k<<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n, partials);
+  else
+    sumsq_partial_k<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(x), n, partials);
   sumsq_final_k<<<1, kThreads, 0, s>>>(partials, blocks, out);
 }
 

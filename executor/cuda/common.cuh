@@ -4,6 +4,7 @@
 
 #include "kernels.hpp"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -11,6 +12,13 @@
 namespace dlplan::exec::cuda {
 
 constexpr int kThreads = 256;
+
+// Storage loads and stores: fp32 as is, bf16 widened exactly and rounded to
+// nearest even (as dlplan/exec/bf16.hpp on the host). Arithmetic is fp32.
+__device__ inline float ld(const float* p, int64_t i) { return p[i]; }
+__device__ inline float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void st(float* p, int64_t i, float v) { p[i] = v; }
+__device__ inline void st(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   int64_t b = (n + threads - 1) / threads;

@@ -23,7 +23,7 @@ namespace cuda {
 
 [[noreturn]] void fail(const char* what, const char* detail, const OpContext* c, const char* file, int line) {
   std::string where;
-  if (c && c->node) where = fmt::format(" (node '{}' ({}))", c->node->name, to_string(c->node->op));
+  if (c && c->node) where = " (" + node_label(*c->node) + ")";
   throw Error(fmt::format("CUDA error at {}:{}: {}: {}{}", file, line, what, detail, where));
 }
 
@@ -102,18 +102,16 @@ class CudaBackend final : public Backend {
     }
     rt_.scratch_grows = 0;
   }
-  Runtime& runtime() { return rt_; }
-  const Runtime& runtime() const { return rt_; }
+  void* stream() const override { return rt_.stream; }
+  void synchronize() const override {
+    DLPLAN_CU(nullptr, cudaSetDevice(rt_.device));
+    DLPLAN_CU(nullptr, cudaStreamSynchronize(rt_.stream));
+  }
+  int scratch_grows() const override { return rt_.scratch_grows; }
 
  private:
   Runtime rt_;
 };
-
-const CudaBackend& as_cuda(const Backend& b) {
-  const auto* cb = dynamic_cast<const CudaBackend*>(&b);
-  if (!cb) throw Error(fmt::format("backend '{}' is not the CUDA backend", b.name()));
-  return *cb;
-}
 
 // cudaMalloc / cudaFree, no caching; counted as requested.
 class PlainMemory final : public MemoryResource {
@@ -163,10 +161,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   return std::make_unique<cuda::CudaBackend>(device);
 }
 
-void* cuda_compute_stream(const Backend& b) { return cuda::as_cuda(b).runtime().stream; }
-
-void cuda_synchronize(const Backend& b) {
-  DLPLAN_CU(nullptr, cudaStreamSynchronize(cuda::as_cuda(b).runtime().stream));
+void* cuda_compute_stream(const Backend& b) {
+  if (b.stream() == nullptr) throw Error(fmt::format("backend '{}' has no stream: it is not the CUDA backend", b.name()));
+  return b.stream();
 }
 
 std::unique_ptr<MemoryResource> make_cuda_plain_memory(int device) {
@@ -190,13 +187,14 @@ void cuda_optimizer_step(const CudaOptimizerStep& s, bool decay, float* param, c
                          int64_t n, void* stream) {
   const double t = static_cast<double>(s.t);
   const double bc1 = 1.0 - std::pow(s.beta1, t), bc2 = 1.0 - std::pow(s.beta2, t);
-  cuda::optimizer_step(static_cast<int>(s.kind), param, grad, m, v, n, s.lr, s.beta1, s.beta2, s.eps, bc1, bc2,
+  cuda::optimizer_step(static_cast<int>(s.kind), param, grad, /*bf16=*/false, nullptr, m, v, n, s.lr, s.beta1, s.beta2,
+                       s.eps, bc1, bc2,
                        decay ? s.weight_decay : 0.0, s.momentum, s.clip_scale, cuda::as_stream(stream));
   DLPLAN_LAUNCHED(nullptr);
 }
 
 void cuda_sum_of_squares(const float* x, int64_t n, double* device_accum, void* stream) {
-  cuda::sum_of_squares(x, n, device_accum, cuda::as_stream(stream));
+  cuda::sum_of_squares(x, /*bf16=*/false, n, device_accum, cuda::as_stream(stream));
   DLPLAN_LAUNCHED(nullptr);
 }
 

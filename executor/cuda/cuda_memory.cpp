@@ -162,6 +162,15 @@ class CachingCudaMemory final : public CudaMemory {
 
   int device() const override { return device_; }
 
+  // Device memory in use (cudaMemGetInfo: total - free) minus this
+  // allocator's segments (in use + cached): the context, cuBLAS, NCCL.
+  int64_t runtime_bytes() const override {
+    const cudart::DeviceGuard guard(device_);
+    size_t free_b = 0, total_b = 0;
+    cudart::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return static_cast<int64_t>(total_b) - static_cast<int64_t>(free_b) - stats().segment_bytes;
+  }
+
  private:
   Pool& pool_of(const Block* b) { return b->small ? small_ : large_; }
 

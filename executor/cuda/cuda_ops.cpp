@@ -43,7 +43,7 @@ Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, boo
               : c.alloc->empty(shape, DType::f32, Category::workspace, std::move(name));
 }
 [[noreturn]] void op_error(const OpContext& c, const std::string& message) {
-  throw Error(fmt::format("{}: node '{}' ({}): {}", c.model->source, c.node->name, to_string(c.node->op), message));
+  node_error(c.model->source, *c.node, message);
 }
 float* din_or_null(const OpContext& c, size_t i) { return c.din.size() > i && c.din[i].defined() ? c.din[i].f() : nullptr; }
 
@@ -707,6 +707,12 @@ size_t scratch_bytes_for(const Model& m, const Node& n, int64_t batch, int syncb
     }
     case OpKind::cross_entropy:  // cross_entropy_fwd: one double per row
       return static_cast<size_t>(batch * numel(x) / x.back()) * sizeof(double);
+    case OpKind::embedding:  // embedding_bwd: the stable sort of ids (embedding.cu)
+      return embedding_backward_scratch(batch * numel(x), n.attrs.integer("num"));
+    case OpKind::attention: {  // flash backward: D = rowsum(dO * O), one float per (sample, head, query)
+      const AttentionShape a = attention_shape(m, n);
+      return static_cast<size_t>(batch * a.H * a.T) * sizeof(float);
+    }
     default:
       return 0;
   }

@@ -91,19 +91,7 @@ CudaDeviceInfo cuda_device_info() {
   return info;
 }
 
-int64_t measure_runtime_bytes(const Allocator& alloc) {
-  // Allocator::memory() is not const; only the resource's statistics are read.
-  // (Only the resource is consulted, not the Allocator's counters: this file
-  // is in dlplan_cuda, linked after dlplan_executor.)
-  const auto* cm = dynamic_cast<const CudaMemory*>(&const_cast<Allocator&>(alloc).memory());
-  if (cm == nullptr)
-    throw Error("measure_runtime_bytes: the allocator is not over the caching CUDA memory (make_cuda_memory)");
-  const cudart::DeviceGuard guard(cm->device());
-  size_t free_b = 0, total_b = 0;
-  cudart::check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  const int64_t used = static_cast<int64_t>(total_b) - static_cast<int64_t>(free_b);
-  return used - cm->stats().segment_bytes;
-}
+int64_t measure_runtime_bytes(const Allocator& alloc) { return alloc.memory().runtime_bytes(); }
 
 void cuda_copy(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;

@@ -6,23 +6,29 @@
 // double); the scaled gradient copies are scale.cu's kernels.
 #include "dlplan/exec/device_ops.hpp"
 
+#include "cuda/kernels.hpp"
 #include "device.hpp"
 
 #include "dlplan/error.hpp"
 #include "dlplan/exec/cuda_backend.hpp"
+#include "dlplan/exec/bf16.hpp"
 #include "dlplan/exec/cuda_runtime.hpp"
 
 #include <cuda_runtime_api.h>
 
-namespace dlplan::exec {
-namespace cuda {
-// scale.cu
-void scaled_copy(float* dst, const float* src, float scale, int64_t n, cudaStream_t s);
-void scaled_add(float* dst, const float* src, float scale, int64_t n, cudaStream_t s);
-void fill(float* p, float value, int64_t n, cudaStream_t s);
-}  // namespace cuda
+#include <cmath>
+#include <vector>
 
+namespace dlplan::exec {
 namespace {
+
+bool is_bf16(const Span& s) { return s.dtype == DType::bf16; }
+
+void same_shape(const Span& a, const Span& b, const char* what) {
+  if (a.n != b.n || a.dtype != b.dtype)
+    throw Error(std::string("internal error: DeviceOps::") + what + " over " + std::to_string(a.n) + " " +
+                to_string(a.dtype) + " and " + std::to_string(b.n) + " " + to_string(b.dtype) + " elements");
+}
 
 class CudaDeviceOps final : public DeviceOps {
  public:
@@ -39,26 +45,40 @@ class CudaDeviceOps final : public DeviceOps {
   std::string name() const override { return "cuda"; }
   bool host() const override { return false; }
 
-  void copy(float* dst, const float* src, int64_t n) override {
-    if (n <= 0) return;
-    cudart::check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+  void copy(Span dst, Span src) override {
+    same_shape(dst, src, "copy");
+    if (dst.n <= 0) return;
+    cudart::check(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(dst.bytes()), cudaMemcpyDeviceToDevice,
+                                  stream_),
                   "cudaMemcpyAsync (device to device)");
   }
-  void zero(float* p, int64_t n) override {
-    if (n <= 0) return;
-    cudart::check(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * sizeof(float), stream_), "cudaMemsetAsync");
+  void zero(Span p) override {
+    if (p.n <= 0) return;
+    cudart::check(cudaMemsetAsync(p.data, 0, static_cast<size_t>(p.bytes()), stream_), "cudaMemsetAsync");
   }
-  void fill(float* p, float value, int64_t n) override {
-    cuda::fill(p, value, n, stream_);
-    launched("fill");
-  }
-  void scaled_copy(float* dst, const float* src, float scale, int64_t n) override {
-    cuda::scaled_copy(dst, src, scale, n, stream_);
+  void scaled_copy(Span dst, Span src, float scale) override {
+    same_shape(dst, src, "scaled_copy");
+    cuda::scaled_copy(dst.data, src.data, is_bf16(dst), scale, dst.n, stream_);
     launched("scaled_copy");
   }
-  void scaled_add(float* dst, const float* src, float scale, int64_t n) override {
-    cuda::scaled_add(dst, src, scale, n, stream_);
+  void scaled_add(Span dst, Span src, float scale) override {
+    same_shape(dst, src, "scaled_add");
+    cuda::scaled_add(dst.data, src.data, is_bf16(dst), scale, dst.n, stream_);
     launched("scaled_add");
+  }
+  // bf16: converted on the host (round to nearest even, as on the device), then copied.
+  void upload_floats(Span dst, const float* host_src) override {
+    if (!is_bf16(dst)) return upload(dst.data, host_src, dst.bytes());
+    std::vector<uint16_t> narrow(static_cast<size_t>(dst.n));
+    f32_to_bf16(host_src, narrow.data(), dst.n);
+    upload(dst.data, narrow.data(), dst.bytes());
+    synchronize();  // the host buffer dies on return
+  }
+  void download_floats(float* host_dst, Span src) override {
+    if (!is_bf16(src)) return download(host_dst, src.data, src.bytes());
+    std::vector<uint16_t> narrow(static_cast<size_t>(src.n));
+    download(narrow.data(), src.data, src.bytes());
+    bf16_to_f32(narrow.data(), host_dst, src.n);
   }
   void upload(void* dst, const void* host_src, int64_t bytes) override {
     copy_to_device(dst, host_src, bytes, stream_);
@@ -70,36 +90,47 @@ class CudaDeviceOps final : public DeviceOps {
     }
     copy_to_host(host_dst, src, bytes, stream_);  // waits for the stream
   }
-  double sum_of_squares(const float* p, int64_t n, double acc) override {
-    if (n <= 0) return acc;
+  double sum_of_squares(Span p, double acc) override {
+    if (p.n <= 0) return acc;
     cudart::check(cudaMemsetAsync(accum_, 0, sizeof(double), stream_), "cudaMemsetAsync (norm accumulator)");
-    cuda_sum_of_squares(p, n, accum_, stream_);
+    cuda::sum_of_squares(p.data, is_bf16(p), p.n, accum_, stream_);
+    launched("sum_of_squares");
     double h = 0;
     copy_to_host(&h, accum_, sizeof(double), stream_);
     return acc + h;
   }
-  void optimizer_step(const OptimizerConfig& cfg, const OptimizerUpdate& u, float* params, const float* grads, float* m,
-                      float* v, int64_t n) override {
-    if (n <= 0) return;
-    CudaOptimizerStep s;
-    switch (cfg.kind) {
-      case OptimizerKind::adamw: s.kind = CudaOptimizer::adamw; break;
-      case OptimizerKind::sgd: s.kind = CudaOptimizer::sgd; break;
-      case OptimizerKind::sgd_momentum: s.kind = CudaOptimizer::sgd_momentum; break;
+  void widen(float* master, Span params) override {
+    if (!is_bf16(params)) {
+      cudart::check(cudaMemcpyAsync(master, params.data, static_cast<size_t>(params.bytes()), cudaMemcpyDeviceToDevice,
+                                    stream_),
+                    "cudaMemcpyAsync (device to device)");
+      return;
     }
-    s.lr = u.lr;
-    s.beta1 = cfg.beta1;
-    s.beta2 = cfg.beta2;
-    s.eps = cfg.eps;
-    s.weight_decay = cfg.weight_decay;
-    s.momentum = cfg.momentum;
-    s.t = u.t;
-    s.clip_scale = u.clip_scale;
-    cuda_optimizer_step(s, u.decay, params, grads, m, v, n, stream_);
+    cuda::bf16_widen(master, params.data, params.n, stream_);
+    launched("bf16_widen");
+  }
+  void optimizer_step(const OptimizerConfig& cfg, const OptimizerUpdate& u, Span params, Span grads, float* master,
+                      float* m, float* v) override {
+    same_shape(params, grads, "optimizer_step");
+    if (params.n <= 0) return;
+    if (is_bf16(params) && master == nullptr)
+      throw Error("internal error: a bf16 optimizer step needs fp32 master weights");
+    int kind = 0;
+    switch (cfg.kind) {
+      case OptimizerKind::adamw: kind = 0; break;
+      case OptimizerKind::sgd: kind = 1; break;
+      case OptimizerKind::sgd_momentum: kind = 2; break;
+    }
+    const double t = static_cast<double>(u.t);
+    const double bc1 = 1.0 - std::pow(cfg.beta1, t), bc2 = 1.0 - std::pow(cfg.beta2, t);
+    float* p = master ? master : static_cast<float*>(params.data);
+    cuda::optimizer_step(kind, p, grads.data, is_bf16(grads), master ? params.data : nullptr, m, v, params.n, u.lr,
+                         cfg.beta1, cfg.beta2, cfg.eps, bc1, bc2, u.decay ? cfg.weight_decay : 0.0, cfg.momentum,
+                         u.clip_scale, stream_);
+    launched("optimizer_step");
   }
   void synchronize() override { cudart::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (compute stream)"); }
 
-  int64_t runtime_bytes(const Allocator& a) const override { return measure_runtime_bytes(a); }
   int64_t device_free_bytes() const override {
     const cudart::DeviceGuard guard(device_);
     return cuda_device_info().free_bytes;

@@ -171,11 +171,20 @@ cudaError_t flash_backward(const AttnDims& d, const float* q, const float* k, co
                            cudaStream_t s);
 
 // ---- adamw.cu --------------------------------------------------------------------
-void optimizer_step(int kind, float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1,
-                    double beta2, double eps, double bc1, double bc2, double wd, double momentum, double clip,
-                    cudaStream_t s);
-// *out += sum x^2 (double, device): per-block partials into a lazily allocated
-// per-(device, stream) buffer, then one block adds them in order (deterministic).
-void sum_of_squares(const float* x, int64_t n, double* out, cudaStream_t s);
+// p: the fp32 weights updated (parameters, or the master copy of bf16 ones);
+// g: the gradients (bf16 when `bf16`); bf16_params: the bf16 parameters
+// rewritten from p (rounded), or null.
+void optimizer_step(int kind, float* p, const void* g, bool bf16, void* bf16_params, float* m, float* v, int64_t n,
+                    double lr, double beta1, double beta2, double eps, double bc1, double bc2, double wd, double momentum,
+                    double clip, cudaStream_t s);
+// *out += sum x^2 (double, device; x bf16 when `bf16`).
+void sum_of_squares(const void* x, bool bf16, int64_t n, double* out, cudaStream_t s);
+
+// ---- scale.cu ----------------------------------------------------------------------
+// dst = src * scale; dst += src * scale (bf16 buffers when `bf16`).
+void scaled_copy(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s);
+void scaled_add(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s);
+void bf16_widen(float* dst, const void* src, int64_t n, cudaStream_t s);
+void bf16_narrow(void* dst, const float* src, int64_t n, cudaStream_t s);
 
 }  // namespace dlplan::exec::cuda

@@ -22,7 +22,7 @@
 // a device.
 #include "nccl_communicator.hpp"
 
-#include "../comm/comm_thread.hpp"
+#include "dlplan/exec/comm_thread.hpp"
 #include "device.hpp"
 
 #include "dlplan/error.hpp"
@@ -51,7 +51,7 @@ namespace dlplan::exec {
 namespace cudart {
 namespace {
 
-using Buffers = std::vector<GpuCommunicator::Buffer>;
+using Buffers = std::vector<Span>;
 
 enum class Op { all_reduce, reduce_scatter, all_gather, broadcast };
 
@@ -70,14 +70,17 @@ const char* op_name(Op op) {
 Buffers validate(const Buffers& in, Op op, int group_size, int root, int rank) {
   Buffers out;
   for (const auto& b : in) {
-    if (b.count < 0 || (b.count > 0 && b.data == nullptr))
-      throw Error(std::string(op_name(op)) + ": bad buffer (count " + std::to_string(b.count) + ", rank " +
+    if (b.n < 0 || (b.n > 0 && b.data == nullptr))
+      throw Error(std::string(op_name(op)) + ": bad buffer (count " + std::to_string(b.n) + ", rank " +
                   std::to_string(rank) + ")");
-    if ((op == Op::reduce_scatter || op == Op::all_gather) && b.count % group_size != 0)
-      throw Error(std::string(op_name(op)) + ": " + std::to_string(b.count) +
+    if (b.dtype != DType::f32 && b.dtype != DType::bf16)
+      throw Error(std::string(op_name(op)) + ": " + to_string(b.dtype) + " buffers are not reduced (rank " +
+                  std::to_string(rank) + ")");
+    if ((op == Op::reduce_scatter || op == Op::all_gather) && b.n % group_size != 0)
+      throw Error(std::string(op_name(op)) + ": " + std::to_string(b.n) +
                   " elements are not a multiple of the group size " + std::to_string(group_size) + " (rank " +
                   std::to_string(rank) + ")");
-    if (b.count > 0) out.push_back(b);
+    if (b.n > 0) out.push_back(b);
   }
   if (op == Op::broadcast && (root < 0 || root >= group_size))
     throw Error("broadcast: root " + std::to_string(root) + " is not a rank of a group of " +
@@ -85,9 +88,9 @@ Buffers validate(const Buffers& in, Op op, int group_size, int root, int rank) {
   return out;
 }
 
-int64_t total_count(const Buffers& b) {
+int64_t total_bytes(const Buffers& b) {
   int64_t n = 0;
-  for (const auto& x : b) n += x.count;
+  for (const auto& x : b) n += x.bytes();
   return n;
 }
 
@@ -116,18 +119,6 @@ class StagedCommunicator final : public GpuCommunicator {
   int local_size() const override { return host_->local_size(); }
   std::string name() const override { return host_->name() + "-staged"; }
 
-  WorkHandle all_reduce(float* data, int64_t count, int group) override {
-    return run(Op::all_reduce, {{data, count}}, group, 0);
-  }
-  WorkHandle reduce_scatter(float* data, int64_t count, int group) override {
-    return run(Op::reduce_scatter, {{data, count}}, group, 0);
-  }
-  WorkHandle all_gather(float* data, int64_t count, int group) override {
-    return run(Op::all_gather, {{data, count}}, group, 0);
-  }
-  WorkHandle broadcast(float* data, int64_t count, int root, int group) override {
-    return run(Op::broadcast, {{data, count}}, group, root);
-  }
   WorkHandle all_reduce_many(const Buffers& b, int group) override { return run(Op::all_reduce, b, group, 0); }
   WorkHandle reduce_scatter_many(const Buffers& b, int group) override {
     return run(Op::reduce_scatter, b, group, 0);
@@ -156,6 +147,12 @@ class StagedCommunicator final : public GpuCommunicator {
   int device() const override { return device_; }
   void* compute_stream() const override { return compute_; }
 
+ protected:
+  WorkHandle run_all_reduce(Span data, int group) override { return run(Op::all_reduce, {data}, group, 0); }
+  WorkHandle run_reduce_scatter(Span data, int group) override { return run(Op::reduce_scatter, {data}, group, 0); }
+  WorkHandle run_all_gather(Span data, int group) override { return run(Op::all_gather, {data}, group, 0); }
+  WorkHandle run_broadcast(Span data, int root, int group) override { return run(Op::broadcast, {data}, group, root); }
+
  private:
   WorkHandle run(Op op, const Buffers& in, int group, int root) {
     const int gsize = host_->group_size(group);
@@ -178,61 +175,61 @@ class StagedCommunicator final : public GpuCommunicator {
         ~EventGuard() { (void)cudaEventDestroy(e); }
       } event_guard{ready};
       DeviceGuard guard(device_);
-      ensure_pinned(total_count(bufs));
+      ensure_pinned(total_bytes(bufs));
       check(cudaStreamWaitEvent(copy_, ready, 0), "cudaStreamWaitEvent (copy stream)");
-      std::vector<float*> host(bufs.size());
+      // Each device buffer's twin in the pinned host buffer.
+      std::vector<Span> host(bufs.size());
       int64_t off = 0;
       for (size_t i = 0; i < bufs.size(); ++i) {
-        host[i] = pinned_ + off;
-        off += bufs[i].count;
+        host[i] = Span{pinned_ + off, bufs[i].n, bufs[i].dtype};
+        off += bufs[i].bytes();
       }
-      auto copy = [this](float* dst, const float* src, int64_t n, cudaMemcpyKind kind) {
-        check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), kind, copy_), "cudaMemcpyAsync");
+      auto copy = [this](Span dst, Span src, cudaMemcpyKind kind) {
+        check(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()), kind, copy_), "cudaMemcpyAsync");
       };
       for (size_t i = 0; i < bufs.size(); ++i) {
-        const int64_t n = bufs[i].count, shard = n / gsize, mine = int64_t{grank} * shard;
-        if (op == Op::all_gather) copy(host[i] + mine, bufs[i].data + mine, shard, cudaMemcpyDeviceToHost);
-        else if (op != Op::broadcast || grank == root) copy(host[i], bufs[i].data, n, cudaMemcpyDeviceToHost);
+        const int64_t shard = bufs[i].n / gsize, mine = int64_t{grank} * shard;
+        if (op == Op::all_gather) copy(host[i].sub(mine, shard), bufs[i].sub(mine, shard), cudaMemcpyDeviceToHost);
+        else if (op != Op::broadcast || grank == root) copy(host[i], bufs[i], cudaMemcpyDeviceToHost);
       }
       check(cudaStreamSynchronize(copy_), "cudaStreamSynchronize (device to host)");
       std::vector<WorkHandle> works;
       for (size_t i = 0; i < bufs.size(); ++i) {
-        const int64_t n = bufs[i].count;
         switch (op) {
-          case Op::all_reduce: works.push_back(host_->all_reduce(host[i], n, group)); break;
-          case Op::reduce_scatter: works.push_back(host_->reduce_scatter(host[i], n, group)); break;
-          case Op::all_gather: works.push_back(host_->all_gather(host[i], n, group)); break;
-          case Op::broadcast: works.push_back(host_->broadcast(host[i], n, root, group)); break;
+          case Op::all_reduce: works.push_back(host_->all_reduce(host[i], group)); break;
+          case Op::reduce_scatter: works.push_back(host_->reduce_scatter(host[i], group)); break;
+          case Op::all_gather: works.push_back(host_->all_gather(host[i], group)); break;
+          case Op::broadcast: works.push_back(host_->broadcast(host[i], root, group)); break;
         }
       }
       for (auto& w : works) w->wait();
       for (size_t i = 0; i < bufs.size(); ++i) {
-        const int64_t n = bufs[i].count, shard = n / gsize, mine = int64_t{grank} * shard;
-        if (op == Op::reduce_scatter) copy(bufs[i].data + mine, host[i] + mine, shard, cudaMemcpyHostToDevice);
-        else if (op != Op::broadcast || grank != root) copy(bufs[i].data, host[i], n, cudaMemcpyHostToDevice);
+        const int64_t shard = bufs[i].n / gsize, mine = int64_t{grank} * shard;
+        if (op == Op::reduce_scatter) copy(bufs[i].sub(mine, shard), host[i].sub(mine, shard), cudaMemcpyHostToDevice);
+        else if (op != Op::broadcast || grank != root) copy(bufs[i], host[i], cudaMemcpyHostToDevice);
       }
       check(cudaStreamSynchronize(copy_), "cudaStreamSynchronize (host to device)");
     });
   }
 
   // On the staging thread only.
-  void ensure_pinned(int64_t count) {
-    if (count <= pinned_count_) return;
+  void ensure_pinned(int64_t bytes) {
+    if (bytes <= pinned_bytes_) return;
     if (pinned_) check(cudaFreeHost(pinned_), "cudaFreeHost");
     pinned_ = nullptr;
-    pinned_count_ = 0;
+    pinned_bytes_ = 0;
     void* p = nullptr;
-    check(cudaMallocHost(&p, static_cast<size_t>(count) * sizeof(float)), "cudaMallocHost (staging buffer)");
-    pinned_ = static_cast<float*>(p);
-    pinned_count_ = count;
+    check(cudaMallocHost(&p, static_cast<size_t>(bytes)), "cudaMallocHost (staging buffer)");
+    pinned_ = static_cast<char*>(p);
+    pinned_bytes_ = bytes;
   }
 
   std::unique_ptr<Communicator> host_;
   const int device_;
   const cudaStream_t compute_;
   cudaStream_t copy_ = nullptr;
-  float* pinned_ = nullptr;
-  int64_t pinned_count_ = 0;
+  char* pinned_ = nullptr;
+  int64_t pinned_bytes_ = 0;
   std::unique_ptr<comm::CommThread> thread_;
 };
 
@@ -359,18 +356,6 @@ class NcclCommunicator final : public GpuCommunicator {
   int local_size() const override { return host_->local_size(); }
   std::string name() const override { return "nccl"; }
 
-  WorkHandle all_reduce(float* data, int64_t count, int group) override {
-    return issue(Op::all_reduce, {{data, count}}, group, 0);
-  }
-  WorkHandle reduce_scatter(float* data, int64_t count, int group) override {
-    return issue(Op::reduce_scatter, {{data, count}}, group, 0);
-  }
-  WorkHandle all_gather(float* data, int64_t count, int group) override {
-    return issue(Op::all_gather, {{data, count}}, group, 0);
-  }
-  WorkHandle broadcast(float* data, int64_t count, int root, int group) override {
-    return issue(Op::broadcast, {{data, count}}, group, root);
-  }
   WorkHandle all_reduce_many(const Buffers& b, int group) override { return issue(Op::all_reduce, b, group, 0); }
   WorkHandle reduce_scatter_many(const Buffers& b, int group) override {
     return issue(Op::reduce_scatter, b, group, 0);
@@ -431,6 +416,12 @@ class NcclCommunicator final : public GpuCommunicator {
   int device() const override { return device_; }
   void* compute_stream() const override { return compute_; }
 
+ protected:
+  WorkHandle run_all_reduce(Span data, int group) override { return issue(Op::all_reduce, {data}, group, 0); }
+  WorkHandle run_reduce_scatter(Span data, int group) override { return issue(Op::reduce_scatter, {data}, group, 0); }
+  WorkHandle run_all_gather(Span data, int group) override { return issue(Op::all_gather, {data}, group, 0); }
+  WorkHandle run_broadcast(Span data, int root, int group) override { return issue(Op::broadcast, {data}, group, root); }
+
  private:
   // NCCL before 2.30 refuses two ranks on one device (and would fail inside
   // ncclCommInitRank on some ranks only): checked on the gathered table of
@@ -476,7 +467,7 @@ class NcclCommunicator final : public GpuCommunicator {
       DeviceGuard guard(device_);
       ev = std::make_shared<Events>();
       what = std::string(op_name(op)) + " #" + std::to_string(++seq_) + " (" + std::to_string(bufs.size()) +
-             (bufs.size() == 1 ? " buffer, " : " buffers, ") + std::to_string(total_count(bufs)) + " floats, group " +
+             (bufs.size() == 1 ? " buffer, " : " buffers, ") + std::to_string(total_bytes(bufs)) + " bytes, group " +
              std::to_string(group) + " of " + std::to_string(g.size) + " ranks" +
              (op == Op::broadcast ? ", root " + std::to_string(root) : std::string()) + ")";
       check(cudaEventRecord(ready_, compute_), "cudaEventRecord (compute stream)");
@@ -484,17 +475,18 @@ class NcclCommunicator final : public GpuCommunicator {
       check(cudaEventRecord(ev->start, stream_), "cudaEventRecord (communication stream)");
       nccl_or_fail(ncclGroupStart(), "ncclGroupStart for " + what, g.comm);
       for (const auto& b : bufs) {
-        const auto n = static_cast<size_t>(b.count);
+        const auto n = static_cast<size_t>(b.n);
         const size_t shard = n / static_cast<size_t>(g.size);
-        float* mine = b.data + static_cast<size_t>(g.rank) * shard;
+        void* mine = b.sub(static_cast<int64_t>(g.rank * shard), static_cast<int64_t>(shard)).data;
+        const ncclDataType_t t = b.dtype == DType::bf16 ? ncclBfloat16 : ncclFloat;
         ncclResult_t r = ncclSuccess;
         switch (op) {
-          case Op::all_reduce: r = ncclAllReduce(b.data, b.data, n, ncclFloat, ncclSum, g.comm, stream_); break;
+          case Op::all_reduce: r = ncclAllReduce(b.data, b.data, n, t, ncclSum, g.comm, stream_); break;
           // In place: the shard lands at data + rank * shard, the whole buffer is the input.
-          case Op::reduce_scatter: r = ncclReduceScatter(b.data, mine, shard, ncclFloat, ncclSum, g.comm, stream_); break;
+          case Op::reduce_scatter: r = ncclReduceScatter(b.data, mine, shard, t, ncclSum, g.comm, stream_); break;
           // In place: this rank's shard is read from data + rank * shard.
-          case Op::all_gather: r = ncclAllGather(mine, b.data, shard, ncclFloat, g.comm, stream_); break;
-          case Op::broadcast: r = ncclBroadcast(b.data, b.data, n, ncclFloat, root, g.comm, stream_); break;
+          case Op::all_gather: r = ncclAllGather(mine, b.data, shard, t, g.comm, stream_); break;
+          case Op::broadcast: r = ncclBroadcast(b.data, b.data, n, t, root, g.comm, stream_); break;
         }
         nccl_or_fail(r, what, g.comm);
       }

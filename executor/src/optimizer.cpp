@@ -17,6 +17,14 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& a
   for (int u = 0; u < store.units(); ++u) {
     const std::string label = "optimizer state, unit " + std::to_string(u);
     const int64_t n = store.shard_size(u);  // the padded shard, as the planner counts it
+    // Under bf16-mixed the updates go to an fp32 master copy of the shard
+    // (ZeRO's "K = 12": master, m, v), made from the bf16 parameters.
+    if (store.dtype() == DType::bf16) {
+      master_.push_back(alloc.zeros({n}, DType::f32, Category::optimizer, label + " master weights"));
+      store.ops().widen(master_.back().f(), store.owned_params(u));
+    } else {
+      master_.emplace_back();
+    }
     m_.push_back(moments ? alloc.zeros({n}, DType::f32, Category::optimizer, label + " m") : Tensor{});
     v_.push_back(cfg.kind == OptimizerKind::adamw ? alloc.zeros({n}, DType::f32, Category::optimizer, label + " v")
                                                   : Tensor{});
@@ -28,7 +36,7 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
   // Global norm: each rank sums the squares of what it owns; sharded
   // gradients are summed across ranks, replicated ones counted once.
   double sq = 0;
-  for (int u = 0; u < store_.units(); ++u) sq = ops.sum_of_squares(store_.owned_grads(u), store_.owned_size(u), sq);
+  for (int u = 0; u < store_.units(); ++u) sq = ops.sum_of_squares(store_.owned_grads(u), sq);
   if (store_.sharded()) {
     comm.all_reduce_doubles(&sq, 1);
   } else if (comm.size() > 1) {
@@ -45,18 +53,23 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
   up.lr = learning_rate(cfg_, step_index, total_steps);
   up.clip_scale = clip;
   up.t = ++t_;
+  auto data = [](const std::vector<Tensor>& per_unit, int u) {
+    const Tensor& t = per_unit[static_cast<size_t>(u)];
+    return t.defined() ? t.f() : nullptr;
+  };
   for (int u = 0; u < store_.units(); ++u) {
-    float* p = store_.owned_params(u);
-    const float* g = store_.owned_grads(u);
-    float* m = m_[static_cast<size_t>(u)].defined() ? m_[static_cast<size_t>(u)].f() : nullptr;
-    float* v = v_[static_cast<size_t>(u)].defined() ? v_[static_cast<size_t>(u)].f() : nullptr;
+    const Span p = store_.owned_params(u), g = store_.owned_grads(u);
+    float* master = data(master_, u);
+    float* m = data(m_, u);
+    float* v = data(v_, u);
     const int64_t begin = store_.owned_begin(u), n = store_.owned_size(u);
     for (const auto& seg : store_.segments(u)) {
       const int64_t lo = std::max(seg.begin, begin), hi = std::min(seg.end, begin + n);
       if (hi <= lo) continue;
       const int64_t e = lo - begin;  // the run [lo, hi) of the unit is [e, e + hi - lo) of the owned slice
       up.decay = seg.decay;
-      ops.optimizer_step(cfg_, up, p + e, g + e, m ? m + e : nullptr, v ? v + e : nullptr, hi - lo);
+      ops.optimizer_step(cfg_, up, p.sub(e, hi - lo), g.sub(e, hi - lo), master ? master + e : nullptr,
+                         m ? m + e : nullptr, v ? v + e : nullptr);
     }
   }
   return norm;

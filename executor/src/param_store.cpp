@@ -48,9 +48,10 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
       own_ops_(ops ? nullptr : make_cpu_device_ops()),
       ops_(ops ? ops : own_ops_.get()),
       strategy_(t.strategy),
+      dtype_(storage_dtype(t.precision)),
       world_(world),
       rank_(rank),
-      sharded_(t.strategy != Strategy::ddp && world > 1) {
+      sharded_(sharding(t.strategy, world).optimizer) {
   size_ = unit_parameter_counts(m);
   const size_t U = size_.size();
   padded_.resize(U);
@@ -81,15 +82,15 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   grads_.resize(U);
   gathered_.resize(U);
   staging_.resize(U);
-  const bool shard_params = sharded_ && strategy_ == Strategy::zero3;
-  const bool shard_grads = sharded_ && (strategy_ == Strategy::zero2 || strategy_ == Strategy::zero3);
+  const bool shard_params = sharding(strategy_, world_).params;
+  const bool shard_grads = sharding(strategy_, world_).grads;
   for (size_t u = 0; u < U; ++u) {
     const std::string label = m.units[u].empty() ? "root" : m.units[u];
     // ZeRO-1/2 keep the full parameters padded so the updated shards are
     // all-gathered in place; DDP keeps them unpadded.
-    params_[u] = alloc.zeros({shard_params ? shard_size(static_cast<int>(u)) : padded_[u]}, DType::f32, Category::params,
+    params_[u] = alloc.zeros({shard_params ? shard_size(static_cast<int>(u)) : padded_[u]}, dtype_, Category::params,
                              label + " parameters");
-    grads_[u] = alloc.zeros({shard_grads ? shard_size(static_cast<int>(u)) : size_[u]}, DType::f32, Category::grads,
+    grads_[u] = alloc.zeros({shard_grads ? shard_size(static_cast<int>(u)) : size_[u]}, dtype_, Category::grads,
                             label + " gradients");
   }
   buffers_.resize(m.nodes.size());
@@ -97,7 +98,7 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
     Tensor t = alloc.zeros({b.numel}, DType::f32, Category::params, b.name);
     if (b.name.size() >= 11 && b.name.compare(b.name.size() - 11, 11, "running_var") == 0) {
       const std::vector<float> ones(static_cast<size_t>(b.numel), 1.0f);  // built on the host, then uploaded
-      ops_->upload(t.f(), ones.data(), b.numel * static_cast<int64_t>(sizeof(float)));
+      ops_->upload_floats(t.span(), ones.data());
     }
     buffers_[static_cast<size_t>(b.node)].push_back(t);
   }
@@ -110,7 +111,7 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
 // padding), then uploaded.
 void ParamStore::initialize(const Model& m, uint64_t seed) {
   const uint64_t init_seed = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
-  const bool shard_params = sharded_ && strategy_ == Strategy::zero3;
+  const bool shard_params = sharding(strategy_, world_).params;
   for (size_t unit = 0; unit < params_.size(); ++unit) {
     std::vector<float> dst(static_cast<size_t>(params_[unit].numel()), 0.0f);
     for (size_t k = 0; k < m.params.size(); ++k) {
@@ -143,17 +144,17 @@ void ParamStore::initialize(const Model& m, uint64_t seed) {
         dst[static_cast<size_t>(flat - lo)] = v;
       }
     }
-    ops_->upload(params_[unit].f(), dst.data(), static_cast<int64_t>(dst.size() * sizeof(float)));
+    ops_->upload_floats(params_[unit].span(), dst.data());  // rounded once under bf16-mixed
   }
 }
 
 const Tensor& ParamStore::full_unit(int u) const {
-  if (sharded_ && strategy_ == Strategy::zero3) return gathered_[static_cast<size_t>(u)];
+  if (sharding(strategy_, world_).params) return gathered_[static_cast<size_t>(u)];
   return params_[static_cast<size_t>(u)];
 }
 
 const Tensor& ParamStore::grad_target(int u) const {
-  if (sharded_ && (strategy_ == Strategy::zero2 || strategy_ == Strategy::zero3)) return staging_[static_cast<size_t>(u)];
+  if (sharding(strategy_, world_).grads) return staging_[static_cast<size_t>(u)];
   return grads_[static_cast<size_t>(u)];
 }
 
@@ -185,31 +186,30 @@ int64_t ParamStore::owned_size(int u) const {
   return std::max<int64_t>(0, std::min(shard_offset(u) + shard_size(u), unit_size(u)) - shard_offset(u));
 }
 
-float* ParamStore::owned_params(int u) {
-  Tensor& p = params_[static_cast<size_t>(u)];
-  return (sharded_ && strategy_ == Strategy::zero3) ? p.f() : p.f() + owned_begin(u);
+Span ParamStore::owned_params(int u) {
+  const Span p = params_[static_cast<size_t>(u)].span();
+  return p.sub(sharding(strategy_, world_).params ? 0 : owned_begin(u), owned_size(u));
 }
 
-const float* ParamStore::owned_grads(int u) const {
-  const Tensor& g = grads_[static_cast<size_t>(u)];
-  const bool shard_grads = sharded_ && (strategy_ == Strategy::zero2 || strategy_ == Strategy::zero3);
-  return shard_grads ? g.f() : g.f() + owned_begin(u);
+Span ParamStore::owned_grads(int u) const {
+  const Span g = grads_[static_cast<size_t>(u)].span();
+  return g.sub(sharding(strategy_, world_).grads ? 0 : owned_begin(u), owned_size(u));
 }
 
 void ParamStore::zero_grads() {
-  for (auto& g : grads_) ops_->zero(g.f(), g.numel());
+  for (auto& g : grads_) ops_->zero(g.span());
 }
 
 std::vector<float> ParamStore::snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const {
   std::vector<float> all;
   for (int u = 0; u < units(); ++u) {
     std::vector<float> unit(static_cast<size_t>(unit_padded(u)), 0.0f);
-    if (sharded_ && strategy_ == Strategy::zero3) {
-      ops_->download(unit.data() + shard_offset(u), params_[static_cast<size_t>(u)].f(),
-                     shard_size(u) * static_cast<int64_t>(sizeof(float)));
-      gather(unit.data(), unit_padded(u));
+    const Span p = params_[static_cast<size_t>(u)].span();
+    if (sharding(strategy_, world_).params) {
+      ops_->download_floats(unit.data() + shard_offset(u), p.sub(0, shard_size(u)));
+      gather(unit.data(), unit_padded(u));  // exact: the shards widened to fp32 first
     } else {
-      ops_->download(unit.data(), params_[static_cast<size_t>(u)].f(), unit_size(u) * static_cast<int64_t>(sizeof(float)));
+      ops_->download_floats(unit.data(), p.sub(0, unit_size(u)));
     }
     all.insert(all.end(), unit.begin(), unit.begin() + unit_size(u));
   }

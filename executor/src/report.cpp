@@ -45,8 +45,7 @@ RankMemory highest_peak_rank(Trainer& t, Communicator& comm) {
   return *std::max_element(all.begin(), all.end(), [](const RankMemory& a, const RankMemory& b) { return a.peak < b.peak; });
 }
 
-nlohmann::ordered_json run_report(const LoadedPlan& plan, Trainer& t, const RunMeasurement& m, int world, uint64_t seed) {
-  using J = nlohmann::ordered_json;
+RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement& m, int world, uint64_t seed) {
   const auto s = steady(m.steps);
   std::vector<double> step, wait, bytes;
   for (const auto& x : s) {
@@ -61,39 +60,26 @@ nlohmann::ordered_json run_report(const LoadedPlan& plan, Trainer& t, const RunM
   const StrategyResult predicted = evaluate(plan.model, plan.cluster, plan.training);
   const double peak_flops = plan.cluster.device.fp32_flops;
 
-  J memory = J::object();
-  for (Category c : kAllCategories) memory[to_string(c)] = m.memory.at_peak[static_cast<size_t>(c)];
-  memory["runtime"] = m.memory.runtime_bytes;
-  memory["peak"] = m.memory.peak;
-  J max_each = J::object();
-  for (Category c : kAllCategories) max_each[to_string(c)] = m.memory.max_each[static_cast<size_t>(c)];
-
-  J measured;
-  measured["memory"] = memory;
-  measured["reserved_bytes"] = m.memory.reserved_bytes;
-  measured["memory_max_per_category"] = max_each;
-  measured["rank"] = m.memory.rank;
-  measured["step_seconds"] = step_s;
-  measured["compute_seconds"] = step_s - exposed;
-  measured["comm"] = {{"bytes", median(bytes)}, {"seconds", m.comm_busy_seconds}, {"exposed_seconds", exposed}};
-  measured["mfu"] = step_s > 0 && peak_flops > 0 ? predicted.model_flops / step_s / peak_flops : 0.0;
+  RunReport r;
+  r.plan = plan;
+  r.world_size = world;
+  r.seed = seed;
+  for (const auto& x : m.steps) r.loss.push_back(x.loss);
+  r.predicted = plan.predicted;
+  Measured& out = r.measured;
+  out.memory = {m.memory.at_peak, m.memory.runtime_bytes, m.memory.peak};
+  out.max_each = m.memory.max_each;
+  out.reserved_bytes = m.memory.reserved_bytes;
+  out.rank = m.memory.rank;
+  out.step_seconds = step_s;
+  out.compute_seconds = std::max(0.0, step_s - exposed);
+  out.comm = {median(bytes), m.comm_busy_seconds, exposed};
+  out.mfu = step_s > 0 && peak_flops > 0 ? predicted.model_flops / step_s / peak_flops : 0.0;
   const double rate = step_s > 0 ? static_cast<double>(t.samples_per_step()) / step_s : 0;
-  if (t.tokens_per_sample() > 0) measured["tokens_per_second"] = rate * static_cast<double>(t.tokens_per_sample());
-  else measured["samples_per_second"] = rate;
-  measured["rss_bytes"] = m.memory.rss_bytes;
-
-  J report;
-  report["schema_version"] = 1;
-  report["kind"] = "report";
-  report["plan"] = plan.document;
-  report["world_size"] = world;
-  report["seed"] = seed;
-  report["steps"] = m.steps.size();
-  report["loss"] = J::array();
-  for (const auto& x : m.steps) report["loss"].push_back(x.loss);
-  report["measured"] = measured;
-  report["predicted"] = plan.document.contains("predicted") ? plan.document["predicted"] : J::object();
-  return report;
+  out.tokens = t.tokens_per_sample() > 0;
+  out.rate = out.tokens ? rate * static_cast<double>(t.tokens_per_sample()) : rate;
+  out.rss_bytes = m.memory.rss_bytes;
+  return r;
 }
 
 std::string progress_text(const StepStats& s, int steps, const Trainer& t) {
@@ -104,34 +90,35 @@ std::string progress_text(const StepStats& s, int steps, const Trainer& t) {
 }
 
 std::string progress_json(const StepStats& s, int steps, const Trainer& t) {
-  nlohmann::ordered_json j;
-  j["step"] = s.step + 1;
-  j["steps"] = steps;
-  j["loss"] = s.loss;
-  j["step_seconds"] = s.seconds;
-  j[t.tokens_per_sample() > 0 ? "tokens_per_second" : "samples_per_second"] = throughput(s, t);
-  j["peak_bytes"] = s.peak_bytes;
-  return j.dump();
+  ProgressLine l;
+  l.step = s.step + 1;
+  l.steps = steps;
+  l.loss = s.loss;
+  l.step_seconds = s.seconds;
+  l.tokens = t.tokens_per_sample() > 0;
+  l.rate = throughput(s, t);
+  l.peak_bytes = s.peak_bytes;
+  return progress_line_json(l);
 }
 
-std::string memory_table(const nlohmann::ordered_json& r) {
-  const auto& meas = r["measured"]["memory"];
-  const auto& pred = r["predicted"]["memory"];
-  std::string out = fmt::format("\nMemory at the peak, rank {} (the highest), measured against predicted:\n",
-                                r["measured"]["rank"].get<int>());
+std::string memory_table(const RunReport& r) {
+  const MemoryNumbers& meas = r.measured.memory;
+  const MemoryNumbers& pred = r.predicted.memory;
+  std::string out = fmt::format("\nMemory at the peak, rank {} (the highest), measured against predicted:\n", r.measured.rank);
   out += fmt::format("  {:<12} {:>12} {:>12} {:>8}\n", "category", "measured", "predicted", "diff");
-  auto row = [&](const char* name) {
-    const double a = meas.value(name, 0.0), b = pred.value(name, 0.0);
+  auto row = [&](const char* name, int64_t measured, int64_t predicted) {
+    const double a = static_cast<double>(measured), b = static_cast<double>(predicted);
     const std::string diff = b > 0 ? fmt::format("{:+.1f}%", 100 * (a - b) / b) : (a > 0 ? "new" : "");
     out += fmt::format("  {:<12} {:>12} {:>12} {:>8}\n", name, format_bytes(a), format_bytes(b), diff);
   };
-  for (Category c : kAllCategories) row(to_string(c));
-  if (meas.value("runtime", 0.0) > 0 || pred.value("runtime", 0.0) > 0) row("runtime");  // a GPU's context, NCCL
-  row("peak");
-  if (const double reserved = r["measured"].value("reserved_bytes", 0.0); reserved > 0)
-    out += fmt::format("  cached by the allocator, not in use (reserved): {}\n", format_bytes(reserved));
-  out += fmt::format("  resident set (process high-water mark): {}\n",
-                     format_bytes(r["measured"]["rss_bytes"].get<double>()));
+  for (Category c : kAllCategories)
+    row(to_string(c), meas.at_peak[static_cast<size_t>(c)], pred.at_peak[static_cast<size_t>(c)]);
+  if (meas.runtime > 0 || pred.runtime > 0) row("runtime", meas.runtime, pred.runtime);  // a GPU's context, NCCL
+  row("peak", meas.peak, pred.peak);
+  if (r.measured.reserved_bytes > 0)
+    out += fmt::format("  cached by the allocator, not in use (reserved): {}\n",
+                       format_bytes(static_cast<double>(r.measured.reserved_bytes)));
+  out += fmt::format("  resident set (process high-water mark): {}\n", format_bytes(static_cast<double>(r.measured.rss_bytes)));
   return out;
 }
 

@@ -5,7 +5,6 @@
 
 #include "dlplan/error.hpp"
 #include "dlplan/ledger.hpp"
-#include "dlplan/exec/cuda_runtime.hpp"  // GpuCommunicator, wait_host (host logic only: no CUDA needed)
 #include "dlplan/loader.hpp"
 #include "dlplan/planner.hpp"
 
@@ -65,17 +64,13 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
   if (ops_->host() != alloc_.memory().host_visible())
     throw Error(fmt::format("the trainer's device operations ({}) and its memory ({}) disagree", ops_->name(),
                             alloc_.memory().host_visible() ? "host" : "device"));
-  const auto& predicted = plan.document["predicted"]["memory"];
-  const int64_t need =
-      predicted.contains("peak") ? static_cast<int64_t>(predicted["peak"].get<double>() * (1 + kFragmentationMargin)) : 0;
+  const int64_t need = static_cast<int64_t>(static_cast<double>(plan.predicted.memory.peak) * (1 + kFragmentationMargin));
   if (ops_->host()) {
     if (c.device.kind != "cpu")
       throw Error(fmt::format("{}: planned for {}; the CPU executor runs plans for the cpu device (dlplan plan --gpu cpu)",
                               plan.path, c.device.kind));
-    if (plan.training.precision != Precision::fp32)
-      throw Error(fmt::format("{}: the cpu device trains in fp32 only, not {}", plan.path, to_string(plan.training.precision)));
     // Does the plan fit this host? Its memory is shared by the ranks of a node.
-    if (predicted.contains("peak")) {
+    if (need > 0) {
       const int64_t have = host_cpu_device().memory_bytes / std::max(1, comm.local_size());
       if (need > have)
         throw Error(fmt::format("{}: the plan needs {:.2f} GiB per rank but this host offers {:.2f} GiB to each of its {} ranks",
@@ -87,12 +82,10 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
                               plan.path, ops_->name()));
     if (plan.training.precision == Precision::bf16_mixed)
       throw Error(fmt::format("{}: bf16-mixed is not implemented in the CUDA backend yet; plan with --precision fp32", plan.path));
-    if (plan.training.precision != Precision::fp32)
-      throw Error(fmt::format("{}: the CUDA backend trains in fp32 only, not {}", plan.path, to_string(plan.training.precision)));
     // Does the plan fit the device? Its free memory (after the context and
     // cuBLAS) is shared by the ranks of this node that use it.
     const int64_t free_bytes = ops_->device_free_bytes();
-    if (predicted.contains("peak") && free_bytes >= 0) {
+    if (need > 0 && free_bytes >= 0) {
       const int devices = std::max(1, ops_->device_count());
       const int sharing = std::max(1, (comm.local_size() + devices - 1) / devices);
       const int64_t have = free_bytes / sharing;
@@ -124,7 +117,7 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
   const TrainingConfig& t = plan.training;
   program_ = build_step_program(plan.model, plan.cluster, t);
   runner_ = std::make_unique<ProgramRunner>(program_);
-  slots_.resize(static_cast<size_t>(program_.slots));
+  slots_.resize(static_cast<size_t>(program_.slot_count));
   work_.resize(program_.comm.size());
   // The GEMM library's workspace: persistent, counted where the program
   // allocates it (workspace), held here for the trainer's life.
@@ -164,11 +157,6 @@ Trainer::~Trainer() {
     backend_.set_gemm_workspace(nullptr, 0);  // the backend outlives the workspace tensor
   } catch (...) {
   }
-}
-
-Communicator& Trainer::host_comm() {
-  if (auto* g = dynamic_cast<GpuCommunicator*>(&comm_)) return g->host();
-  return comm_;
 }
 
 int64_t Trainer::samples_per_step() const {
@@ -221,7 +209,10 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
   const int64_t b = t.micro_batch;
   const int64_t global_first = step_ * samples_per_step() + (static_cast<int64_t>(micro) * N + r) * b;
   const float inv_world = 1.0f / static_cast<float>(N);
-  const bool staged_grads = store_->sharded() && (t.strategy == Strategy::zero2 || t.strategy == Strategy::zero3);
+  const bool staged_grads = sharding(t.strategy, N).grads;
+  // Float tensors are stored in the plan's storage dtype (bf16 under bf16-mixed).
+  const DType act = storage_dtype(t.precision);
+  auto stored = [act](DType ir) { return ir == DType::f32 ? act : ir; };
 
   // Slots live for the step (a slot may outlive its micro-batch: ZeRO-3's
   // root unit is gathered in the first and freed in the last); tensor ids
@@ -245,6 +236,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
     ctx.batch = b;
     ctx.first_sample = global_first;
     ctx.seed = opt_.seed;
+    ctx.act_dtype = act;
     for (int id : ctx.node->inputs) ctx.in.push_back(tensor_of(id));
     ctx.out = tensor_of(ctx.node->output);
     ctx.params = store_->param_views(i);
@@ -262,18 +254,20 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         return;  // held by the parameter store / the trainer (gemm_workspace_) / the op itself
       case Role::batch_input: {
         const TensorInfo& ti = m.tensor(in.tensor);
-        out = alloc_.empty(batched(ti, b), ti.dtype, in.category, "batch: " + ti.name);
+        out = alloc_.empty(batched(ti, b), stored(ti.dtype), in.category, "batch: " + ti.name);
         int input = static_cast<int>(std::find(m.inputs.begin(), m.inputs.end(), in.tensor) - m.inputs.begin());
-        Tensor host = host_staging(out.shape, out.dtype);  // filled on the host, then uploaded
+        Tensor host = host_staging(out.shape, ti.dtype);  // filled on the host (ids, or fp32 values), then uploaded
         data_->fill(input, host, global_first, b);
-        ops_->upload(out.f(), host.f(), out.bytes());
+        if (ti.dtype == DType::f32) ops_->upload_floats(out.span(), host.f());  // rounded to bf16 under bf16-mixed
+        else ops_->upload(out.data(), host.data(), out.bytes());
         tensor_slot[static_cast<size_t>(in.tensor)] = in.slot;
         break;
       }
       case Role::node_output: {
         const TensorInfo& ti = m.tensor(in.tensor);
         const bool loss = m.nodes[static_cast<size_t>(ti.producer)].op == OpKind::cross_entropy;
-        out = alloc_.empty(loss ? Shape{} : batched(ti, b), ti.dtype, in.category, ti.name);
+        // The loss is one fp32 scalar (DESIGN.md), whatever the precision.
+        out = alloc_.empty(loss ? Shape{} : batched(ti, b), loss ? DType::f32 : stored(ti.dtype), in.category, ti.name);
         tensor_slot[static_cast<size_t>(in.tensor)] = in.slot;
         break;
       }
@@ -287,30 +281,30 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       }
       case Role::grad: {
         const TensorInfo& ti = m.tensor(in.tensor);
-        out = alloc_.zeros(batched(ti, b), DType::f32, Category::workspace, "grad of " + ti.name);
+        out = alloc_.zeros(batched(ti, b), act, Category::workspace, "grad of " + ti.name);
         grad_slot[static_cast<size_t>(in.tensor)] = in.slot;
         break;
       }
       case Role::gathered:
-        out = alloc_.empty({store_->unit_padded(in.unit)}, DType::f32, Category::gathered, "gathered");
+        out = alloc_.empty({store_->unit_padded(in.unit)}, store_->dtype(), Category::gathered, "gathered");
         store_->set_gathered(in.unit, out);
         break;
       case Role::staging: {
         if (t.strategy == Strategy::ddp) {
           const Bucket& bk = program_.buckets[static_cast<size_t>(program_.comm[static_cast<size_t>(in.comm)].bucket)];
-          out = alloc_.empty({bk.elements}, DType::f32, Category::comm, "bucket");
+          out = alloc_.empty({bk.elements}, store_->dtype(), Category::comm, "bucket");
           int64_t at = 0;
           for (int k : bk.params) {  // a flat copy of the bucket's gradients
             auto [u, off] = store_->locate(k);
             const int64_t n = m.params[static_cast<size_t>(k)].numel;
-            ops_->copy(out.f() + at, store_->grads(u).f() + off, n);
+            ops_->copy(out.span().sub(at, n), store_->grads(u).span().sub(off, n));
             at += n;
           }
         } else if (t.strategy == Strategy::zero1) {
-          out = alloc_.zeros({store_->unit_padded(in.unit)}, DType::f32, Category::comm, "zero1 staging");
-          ops_->copy(out.f(), store_->grads(in.unit).f(), store_->unit_size(in.unit));
+          out = alloc_.zeros({store_->unit_padded(in.unit)}, store_->dtype(), Category::comm, "zero1 staging");
+          ops_->copy(out.span().sub(0, store_->unit_size(in.unit)), store_->grads(in.unit).span());
         } else {
-          out = alloc_.zeros({store_->unit_padded(in.unit)}, DType::f32, Category::comm, "gradient staging");
+          out = alloc_.zeros({store_->unit_padded(in.unit)}, store_->dtype(), Category::comm, "gradient staging");
           store_->set_grad_staging(in.unit, out);
         }
         break;
@@ -334,24 +328,26 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
     switch (ev.purpose) {
       case CommPurpose::bucket_all_reduce: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
-        work[static_cast<size_t>(c)] = comm_.all_reduce(buf.f(), buf.numel());
+        work[static_cast<size_t>(c)] = comm_.all_reduce(buf.span());
         break;
       }
       case CommPurpose::unit_reduce_scatter: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
-        work[static_cast<size_t>(c)] = comm_.reduce_scatter(buf.f(), store_->unit_padded(ev.unit));
+        work[static_cast<size_t>(c)] = comm_.reduce_scatter(buf.span().sub(0, store_->unit_padded(ev.unit)));
         break;
       }
       case CommPurpose::unit_gather:
       case CommPurpose::root_gather: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
         const int u = ev.purpose == CommPurpose::root_gather ? 0 : ev.unit;
-        ops_->copy(buf.f() + store_->shard_offset(u), store_->params(u).f(), store_->shard_size(u));
-        work[static_cast<size_t>(c)] = comm_.all_gather(buf.f(), store_->unit_padded(u));
+        const int64_t shard = store_->shard_size(u);
+        ops_->copy(buf.span().sub(store_->shard_offset(u), shard), store_->params(u).span().sub(0, shard));
+        work[static_cast<size_t>(c)] = comm_.all_gather(buf.span().sub(0, store_->unit_padded(u)));
         break;
       }
       case CommPurpose::param_all_gather:
-        pending_param_gathers_.push_back(comm_.all_gather(store_->params(ev.unit).f(), store_->unit_padded(ev.unit)));
+        pending_param_gathers_.push_back(
+            comm_.all_gather(store_->params(ev.unit).span().sub(0, store_->unit_padded(ev.unit))));
         break;
       case CommPurpose::syncbn:
         break;  // issued inside the BN op
@@ -368,22 +364,24 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
     stats.wait_seconds += since(wait_start);
     if (ev.purpose == CommPurpose::bucket_all_reduce) {
       const Bucket& bk = program_.buckets[static_cast<size_t>(ev.bucket)];
-      const float* src = slots[static_cast<size_t>(ev.slot)].f();
+      const Span src = slots[static_cast<size_t>(ev.slot)].span();
+      int64_t at = 0;
       for (int k : bk.params) {  // back into the gradients, averaged over ranks
         auto [u, off] = store_->locate(k);
         const int64_t n = m.params[static_cast<size_t>(k)].numel;
-        ops_->scaled_copy(store_->grads(u).f() + off, src, inv_world, n);
-        src += n;
+        ops_->scaled_copy(store_->grads(u).span().sub(off, n), src.sub(at, n), inv_world);
+        at += n;
       }
     } else if (ev.purpose == CommPurpose::unit_reduce_scatter) {
       const int u = ev.unit;
       const int64_t S = store_->shard_size(u), lo = store_->shard_offset(u);
-      const float* shard = slots[static_cast<size_t>(ev.slot)].f() + lo;
-      float* g = store_->grads(u).f();
+      const Span shard = slots[static_cast<size_t>(ev.slot)].span().sub(lo, S);
+      const Span g = store_->grads(u).span();
       if (t.strategy == Strategy::zero1) {
-        ops_->scaled_copy(g + lo, shard, inv_world, std::max<int64_t>(0, std::min(S, store_->unit_size(u) - lo)));
+        const int64_t real = std::max<int64_t>(0, std::min(S, store_->unit_size(u) - lo));  // the padding has no gradient
+        ops_->scaled_copy(g.sub(lo, real), shard.sub(0, real), inv_world);
       } else {
-        ops_->scaled_add(g, shard, inv_world, S);
+        ops_->scaled_add(g.sub(0, S), shard, inv_world);
       }
     }
   };
@@ -448,7 +446,7 @@ void Trainer::check_ledger(const Instr& mark) {
 
 std::vector<float> Trainer::full_parameters() {
   // The snapshot is on the host: gathered through the host communicator.
-  Communicator& host = host_comm();
+  Communicator& host = comm_.host();  // the snapshot is on the host
   return store_->snapshot_full_params([&host](float* p, int64_t n) { host.all_gather(p, n)->wait(); });
 }
 

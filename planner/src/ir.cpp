@@ -6,7 +6,20 @@
 
 namespace dlplan {
 
-const char* to_string(DType d) { return d == DType::f32 ? "f32" : "i32"; }
+std::string node_label(const Node& n) { return "node '" + n.name + "' (" + to_string(n.op) + ")"; }
+
+void node_error(const std::string& source, const Node& n, const std::string& message) {
+  throw Error(source + ": " + node_label(n) + ": " + message);
+}
+
+const char* to_string(DType d) {
+  switch (d) {
+    case DType::f32: return "f32";
+    case DType::i32: return "i32";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;

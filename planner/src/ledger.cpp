@@ -32,7 +32,7 @@ bool applies(When w, bool first_micro, bool last_micro) {
 }
 
 ProgramRunner::ProgramRunner(const StepProgram& program)
-    : prog_(program), live_(static_cast<size_t>(program.slots), nullptr) {}
+    : prog_(program), live_(static_cast<size_t>(program.slot_count), nullptr) {}
 
 void ProgramRunner::run_micro_batch(bool first, bool last, ProgramVisitor& v) {
   for (const Instr& in : prog_.instrs) {

@@ -7,6 +7,13 @@
 // even when causal, as model-FLOPs conventions do (PaLM, appendix B).
 #include "dlplan/ops.hpp"
 
+#include "dlplan/error.hpp"
+#include "dlplan/limits.hpp"
+
+#include <fmt/format.h>
+
+#include <initializer_list>
+
 namespace dlplan {
 namespace {
 
@@ -16,6 +23,17 @@ SavedTensor keep_input(int i) { return {Ref::input, i, "", 0, Elem::compute, fal
 SavedTensor keep_output() { return {Ref::output, -1, "", 0, Elem::compute, false}; }
 SavedTensor keep_own(std::string what, int64_t numel, Elem e, bool per_batch = false) {
   return {Ref::own, -1, std::move(what), numel, e, per_batch};
+}
+
+// The sizes an op derives from its shapes beyond its output (attention's T x T
+// scores, a convolution's im2col columns) obey the loader's per-tensor limit;
+// checked in double where the op's shapes are read, so that the int64
+// products below cannot overflow.
+void check_size(const Model& m, const Node& n, const char* what, std::initializer_list<int64_t> dims) {
+  double size = 1;
+  for (int64_t d : dims) size *= static_cast<double>(d);
+  if (size > static_cast<double>(kMaxTensorElements))
+    node_error(m.source, n, fmt::format("{} would hold {:.4g} elements per sample, more than 2^48", what, size));
 }
 
 // Rows of a [*, D] tensor: every dimension but the last.
@@ -80,6 +98,8 @@ AttentionShape attention_shape(const Model& m, const Node& n) {
   a.rope = n.attrs.flag("rope");
   a.dropout = n.attrs.number("dropout");
   a.rope_theta = n.attrs.number("rope_theta");
+  check_size(m, n, "the attention scores (heads x T x T)", {a.H, a.T, a.T});
+  check_size(m, n, "the queries (T x heads x head_dim)", {a.T, std::max(a.H, a.KV), a.hd});
   return a;
 }
 
@@ -136,6 +156,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       const auto s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
       const bool direct = k[0] == 1 && k[1] == 1 && s[0] == 1 && s[1] == 1 && p[0] == 0 && p[1] == 0;
       if (!direct) {
+        check_size(m, n, "the im2col columns", {c, k[0], k[1], out.shape[1], out.shape[2]});
         const int64_t cols = c * k[0] * k[1] * out.shape[1] * out.shape[2];
         d.fwd_temps = {{"im2col", cols, Elem::compute, true}};
         d.bwd_temps = {{"im2col", cols, Elem::compute, true}};

@@ -108,8 +108,7 @@ struct NodeError {
   const Node& n;
   template <typename... Args>
   [[noreturn]] void operator()(fmt::format_string<Args...> f, Args&&... args) const {
-    throw Error(fmt::format("{}: node '{}' ({}): {}", where, n.name, to_string(n.op),
-                            fmt::format(f, std::forward<Args>(args)...)));
+    node_error(where, n, fmt::format(f, std::forward<Args>(args)...));
   }
 };
 

@@ -1,6 +1,7 @@
 // Builds the step program (see step_program.hpp for the rules it encodes).
 #include "dlplan/step_program.hpp"
 
+#include "dlplan/caching_allocator.hpp"
 #include "dlplan/error.hpp"
 
 #include <fmt/format.h>
@@ -77,6 +78,34 @@ CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg)
   return s;
 }
 
+std::vector<StateTensor> model_state_tensors(const Model& m, int world, const TrainingConfig& cfg) {
+  const int64_t N = world;
+  const Sharding sh = sharding(cfg.strategy, N);
+  const bool sharded = sh.optimizer, shard_params = sh.params, shard_grads = sh.grads;
+  const int64_t pb = param_bytes(cfg.precision), gb = grad_bytes(cfg.precision);
+  const std::vector<int64_t> sizes = unit_parameter_counts(m);
+  std::vector<StateTensor> out;
+  auto shard = [&](int64_t size) { return sharded ? pad_to(size, N) / N : size; };
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    const std::string unit = m.units[u].empty() ? "root" : m.units[u];
+    // ZeRO-1/2 keep the full parameters padded, so the updated shards are all-gathered in place.
+    const int64_t params = shard_params ? shard(sizes[u]) : sharded ? pad_to(sizes[u], N) : sizes[u];
+    out.push_back({Category::params, params * pb, unit + " parameters"});
+    out.push_back({Category::grads, (shard_grads ? shard(sizes[u]) : sizes[u]) * gb, unit + " gradients"});
+  }
+  for (const auto& b : m.buffers) out.push_back({Category::params, b.numel * 4, b.name});  // fp32, replicated
+  const bool master = cfg.precision == Precision::bf16_mixed;
+  const bool moment1 = cfg.optimizer.kind != OptimizerKind::sgd, moment2 = cfg.optimizer.kind == OptimizerKind::adamw;
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    const std::string unit = m.units[u].empty() ? "root" : m.units[u];
+    const int64_t n = shard(sizes[u]) * 4;
+    if (master) out.push_back({Category::optimizer, n, unit + " master weights"});
+    if (moment1) out.push_back({Category::optimizer, n, unit + " m"});
+    if (moment2) out.push_back({Category::optimizer, n, unit + " v"});
+  }
+  return out;
+}
+
 namespace {
 
 class Emitter {
@@ -122,12 +151,23 @@ class Emitter {
   std::string unit_label(int u) const { return u == 0 ? std::string("root") : unit_name(u); }
 
   // ---- instructions -------------------------------------------------------
+  // The bytes an allocation counts: the allocator's block. A GPU's caching
+  // allocator (caching_allocator.hpp) rounds to 512 B and grants a request of
+  // 10 MiB or more the whole 2 MiB-rounded segment when at most 1 MiB would be
+  // left; a repeating step gets the same blocks back from its cache. The cpu
+  // device pads to its granularity (1: exact).
+  int64_t block_bytes(int64_t bytes) const {
+    if (bytes <= 0) return 0;
+    if (cl_.device.kind != "cpu" && cl_.device.alloc_granularity_bytes == kCudaMinBlock) return cuda_granted_fresh(bytes);
+    return pad_to(bytes, std::max<int64_t>(1, cl_.device.alloc_granularity_bytes));
+  }
+
   int alloc(Role role, Category c, int64_t bytes, When when = When::every) {
-    bytes = pad_to(bytes, std::max<int64_t>(1, cl_.device.alloc_granularity_bytes));  // the allocator's blocks
+    bytes = block_bytes(bytes);
     Instr in;
     in.kind = Instr::Kind::alloc;
     in.when = when;
-    in.slot = out_.slots++;
+    in.slot = out_.slot_count++;
     in.role = role;
     in.category = c;
     in.bytes = bytes;
@@ -137,7 +177,7 @@ class Emitter {
   Instr& last() { return out_.instrs.back(); }
   void name_last(std::string what, std::string holder) {
     if (!names_) return;
-    out_.names.resize(static_cast<size_t>(out_.slots));
+    out_.names.resize(static_cast<size_t>(out_.slot_count));
     out_.names[static_cast<size_t>(last().slot)] = {std::move(what), std::move(holder)};
   }
   void free_slot(int& slot, When when = When::every) {
@@ -156,7 +196,8 @@ class Emitter {
     out_.instrs.push_back(in);
   }
   int compute(Instr::Kind kind, Phase ph, int i, double flops, double bytes) {
-    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes});
+    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes, {}, {}});
+    if (i >= 0) record_work(i, out_.compute.back());
     Instr in;
     in.kind = kind;
     in.node = i;
@@ -166,6 +207,38 @@ class Emitter {
     return in.event;
   }
   int last_event() const { return static_cast<int>(out_.compute.size()) - 1; }
+
+  // The op's GEMMs and attention core for the GPU time model (ComputeEvent),
+  // from its shapes, for the whole micro-batch.
+  void record_work(int i, ComputeEvent& ev) const {
+    const Node& n = node(i);
+    const double b = static_cast<double>(b_);
+    auto in_shape = [&](size_t k) -> const Shape& { return m_.tensor(n.inputs[k]).shape; };
+    auto d = [](int64_t v) { return static_cast<double>(v); };
+    switch (n.op) {
+      case OpKind::linear: {  // [rows, in] x [in, out]
+        const Shape& x = in_shape(0);
+        ev.gemms.push_back({b * d(numel(x) / x.back()), d(n.attrs.integer("out")), d(x.back()), 1});
+        break;
+      }
+      case OpKind::conv2d: {  // implicit GEMM per group: [N OH OW, C/g kh kw] x [C/g kh kw, out/g]
+        const Shape& x = in_shape(0);
+        const Shape& y = m_.output_of(n).shape;
+        const auto k = n.attrs.pair("kernel");
+        const int64_t g = n.attrs.integer("groups");
+        ev.gemms.push_back({b * d(y[1] * y[2]), d(n.attrs.integer("out") / g), d(x[0] / g * k[0] * k[1]), d(g)});
+        break;
+      }
+      case OpKind::attention: {  // QKV and output projections around the T x T core
+        const AttentionShape a = attention_shape(m_, n);
+        ev.gemms.push_back({b * d(a.T), d((a.H + 2 * a.KV) * a.hd), d(a.D), 1});
+        ev.gemms.push_back({b * d(a.T), d(a.D), d(a.H * a.hd), 1});
+        ev.attention = {b * d(a.H), d(a.T), d(a.hd), a.causal, cfg_.attention == AttentionImpl::flash, a.dropout > 0};
+        break;
+      }
+      default: break;
+    }
+  }
 
   int issue(CommEvent ev, When when = When::every) {
     ev.issue_after = last_event();
@@ -271,12 +344,11 @@ class Emitter {
 
   // ---- phases -------------------------------------------------------------
   void persistent() {
-    CategoryBytes st = model_states(m_, static_cast<int>(N_), cfg_);
-    // Persistent: allocated once (the first micro-batch), never freed in the step.
-    for (int c = 0; c < 3; ++c) {
-      alloc(Role::model_states, static_cast<Category>(c), st[static_cast<size_t>(c)], When::first_micro);
-      static const char* what[] = {"parameters and buffers", "gradients", "optimizer state"};
-      name_last(what[c], c == 2 ? "optimizer" : "model");
+    // Persistent: allocated once (the first micro-batch), never freed in the
+    // step; one allocation per tensor the executor makes (rounded alike).
+    for (const StateTensor& t : model_state_tensors(m_, static_cast<int>(N_), cfg_)) {
+      alloc(Role::model_states, t.category, t.bytes, When::first_micro);
+      name_last(t.what, t.category == Category::optimizer ? "optimizer" : "model");
     }
     bool gemms = false;
     for (const auto& d : out_.decls) gemms |= d.gemms > 0;
@@ -286,13 +358,18 @@ class Emitter {
       alloc(Role::gemm_workspace, Category::workspace, cl_.device.gemm_workspace_bytes, When::first_micro);
       name_last("GEMM workspace", "cuBLAS");
     }
-    if (cfg_.strategy == Strategy::zero3 && unit_params_[0] > 0 && N_ > 1) {
+    if (sharding(cfg_.strategy, N_).params && unit_params_[0] > 0) {
       const int64_t bytes = pad_to(unit_params_[0], N_) * pbytes_;
       root_gathered_ = alloc(Role::gathered, Category::gathered, bytes, When::first_micro);
       last().unit = 0;
       name_last("root unit parameters", "zero3");
-      CommEvent ev{"root all-gather", Collective::AllGather, CommPurpose::root_gather, static_cast<double>(bytes),
-                   static_cast<int>(N_), 0, -1, root_gathered_};
+      CommEvent ev{.name = "root all-gather",
+                   .op = Collective::AllGather,
+                   .purpose = CommPurpose::root_gather,
+                   .bytes = static_cast<double>(bytes),
+                   .group = static_cast<int>(N_),
+                   .unit = 0,
+                   .slot = root_gathered_};
       int c = issue(ev, When::first_micro);
       wait(c, When::first_micro);
     }
@@ -393,10 +470,13 @@ class Emitter {
     }
     if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
       const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
-      CommEvent ev{n.name + " syncbn stats", Collective::AllGather, CommPurpose::syncbn,
-                   syncbn_group() * (2 * c + 1) * 4, syncbn_group(), -1, -1, -1};
-      ev.blocking = true;
-      ev.per_step = static_cast<int>(cfg_.grad_accum);
+      CommEvent ev{.name = n.name + " syncbn stats",
+                   .op = Collective::AllGather,
+                   .purpose = CommPurpose::syncbn,
+                   .bytes = syncbn_group() * (2 * c + 1) * 4,
+                   .group = syncbn_group(),
+                   .blocking = true,
+                   .per_step = static_cast<int>(cfg_.grad_accum)};
       out_.comm.push_back(ev);  // inside the op: no instruction of its own
       out_.comm.back().issue_after = last_event() - 1;
       out_.comm.back().wait_before = last_event();
@@ -426,7 +506,7 @@ class Emitter {
   // ZeRO-3: gather the unit at `pos` of `order` and the `prefetch` after it;
   // compute waits for the one it is about to run.
   void gather_units(const std::vector<int>& order, size_t pos, const char* dir) {
-    if (cfg_.strategy != Strategy::zero3 || N_ == 1) return;
+    if (!sharding(cfg_.strategy, N_).params) return;
     const size_t ahead = static_cast<size_t>(std::max(cfg_.prefetch, 0));
     for (size_t k = pos; k < order.size() && k <= pos + ahead; ++k) {
       const int u = order[k];
@@ -436,9 +516,14 @@ class Emitter {
       slot = alloc(Role::gathered, Category::gathered, bytes);
       last().unit = u;
       name_last(unit_name(u) + " parameters", "zero3");
-      CommEvent ev{fmt::format("{} all-gather ({})", unit_name(u), dir), Collective::AllGather, CommPurpose::unit_gather,
-                   static_cast<double>(bytes), static_cast<int>(N_), u, -1, slot};
-      ev.per_step = static_cast<int>(cfg_.grad_accum);
+      CommEvent ev{.name = fmt::format("{} all-gather ({})", unit_name(u), dir),
+                   .op = Collective::AllGather,
+                   .purpose = CommPurpose::unit_gather,
+                   .bytes = static_cast<double>(bytes),
+                   .group = static_cast<int>(N_),
+                   .unit = u,
+                   .slot = slot,
+                   .per_step = static_cast<int>(cfg_.grad_accum)};
       pending_gather_[u] = issue(ev);
     }
     auto it = pending_gather_.find(order[pos]);
@@ -506,9 +591,13 @@ class Emitter {
       op_temps(i, d.bwd_temps, temps);
       if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
         const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
-        CommEvent ev{n.name + " syncbn grads", Collective::AllReduce, CommPurpose::syncbn, 2 * c * 4, syncbn_group(), -1, -1, -1};
-        ev.blocking = true;
-        ev.per_step = static_cast<int>(cfg_.grad_accum);
+        CommEvent ev{.name = n.name + " syncbn grads",
+                     .op = Collective::AllReduce,
+                     .purpose = CommPurpose::syncbn,
+                     .bytes = 2 * c * 4,
+                     .group = syncbn_group(),
+                     .blocking = true,
+                     .per_step = static_cast<int>(cfg_.grad_accum)};
         out_.comm.push_back(ev);
         out_.comm.back().issue_after = last_event() - 1;
         out_.comm.back().wait_before = last_event();
@@ -557,8 +646,13 @@ class Emitter {
         const int64_t bytes = out_.buckets[static_cast<size_t>(b)].elements * gbytes_;
         int slot = alloc(Role::staging, Category::comm, bytes, When::last_micro);
         name_last(fmt::format("bucket {}", b), "ddp all-reduce");
-        CommEvent ev{fmt::format("bucket {} all-reduce", b), Collective::AllReduce, CommPurpose::bucket_all_reduce,
-                     static_cast<double>(bytes), static_cast<int>(N_), -1, b, slot};
+        CommEvent ev{.name = fmt::format("bucket {} all-reduce", b),
+                     .op = Collective::AllReduce,
+                     .purpose = CommPurpose::bucket_all_reduce,
+                     .bytes = static_cast<double>(bytes),
+                     .group = static_cast<int>(N_),
+                     .bucket = b,
+                     .slot = slot};
         last().comm = static_cast<int>(out_.comm.size());
         issue_grad(ev, slot, When::last_micro);
       }
@@ -571,9 +665,13 @@ class Emitter {
       const int u = m_.params[static_cast<size_t>(k)].unit;
       if (--unit_params_left_[static_cast<size_t>(u)] != 0) continue;
       const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], N_) * gbytes_;
-      CommEvent ev{unit_label(u) + " reduce-scatter", Collective::ReduceScatter, CommPurpose::unit_reduce_scatter,
-                   static_cast<double>(bytes), static_cast<int>(N_), u, -1, -1};
-      ev.per_step = static_cast<int>(cfg_.grad_accum);
+      CommEvent ev{.name = unit_label(u) + " reduce-scatter",
+                   .op = Collective::ReduceScatter,
+                   .purpose = CommPurpose::unit_reduce_scatter,
+                   .bytes = static_cast<double>(bytes),
+                   .group = static_cast<int>(N_),
+                   .unit = u,
+                   .per_step = static_cast<int>(cfg_.grad_accum)};
       issue_grad(ev, unit_staging_[static_cast<size_t>(u)], When::every);
       unit_staging_[static_cast<size_t>(u)] = -1;
     }
@@ -592,34 +690,43 @@ class Emitter {
         int slot = alloc(Role::staging, Category::comm, bytes, When::last_micro);
         last().unit = u;
         name_last(unit_label(u) + " gradients", "zero1 reduce-scatter");
-        CommEvent ev{unit_label(u) + " reduce-scatter", Collective::ReduceScatter, CommPurpose::unit_reduce_scatter,
-                     static_cast<double>(bytes), static_cast<int>(N_), u, -1, slot};
+        CommEvent ev{.name = unit_label(u) + " reduce-scatter",
+                     .op = Collective::ReduceScatter,
+                     .purpose = CommPurpose::unit_reduce_scatter,
+                     .bytes = static_cast<double>(bytes),
+                     .group = static_cast<int>(N_),
+                     .unit = u,
+                     .slot = slot};
         last().comm = static_cast<int>(out_.comm.size());
         issue_grad(ev, slot, When::last_micro);
       }
     }
     while (!inflight_.empty()) {
-      const bool accum_every = cfg_.strategy == Strategy::zero2 || cfg_.strategy == Strategy::zero3;
-      wait_oldest(accum_every ? When::every : When::last_micro);
+      // ZeRO-2/3 reduce-scatter every micro-batch (DESIGN.md), ddp and zero1 once a step.
+      wait_oldest(sharding(cfg_.strategy, N_).grads ? When::every : When::last_micro);
     }
     free_slot(root_gathered_, When::last_micro);
     for (auto& s : batch_slots_) free_slot(s);
   }
 
   void optimizer() {
-    const bool sharded = cfg_.strategy != Strategy::ddp && N_ > 1;
+    const Sharding sh = sharding(cfg_.strategy, N_);
+    const bool sharded = sh.optimizer;
     double shard = 0;
     for (int64_t p : unit_params_) shard += sharded ? static_cast<double>(pad_to(p, N_) / N_) : static_cast<double>(p);
     // Bytes touched per parameter by a fused update: read grad, master/param
     // and moments, write them back.
     const double per_param = 2.0 * optimizer_bytes_per_param(cfg_.precision, cfg_.optimizer.kind) + gbytes_ + 2.0 * pbytes_;
     compute(Instr::Kind::optimizer, Phase::optimizer, -1, 10.0 * shard, per_param * shard);
-    if ((cfg_.strategy == Strategy::zero1 || cfg_.strategy == Strategy::zero2) && N_ > 1)
+    if (sh.optimizer && !sh.params)  // ZeRO-1/2: the updated shards are all-gathered
       for (size_t u = 0; u < m_.units.size(); ++u)
         if (unit_params_[u] > 0) {
-          CommEvent ev{unit_label(static_cast<int>(u)) + " parameter all-gather", Collective::AllGather,
-                       CommPurpose::param_all_gather, static_cast<double>(pad_to(unit_params_[u], N_) * pbytes_),
-                       static_cast<int>(N_), static_cast<int>(u), -1, -1};
+          CommEvent ev{.name = unit_label(static_cast<int>(u)) + " parameter all-gather",
+                       .op = Collective::AllGather,
+                       .purpose = CommPurpose::param_all_gather,
+                       .bytes = static_cast<double>(pad_to(unit_params_[u], N_) * pbytes_),
+                       .group = static_cast<int>(N_),
+                       .unit = static_cast<int>(u)};
           issue(ev, When::last_micro);
         }
     mark();

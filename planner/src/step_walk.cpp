@@ -20,7 +20,7 @@ class Walker final : public ProgramVisitor {
     if (!opt_.explain) return;
     const StepProgram& prog = runner_.program();
     out_.peak_tensors.clear();
-    for (int slot = 0; slot < prog.slots; ++slot)
+    for (int slot = 0; slot < prog.slot_count; ++slot)
       if (const Instr* a = runner_.holder(slot)) {
         const SlotName& n = prog.names[static_cast<size_t>(slot)];
         out_.peak_tensors.push_back({n.what, n.holder, a->category, a->bytes});

@@ -68,6 +68,16 @@ AttentionImpl parse_attention(std::string_view s) {
 int param_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int grad_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int activation_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+DType storage_dtype(Precision p) { return p == Precision::fp32 ? DType::f32 : DType::bf16; }
+
+Sharding sharding(Strategy s, int64_t world) {
+  Sharding sh;
+  if (world <= 1) return sh;
+  sh.optimizer = s != Strategy::ddp;
+  sh.grads = s == Strategy::zero2 || s == Strategy::zero3;
+  sh.params = s == Strategy::zero3;
+  return sh;
+}
 
 int optimizer_bytes_per_param(Precision p, OptimizerKind o) {
   int master = p == Precision::bf16_mixed ? 4 : 0;  // fp32 master copy

@@ -1,7 +1,8 @@
 // The single-process communicator and the communication thread.
-#include "../../executor/comm/comm_thread.hpp"
+#include "dlplan/exec/comm_thread.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/communicator.hpp"
 
 #include <gtest/gtest.h>

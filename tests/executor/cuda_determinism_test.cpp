@@ -136,7 +136,7 @@ Outputs run_gpu(const OpRun& a, const std::vector<float>& dout) {
   copy_to_device(d.f(), dout.data(), static_cast<int64_t>(dout.size() * 4));
   prepare_backward(g, d);
   gpu->backward(g.ctx);
-  cuda_synchronize(*gpu);
+  gpu->synchronize();
   return collect(g, true);
 }
 

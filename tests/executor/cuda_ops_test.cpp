@@ -134,7 +134,7 @@ TEST_P(CudaOp, MatchesCpu) {
   prepare_backward(g, dout_d);
   cpu->backward(a.ctx);
   gpu->backward(g.ctx);
-  cuda_synchronize(*gpu);
+  gpu->synchronize();
 
   expect_same(c.name + ": out", g.ctx.out, a.ctx.out);
   ASSERT_EQ(g.ctx.saved.size(), a.ctx.saved.size()) << c.name << ": saved tensors";
@@ -143,8 +143,23 @@ TEST_P(CudaOp, MatchesCpu) {
     expect_same(c.name + ": saved " + a.ctx.saved[i].storage->what, g.ctx.saved[i], a.ctx.saved[i]);
   }
   for (size_t i = 0; i < a.ctx.din.size(); ++i) expect_same(c.name + ": din " + std::to_string(i), g.ctx.din[i], a.ctx.din[i]);
-  for (size_t i = 0; i < a.ctx.dparams.size(); ++i)
-    expect_same(c.name + ": dparam " + std::to_string(i), g.ctx.dparams[i], a.ctx.dparams[i]);
+  const size_t tied = a.ctx.params.size() - a.decl.params.size();  // a tied embedding weight comes first
+  double scale = 0;  // the largest parameter gradient of the op, on the CPU
+  for (const Tensor& d : a.ctx.dparams)
+    for (int64_t e = 0; e < d.numel(); ++e) scale = std::max(scale, std::fabs(double{d.f()[e]}));
+  for (size_t i = 0; i < a.ctx.dparams.size(); ++i) {
+    const std::string what = c.name + ": dparam " + std::to_string(i);
+    // Attention's k.bias gradient is zero in exact arithmetic (the softmax
+    // cancels a per-row shift, ops_grad_test.cpp); both backends leave only
+    // rounding noise, which a relative error would magnify: compared at the
+    // scale of the op's gradients instead.
+    if (i >= tied && a.decl.params[i - tied].suffix == "k.bias" && !a.n().attrs.flag("rope")) {
+      const auto got = as_floats(host_bytes(g.ctx.dparams[i], true));
+      for (float x : got) EXPECT_LE(std::fabs(x), 1e-5 * scale) << what << " (zero in exact arithmetic)";
+      continue;
+    }
+    expect_same(what, g.ctx.dparams[i], a.ctx.dparams[i]);
+  }
   for (size_t i = 0; i < a.ctx.buffers.size(); ++i)
     expect_same(c.name + ": buffer " + a.ctx.buffers[i].storage->what, g.ctx.buffers[i], a.ctx.buffers[i]);
 
@@ -251,7 +266,7 @@ TEST(CudaOps, SyncBatchNormMatchesCpu) {
   prepare_backward(g, dd_out);
   cpu->backward(a.ctx);
   gpu->backward(g.ctx);
-  cuda_synchronize(*gpu);
+  gpu->synchronize();
   expect_same("syncbn out", g.ctx.out, a.ctx.out);
   for (size_t i = 0; i < a.ctx.saved.size(); ++i) expect_same("syncbn saved", g.ctx.saved[i], a.ctx.saved[i]);
   expect_same("syncbn din", g.ctx.din[0], a.ctx.din[0]);

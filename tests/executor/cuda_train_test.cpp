@@ -31,7 +31,7 @@ using namespace dlplan::exec;
 
 namespace {
 
-LoadedPlan make_plan(const std::string& model, const std::string& device, int64_t micro_batch,
+PlanDocument make_plan(const std::string& model, const std::string& device, int64_t micro_batch,
                      Precision precision = Precision::fp32, Strategy s = Strategy::ddp,
                      OptimizerKind optimizer = OptimizerKind::adamw) {
   PlanRequest req;
@@ -53,8 +53,8 @@ LoadedPlan make_plan(const std::string& model, const std::string& device, int64_
 }
 
 // The same plan (model, batch, strategy, optimizer, options) for the CPU executor.
-LoadedPlan on_cpu(const LoadedPlan& gpu) {
-  LoadedPlan c = gpu;
+PlanDocument on_cpu(const PlanDocument& gpu) {
+  PlanDocument c = gpu;
   c.cluster.device = find_device("cpu");
   c.path = gpu.path + " (on cpu)";
   return c;
@@ -87,18 +87,20 @@ class StandInOps final : public DeviceOps {
   explicit StandInOps(int64_t free_bytes) : free_(free_bytes) {}
   std::string name() const override { return "stand-in"; }
   bool host() const override { return false; }
-  void copy(float* d, const float* s, int64_t n) override { cpu_->copy(d, s, n); }
-  void zero(float* p, int64_t n) override { cpu_->zero(p, n); }
-  void fill(float* p, float v, int64_t n) override { cpu_->fill(p, v, n); }
-  void scaled_copy(float* d, const float* s, float k, int64_t n) override { cpu_->scaled_copy(d, s, k, n); }
-  void scaled_add(float* d, const float* s, float k, int64_t n) override { cpu_->scaled_add(d, s, k, n); }
+  void copy(Span d, Span s) override { cpu_->copy(d, s); }
+  void zero(Span p) override { cpu_->zero(p); }
+  void scaled_copy(Span d, Span s, float k) override { cpu_->scaled_copy(d, s, k); }
+  void scaled_add(Span d, Span s, float k) override { cpu_->scaled_add(d, s, k); }
+  void upload_floats(Span d, const float* s) override { cpu_->upload_floats(d, s); }
+  void download_floats(float* d, Span s) override { cpu_->download_floats(d, s); }
   void upload(void* d, const void* s, int64_t b) override { cpu_->upload(d, s, b); }
   void download(void* d, const void* s, int64_t b) override { cpu_->download(d, s, b); }
-  double sum_of_squares(const float* p, int64_t n, double acc) override { return cpu_->sum_of_squares(p, n, acc); }
-  void optimizer_step(const OptimizerConfig& c, const OptimizerUpdate& u, float* p, const float* g, float* m, float* v,
-                      int64_t n) override {
-    cpu_->optimizer_step(c, u, p, g, m, v, n);
+  double sum_of_squares(Span p, double acc) override { return cpu_->sum_of_squares(p, acc); }
+  void optimizer_step(const OptimizerConfig& c, const OptimizerUpdate& u, Span p, Span g, float* master, float* m,
+                      float* v) override {
+    cpu_->optimizer_step(c, u, p, g, master, m, v);
   }
+  void widen(float* master, Span p) override { cpu_->widen(master, p); }
   void synchronize() override {}
   int64_t device_free_bytes() const override { return free_; }
   int device_count() const override { return 1; }
@@ -108,7 +110,7 @@ class StandInOps final : public DeviceOps {
   std::unique_ptr<DeviceOps> cpu_ = make_cpu_device_ops();
 };
 
-std::string refusal(const LoadedPlan& plan, int64_t free_bytes) {
+std::string refusal(const PlanDocument& plan, int64_t free_bytes) {
   auto comm = make_single_communicator();
   auto backend = make_cpu_backend();
   try {
@@ -190,7 +192,7 @@ struct GpuRun {
   std::unique_ptr<GpuCommunicator> comm =
       make_gpu_communicator(GpuCommKind::mpi, make_single_communicator(), cuda_compute_stream(*backend));
   std::unique_ptr<Trainer> trainer;
-  GpuRun(const LoadedPlan& plan, const TrainOptions& opt) {
+  GpuRun(const PlanDocument& plan, const TrainOptions& opt) {
     void* stream = cuda_compute_stream(*backend);
     trainer = std::make_unique<Trainer>(plan, *comm, *backend, opt, make_cuda_memory(0, stream),
                                         make_cuda_device_ops(*backend));
@@ -218,9 +220,9 @@ const Case kCases[] = {{"tiny-mlp", 16}, {"tiny-cnn", 16}, {"tiny-vit", 16}, {"t
 TEST(CudaTrain, OneStepOfEveryTinyModelHasTheCpuGradients) {
   SKIP_WITHOUT_GPU();
   for (const Case& c : kCases) {
-    const LoadedPlan gpu_plan = make_plan(c.model, "h200-141g", c.micro_batch, Precision::fp32, Strategy::ddp,
+    const PlanDocument gpu_plan = make_plan(c.model, "h200-141g", c.micro_batch, Precision::fp32, Strategy::ddp,
                                           OptimizerKind::sgd);
-    const LoadedPlan cpu_plan = on_cpu(gpu_plan);
+    const PlanDocument cpu_plan = on_cpu(gpu_plan);
     TrainOptions opt;
     opt.steps = 1;
     auto comm = make_single_communicator();
@@ -262,7 +264,7 @@ TEST(CudaTrain, OneStepOfEveryTinyModelHasTheCpuGradients) {
 TEST(CudaTrain, MeasuredPeakWithinThreePercentOfThePlanner) {
   SKIP_WITHOUT_GPU();
   for (const Case& c : kCases) {
-    const LoadedPlan plan = make_plan(c.model, "h200-141g", c.micro_batch);
+    const PlanDocument plan = make_plan(c.model, "h200-141g", c.micro_batch);
     TrainOptions opt;
     opt.steps = 3;
     GpuRun gpu(plan, opt);
@@ -278,12 +280,13 @@ TEST(CudaTrain, MeasuredPeakWithinThreePercentOfThePlanner) {
     std::printf("; reserved %lld B\n", static_cast<long long>(gpu.trainer->reserved_bytes()));
     EXPECT_NEAR(got, want, 0.03 * want) << c.model << " (the caching allocator rounds requests to 512 B)";
     EXPECT_GE(gpu.trainer->runtime_bytes(), 0) << c.model;
+    EXPECT_EQ(gpu.backend->scratch_grows(), 0) << c.model << ": the scratch grew mid-step (Backend::prepare)";
   }
 }
 
 TEST(CudaTrain, Bf16PlanIsRefusedOnTheGpu) {
   SKIP_WITHOUT_GPU();
-  const LoadedPlan plan = make_plan("tiny-mlp", "h200-141g", 4, Precision::bf16_mixed);
+  const PlanDocument plan = make_plan("tiny-mlp", "h200-141g", 4, Precision::bf16_mixed);
   try {
     GpuRun gpu(plan, {});
     FAIL() << "no error";

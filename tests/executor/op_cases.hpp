@@ -82,12 +82,14 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
   v.push_back(unary("linear", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}}));
   v.push_back(unary("linear_nobias", arr({5}), Json{{"op", "linear"}, {"out", 3}, {"bias", false}}));
-  {  // tied: the linear's weight is the embedding's [num, dim] = [out, in]
+  {  // tied: the linear's weight is the embedding's [num, dim] = [out, in]; it
+     // reads the embedding's output (as a language model's head reads what the
+     // embedding began), since every node must lead to the loss
     OpCase c;
     c.name = "linear_tied";
-    c.ir = make_ir("linear_tied", Json{{"ids", i32(arr({3}))}, {"x", f32(arr({2, 5}))}},
+    c.ir = make_ir("linear_tied", Json{{"ids", i32(arr({3}))}},
                    Json::array({Json{{"name", "emb"}, {"op", "embedding"}, {"in", {"ids"}}, {"num", 4}, {"dim", 5}},
-                                Json{{"name", "op"}, {"op", "linear"}, {"in", {"x"}}, {"out", 4}, {"tie", "emb"}}}));
+                                Json{{"name", "op"}, {"op", "linear"}, {"in", {"emb"}}, {"out", 4}, {"tie", "emb"}}}));
     c.id_range["ids"] = 4;
     v.push_back(c);
   }

@@ -9,6 +9,7 @@
 // Every child runs in its own process group under a deadline
 // (child_process.hpp): past it the group is killed and the test fails.
 #include "child_process.hpp"
+#include "dlplan/plan_io.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -17,9 +18,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
 
 namespace {
 
@@ -124,6 +128,23 @@ void expect_one_error_line(const Job& j, std::initializer_list<std::string> part
 }
 
 // The report's keys, as DESIGN.md lists them.
+// The report read back through the planner's document library (every field
+// validated), agreeing with the raw JSON below.
+void expect_typed_report(const std::string& path, int world, int steps, bool tokens) {
+  dlplan::RunReport r;
+  try {
+    r = dlplan::read_report_file(path);
+  } catch (const std::exception& e) {
+    FAIL() << "the document library refuses the report: " << e.what();
+  }
+  EXPECT_EQ(r.world_size, world);
+  EXPECT_EQ(static_cast<int>(r.loss.size()), steps);
+  EXPECT_EQ(r.measured.tokens, tokens);
+  EXPECT_GT(r.measured.memory.peak, 0);
+  EXPECT_EQ(r.predicted.memory.peak, r.plan.predicted.memory.peak);
+  EXPECT_FALSE(r.plan.edited);
+}
+
 void expect_report(const Json& r, const Json& plan, int world, int steps, bool tokens) {
   EXPECT_EQ(r.value("schema_version", 0), 1);
   EXPECT_EQ(r.value("kind", ""), "report");
@@ -200,6 +221,7 @@ TEST_P(TrainCliTwoRanks, JsonProgressAndReport) {
   ASSERT_EQ(j.exit_code, 0) << j.all();
   expect_progress_json(j.out, 3, tokens);
   expect_report(read_json(report), read_json(plan), 2, 3, tokens);
+  expect_typed_report(report, 2, 3, tokens);
   std::remove(plan.c_str());
   std::remove(report.c_str());
 }
@@ -235,6 +257,7 @@ TEST(TrainCli, OneRankWithoutMpiexecWritesTheReport) {  // also runs in builds w
   ASSERT_EQ(j.exit_code, 0) << j.all();
   expect_progress_json(j.out, 3, false);
   expect_report(read_json(report), read_json(plan), 1, 3, false);
+  expect_typed_report(report, 1, 3, false);
   std::remove(plan.c_str());
   std::remove(report.c_str());
 }
@@ -262,10 +285,15 @@ TEST(TrainCli, PlanThatDoesNotFitTheHost) {
   const Job ok = train({"--plan", plan, "--steps", "1"});
   ASSERT_TRUE(ok.finished);
   EXPECT_EQ(ok.exit_code, 0) << ok.all();
-  doc["predicted"]["memory"]["peak"] = 1e15;
+  doc["predicted"]["memory"]["peak"] = int64_t{1} << 50;  // a pebibyte: an edited plan, run as it is
   spit(plan, doc.dump(1));
-  const Job j = train({"--plan", plan, "--steps", "1"});
-  expect_one_error_line(j, {plan, "GiB", "host"}, false);
+  const Job j = train({"--plan", plan, "--steps", "1", "--allow-edited-plan"});
+  ASSERT_TRUE(j.finished) << j.all();
+  EXPECT_EQ(j.exit_code, 1) << j.all();
+  const auto l = dlplan_lines(j.err);
+  ASSERT_EQ(l.size(), 2u) << j.err;  // the warning, then the error
+  EXPECT_TRUE(contains(l[0], "dlplan: warning: " + plan + ": edited after planning")) << l[0];
+  EXPECT_TRUE(contains(l[1], "dlplan: error: " + plan) && contains(l[1], "GiB") && contains(l[1], "host")) << l[1];
   std::remove(plan.c_str());
 }
 
@@ -367,6 +395,110 @@ TEST_F(TrainCliRankFailure, FailingRankEndsTheJobNamingIt) {
   EXPECT_FALSE(contains(j.out, "step    3/3")) << j.out;
   EXPECT_EQ(slurp(report_), "the previous report\n") << "a failed run touched the existing report";
   std::printf("[ info ] failing-rank train job ended in %.1f s, exit %d\n", j.seconds, j.exit_code);
+}
+
+// ---- issue 16: plans that were trusted, outputs that were replaced -------------
+
+// An edited plan (here its micro-batch) trained and compared against its
+// stale prediction with no warning; now it is refused, naming the flag.
+TEST(TrainCli, EditedPlanIsRefused) {
+  const std::string plan = make_plan("tiny-mlp", 1, 4, "edited.json");
+  Json doc = read_json(plan);
+  doc["micro_batch"] = 8;
+  spit(plan, doc.dump(1));
+  expect_one_error_line(train({"--plan", plan, "--steps", "1"}),
+                        {plan, "the plan was edited after dlplan planned it", "--allow-edited-plan"}, false);
+  std::remove(plan.c_str());
+}
+
+TEST(TrainCli, EditedPlanRunsWithTheFlagAndTheReportSaysSo) {
+  const std::string plan = make_plan("tiny-mlp", 1, 4, "edited_ok.json"), report = temp_path("edited_report.json");
+  Json doc = read_json(plan);
+  doc["optimizer"]["lr"] = 0.002;
+  spit(plan, doc.dump(1));
+  const Job j = train({"--plan", plan, "--steps", "2", "--report", report, "--progress", "json", "--allow-edited-plan"});
+  ASSERT_TRUE(j.finished) << j.all();
+  ASSERT_EQ(j.exit_code, 0) << j.all();
+  EXPECT_TRUE(contains(j.err, "dlplan: warning: " + plan + ": edited after planning")) << j.err;
+  EXPECT_EQ(read_json(report).value("plan_edited", false), true);
+  EXPECT_TRUE(dlplan::read_report_file(report).plan.edited);
+  std::remove(plan.c_str());
+  std::remove(report.c_str());
+}
+
+// Each was "internal error" (exit 3) or ran on; now exit 1 and a message
+// naming the file and the field. The plans are edited, so --allow-edited-plan
+// lets the reader reach the field.
+TEST(TrainCli, BadPlanFieldsAreMessages) {
+  const std::string plan = make_plan("tiny-mlp", 1, 4, "fields.json");
+  const Json good = read_json(plan);
+  struct Case {
+    std::function<void(Json&)> edit;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](Json& d) { d["kind"] = nullptr; }, "not a plan (\"kind\" is null"},
+           {[](Json& d) { d.erase("predicted"); }, "missing field 'predicted'"},
+           {[](Json& d) { d["optimizer"]["betas"] = {2, -1}; }, "optimizer.betas[0] = 2 is outside [0, 1)"},
+           {[](Json& d) { d["bucket_mb"] = -1; }, "bucket_mb = -1 is outside (0, 1048576]"},
+           {[](Json& d) { d["optimizer"]["lr"] = -1; }, "optimizer.lr = -1 must be >= 0"},
+           {[](Json& d) { d["grad_accum"] = 1e10; }, "grad_accum = 10000000000.0 must be an integer in [1, 65536]"},
+           {[](Json& d) { d["predicted"]["step_seconds"] = -1; }, "predicted.step_seconds = -1 must be >= 0"}}) {
+    Json doc = good;
+    c.edit(doc);
+    spit(plan, doc.dump(1));
+    SCOPED_TRACE(c.message);
+    expect_one_error_line(train({"--plan", plan, "--allow-edited-plan"}), {plan + ": " + c.message}, false);
+  }
+  spit(plan, "{\"kind\": \"plan\", \"schema_version\": 1, \"micro_batch\": 1e400}");
+  expect_one_error_line(train({"--plan", plan}), {plan, "malformed JSON"}, false);
+  spit(plan, std::string(100000, '[') + std::string(100000, ']'));  // exit 139 before
+  expect_one_error_line(train({"--plan", plan}), {plan, "JSON nested deeper than 64 levels"}, false);
+  std::remove(plan.c_str());
+}
+
+// --steps x the global batch past 2^62 sample indices (data and dropout are
+// keyed by them) is refused before training.
+TEST(TrainCli, StepsPastTheSampleIndexLimit) {
+  const std::string plan = make_plan("tiny-mlp", 1, 4, "far.json");
+  Json doc = read_json(plan);
+  doc["micro_batch"] = 1 << 20;
+  doc["grad_accum"] = 1 << 16;
+  spit(plan, doc.dump(1));
+  expect_one_error_line(train({"--plan", plan, "--steps", "2147483647", "--allow-edited-plan"}),
+                        {"--steps 2147483647 x a global batch of 68719476736 samples would index past 2^62 samples"}, false);
+  std::remove(plan.c_str());
+}
+
+// As root, --report /dev/null replaced the device node with a regular file.
+TEST(TrainCli, ReportToDevNullWritesThrough) {
+  const std::string plan = make_plan("tiny-mlp", 1, 4, "devnull.json");
+  const Job j = train({"--plan", plan, "--steps", "1", "--report", "/dev/null", "--progress", "json"});
+  ASSERT_TRUE(j.finished) << j.all();
+  EXPECT_EQ(j.exit_code, 0) << j.all();
+  struct stat st {};
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/null is no longer a character device";
+  std::remove(plan.c_str());
+}
+
+TEST(SimCli, EditedPlanIsRefusedUnlessAllowed) {
+  const std::string plan = make_plan("tiny-mlp", 2, 4, "sim_edited.json");
+  Json doc = read_json(plan);
+  doc["strategy"] = doc["strategy"] == "ddp" ? "zero3" : "ddp";
+  spit(plan, doc.dump(1));
+  const Job refused = spawn(dlplan_args({"sim", "--plan", plan}));
+  ASSERT_TRUE(refused.finished) << refused.all();
+  EXPECT_EQ(refused.exit_code, 1) << refused.all();
+  EXPECT_TRUE(contains(refused.err, "the plan was edited after dlplan planned it")) << refused.err;
+  const Job allowed = spawn(dlplan_args({"sim", "--plan", plan, "--allow-edited-plan", "--timeline", "/dev/null"}));
+  ASSERT_TRUE(allowed.finished) << allowed.all();
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.all();
+  EXPECT_TRUE(contains(allowed.err, "dlplan: warning: " + plan + ": edited after planning")) << allowed.err;
+  struct stat st {};
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  std::remove(plan.c_str());
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ TEST(MemoryLedger, PeakBreakdownAndMaxima) {
 
 TEST(ProgramRunner, FollowsWhenAcrossMicroBatches) {
   StepProgram p;
-  p.slots = 4;
+  p.slot_count = 4;
   p.instrs = {alloc(0, kParams, 1000, When::first_micro),  // persistent
               alloc(1, kAct, 10),  alloc(2, kWs, 5, When::first_micro), mark(),
               free_(1),            alloc(3, kWs, 7, When::last_micro), free_(3, When::last_micro),
@@ -90,7 +90,7 @@ TEST(ProgramRunner, FollowsWhenAcrossMicroBatches) {
 
 TEST(ProgramRunner, FreeOfAnEmptySlotAndZeroByteAllocationsAreNotCounted) {
   StepProgram p;
-  p.slots = 2;
+  p.slot_count = 2;
   p.instrs = {alloc(0, kWs, 0), free_(0), free_(1), alloc(1, kAct, 8), free_(1), free_(1)};
   ProgramRunner r(p);
   Recorder v;
@@ -103,7 +103,7 @@ TEST(ProgramRunner, FreeOfAnEmptySlotAndZeroByteAllocationsAreNotCounted) {
 
 TEST(ProgramRunner, ClearSlotsEmptiesTheStepButKeepsThePeak) {
   StepProgram p;
-  p.slots = 1;
+  p.slot_count = 1;
   p.instrs = {alloc(0, kParams, 64, When::first_micro)};
   ProgramRunner r(p);
   Recorder v;

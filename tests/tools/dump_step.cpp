@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
     req.forced = Strategy::ddp;
     req.syncbn = SyncBnMode::off;
     Planning p = plan(req);
-    LoadedPlan lp = plan_from_json(nlohmann::json(plan_json(p, *p.chosen())), pos[0] + ".plan");
+    PlanDocument lp = plan_from_json(nlohmann::json(plan_json(p, *p.chosen())), pos[0] + ".plan");
     const Model& m = lp.model;
 
     auto comm = make_single_communicator();
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       Tensor batch = alloc.empty(shape, ti.dtype, Category::workspace, "batch: " + ti.name);
       data->fill(static_cast<int>(k), batch, 0, micro_batch);
       const std::string file = "input." + ti.name + ".bin";
-      write_bytes(out / file, batch.f(), static_cast<size_t>(batch.bytes()));
+      write_bytes(out / file, batch.data(), static_cast<size_t>(batch.bytes()));
       inputs.push_back({{"name", ti.name}, {"dtype", to_string(ti.dtype)}, {"shape", shape}, {"file", file}});
     }
     write_text(out / "inputs.json", inputs.dump(1) + "\n");

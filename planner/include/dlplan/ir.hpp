@@ -15,7 +15,9 @@
 
 namespace dlplan {
 
-enum class DType { f32, i32 };
+// f32 and i32 in the IR; bf16 is a storage type of the executor (bf16-mixed
+// keeps parameters, gradients and activations in it), never an IR dtype.
+enum class DType { f32, i32, bf16 };
 const char* to_string(DType d);
 
 using Shape = std::vector<int64_t>;
@@ -64,6 +66,11 @@ struct ParamInfo {
   int64_t numel = 0;
   bool weight_decay = false;  // weights of linear, conv and embedding
 };
+
+// "node 'h.0.attn' (attention)": how every message names a node.
+std::string node_label(const Node& n);
+// Throws dlplan::Error "<source>: node '<name>' (<op>): <message>".
+[[noreturn]] void node_error(const std::string& source, const Node& n, const std::string& message);
 
 struct Model {
   std::string name;

@@ -58,12 +58,28 @@ int64_t total(const CategoryBytes& b);
 enum class Phase { forward, backward, recompute, optimizer };
 const char* to_string(Phase p);
 
+// The kernel work of one op, for the GPU time model (simulator.cpp,
+// docs/gpu-time-model.md): its forward GEMMs (a backward runs, for each, the
+// input-gradient and the weight-gradient GEMM) and, for attention, the T x T
+// core. Recorded by the step program from the op's shapes; an op without
+// GEMMs is costed by its bytes.
+struct GemmShape {
+  double m = 0, n = 0, k = 0;  // C[m, n] = A[m, k] B[k, n]
+  double batch = 1;            // independent products of that shape (grouped convolution, attention heads)
+};
+struct AttentionCore {
+  double batch = 0;            // micro-batch x query heads (0: not attention)
+  double seq = 0, head_dim = 0;
+  bool causal = false, flash = false, dropout = false;
+};
 struct ComputeEvent {
   std::string name;     // node name, or "optimizer"
   Phase phase = Phase::forward;
   int node = -1;
   double flops = 0;     // for the whole micro-batch
   double bytes = 0;     // memory traffic estimate
+  std::vector<GemmShape> gemms;  // the op's forward GEMMs, for the whole micro-batch
+  AttentionCore attention;       // attention ops: the core between the projections
 };
 
 // What a collective is for, so that the executor knows its buffers.
@@ -136,7 +152,7 @@ struct StepProgram {
   std::vector<Bucket> buckets;         // DDP
   std::vector<OpDecl> decls;           // per node, as declared for this plan
   std::vector<SlotName> names;         // per slot, only when built with names
-  int slots = 0;
+  int slot_count = 0;  // (not "slots": a Qt keyword, and the GUI includes this)
   int backward_start = -1;             // index of the first backward compute event
 };
 
@@ -151,6 +167,18 @@ StepProgram build_step_program(const Model& m, const Cluster& cluster, const Tra
 // Persistent model states per device (params incl. buffers, grads, optimizer)
 // as the strategy keeps them: the ZeRO paper's accounting plus padding.
 CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg);
+
+// The same states as the executor allocates them, tensor by tensor and in its
+// order (per unit: parameters, gradients; then each buffer; then per unit the
+// optimizer's fp32 master copy under bf16-mixed, m, v), so that an allocator
+// rounding each request (a GPU's 512 B blocks) is predicted exactly. Their
+// sum per category is model_states().
+struct StateTensor {
+  Category category = Category::params;
+  int64_t bytes = 0;
+  std::string what;
+};
+std::vector<StateTensor> model_state_tensors(const Model& m, int world, const TrainingConfig& cfg);
 
 // Flat per-unit layout shared by planner and executor: unit u's parameters in
 // node order, padded to a multiple of the world size for the sharded strategies.

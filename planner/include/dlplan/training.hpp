@@ -2,6 +2,8 @@
 // checkpointing, attention implementation, micro-batch and accumulation.
 #pragma once
 
+#include "dlplan/ir.hpp"
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -62,6 +64,17 @@ struct TrainingConfig {
 int param_bytes(Precision p);
 int grad_bytes(Precision p);
 int activation_bytes(Precision p);
+// The storage type of parameters, gradients and activations (float tensors):
+// f32, or bf16 under bf16-mixed (DESIGN.md: fp32 master weights and moments).
+DType storage_dtype(Precision p);
+
+// What a strategy keeps sharded over `world` ranks (DESIGN.md, "Strategies"):
+// nothing under ddp or on one rank; ZeRO-1 the optimizer state, ZeRO-2 the
+// gradients too, ZeRO-3 the parameters too.
+struct Sharding {
+  bool optimizer = false, grads = false, params = false;
+};
+Sharding sharding(Strategy s, int64_t world);
 int optimizer_bytes_per_param(Precision p, OptimizerKind o);
 
 }  // namespace dlplan

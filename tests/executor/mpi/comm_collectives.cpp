@@ -3,6 +3,7 @@
 // failure count is summed over the world and rank 0 prints the summary; the
 // exit status is non-zero on every rank if any rank failed a check.
 #include "dlplan/error.hpp"
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/communicator.hpp"
 
 #include <unistd.h>

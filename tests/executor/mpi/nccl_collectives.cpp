@@ -6,6 +6,7 @@
 // are summed over the world, rank 0 prints the summary and every rank exits
 // non-zero if any rank failed a check.
 #include "dlplan/error.hpp"
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/communicator.hpp"
 #if defined(DLPLAN_HAVE_CUDA)
 #include "dlplan/exec/cuda_runtime.hpp"

@@ -10,6 +10,7 @@
 //  - memory: the measured peak is within 3% of the planner's, and every
 //    category at that moment within 3% or 64 KiB.
 // Prints "N passed, M failed" (rank 0) and exits non-zero on any failure.
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/trainer.hpp"
@@ -36,7 +37,7 @@ struct Checks {
   }
 };
 
-LoadedPlan make_plan(const std::string& model, int ranks, int64_t micro_batch, int64_t accum, Strategy s, bool syncbn) {
+PlanDocument make_plan(const std::string& model, int ranks, int64_t micro_batch, int64_t accum, Strategy s, bool syncbn) {
   PlanRequest req;
   req.model = load_model(model);
   req.cluster.device = find_device("cpu");
@@ -57,7 +58,7 @@ struct Result {
   std::vector<float> params, buffers;
 };
 
-Result train(const LoadedPlan& plan, Communicator& comm, Backend& backend, uint64_t seed, int steps,
+Result train(const PlanDocument& plan, Communicator& comm, Backend& backend, uint64_t seed, int steps,
              Checks* memory_checks = nullptr) {
   TrainOptions opt;
   opt.steps = steps;

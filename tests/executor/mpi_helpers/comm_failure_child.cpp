@@ -2,6 +2,7 @@
 //   kill   rank 1 raises SIGKILL on itself while rank 0 waits in an all_reduce
 //   error  rank 1 calls abort("simulated failure at step 3") while rank 0 waits
 //   ok     the control: both ranks finish the all_reduce and exit 0
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/communicator.hpp"
 
 #include <chrono>

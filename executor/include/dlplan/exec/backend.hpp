@@ -50,6 +50,10 @@ struct OpContext {
   // saved tensors are then temporaries (workspace), dropped when it returns,
   // as under torch.utils.checkpoint; they are made again by the recompute.
   bool keep_saved = true;
+  // The storage dtype of the op's float tensors (inputs, output, gradients,
+  // and its own saved tensors and temporaries declared Elem::compute): f32, or
+  // bf16 under bf16-mixed. The arithmetic is fp32 either way.
+  DType act_dtype = DType::f32;
 
   std::vector<Tensor> in;      // inputs, [b, ...]
   Tensor out;                  // [b, ...] (scalar loss: shape {})
@@ -82,6 +86,15 @@ class Backend {
   // stack) for the largest op of the model at this micro-batch, so that it
   // never grows (CUDA: cudaFree, a device-wide synchronisation) mid-step.
   virtual void prepare(const Model& /*m*/, int64_t /*micro_batch*/, int /*syncbn_group*/) {}
+  // Where the backend enqueues its work (CUDA: its compute stream, a
+  // cudaStream_t); nullptr for a backend that finishes each op before it
+  // returns (the CPU). Communicators and DeviceOps order themselves after it.
+  virtual void* stream() const { return nullptr; }
+  // The host waits for everything enqueued so far; throws on a device error.
+  virtual void synchronize() const {}
+  // How often the backend's scratch had to grow since prepare() sized it
+  // (CUDA: each growth is a cudaFree, a device-wide synchronisation).
+  virtual int scratch_grows() const { return 0; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -11,12 +11,12 @@
 //    copy_to_host. Parameters, gradients, buffers and optimizer state live on
 //    the device; the optimizer's update is cuda_optimizer_step below.
 //  - All work is enqueued, in order, on the backend's compute stream
-//    (cuda_compute_stream): an op returns before its kernels finish. The
+//    (Backend::stream()): an op returns before its kernels finish. The
 //    backend synchronises that stream only where it must read a device value
 //    on the host: embedding / cross_entropy index validation (a bad id or
 //    target is a dlplan::Error naming the node) and around SyncBN hooks. A
 //    caller that hands a tensor to another stream (NCCL) must order it after
-//    the compute stream (an event, or cuda_synchronize). Temporaries are
+//    the compute stream (an event, or Backend::synchronize). Temporaries are
 //    released while their kernels may still run: a device memory resource
 //    must be stream-ordered on the compute stream (the caching allocator
 //    reuses a block only in stream order, or after a synchronisation).
@@ -47,10 +47,10 @@ bool cuda_available(std::string* why = nullptr);
 // handle. Throws dlplan::Error when the device cannot be used.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 
-// The backend's compute stream (a cudaStream_t); throws if `b` is not CUDA.
+// The backend's compute stream (Backend::stream(), a cudaStream_t); throws
+// if `b` has none (it is not the CUDA backend). Backend::synchronize() waits
+// for it; Backend::scratch_grows() counts the scratch's growths.
 void* cuda_compute_stream(const Backend& b);
-// Waits for everything enqueued on the backend's stream; throws on a device error.
-void cuda_synchronize(const Backend& b);
 
 // Device memory without caching (cudaMalloc / cudaFree, zero by cudaMemset),
 // for tests and tools; the trainer uses the caching resource (cuda_memory).

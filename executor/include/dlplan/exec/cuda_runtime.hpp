@@ -17,46 +17,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include "dlplan/caching_allocator.hpp"
+
 #include <string>
 #include <vector>
 
 namespace dlplan::exec {
 
-// ---- the caching allocator's size classes (PyTorch CUDACachingAllocator) ----
-inline constexpr int64_t kCudaMinBlock = 512;              // every request rounds to 512 B
-inline constexpr int64_t kCudaSmallSize = 1 << 20;          // blocks <= 1 MiB: the small pool
-inline constexpr int64_t kCudaSmallSegment = 2 << 20;       // ... carved from 2 MiB segments
-inline constexpr int64_t kCudaMinLargeAlloc = 10 << 20;     // blocks < 10 MiB ...
-inline constexpr int64_t kCudaLargeSegment = 20 << 20;      // ... from 20 MiB segments
-inline constexpr int64_t kCudaRoundLarge = 2 << 20;         // larger: one segment, rounded to 2 MiB
-
-// The block size a request of `bytes` is rounded to (0 counts as 1 byte).
-constexpr int64_t cuda_round_size(int64_t bytes) {
-  const int64_t b = bytes < 1 ? 1 : bytes;
-  return (b + kCudaMinBlock - 1) / kCudaMinBlock * kCudaMinBlock;
-}
-// True when a (rounded) block belongs to the small pool.
-constexpr bool cuda_is_small(int64_t rounded) { return rounded <= kCudaSmallSize; }
-// The size of the segment cudaMalloc'd when no cached block fits `rounded`.
-constexpr int64_t cuda_segment_size(int64_t rounded) {
-  if (rounded <= kCudaSmallSize) return kCudaSmallSegment;
-  if (rounded < kCudaMinLargeAlloc) return kCudaLargeSegment;
-  return (rounded + kCudaRoundLarge - 1) / kCudaRoundLarge * kCudaRoundLarge;
-}
-// Whether a free block of `block` bytes is split to serve `rounded` bytes (the
-// rest goes back to the pool): in the small pool when at least 512 B remain,
-// in the large pool when more than 1 MiB remains. Unsplit, the whole block is
-// granted (and counted).
-constexpr bool cuda_should_split(int64_t block, int64_t rounded) {
-  const int64_t rest = block - rounded;
-  return cuda_is_small(rounded) ? rest >= kCudaMinBlock : rest > kCudaSmallSize;
-}
-// What a request is granted when it is served from a fresh segment.
-constexpr int64_t cuda_granted_fresh(int64_t bytes) {
-  const int64_t r = cuda_round_size(bytes);
-  const int64_t seg = cuda_segment_size(r);
-  return cuda_should_split(seg, r) ? r : seg;
-}
+// The caching allocator's size classes (PyTorch CUDACachingAllocator) are in
+// dlplan/caching_allocator.hpp (the planner predicts with the same rules).
 
 // ---- the caching device memory resource -------------------------------------
 struct CudaMemoryStats {
@@ -72,9 +41,10 @@ struct CudaMemoryStats {
 // block merges with its free neighbours and is reused by later requests.
 // `granted` is the block size (what the Allocator counts); reserved_bytes()
 // is the cached bytes not in use. zero() is cudaMemsetAsync on the stream
-// given (the compute stream; the legacy default stream when null) followed
-// by a synchronisation of that stream, so a later copy on any stream sees
-// the zeros. When cudaMalloc fails, the unused cached segments are freed and
+// given (the compute stream; the legacy default stream when null), without
+// waiting: every consumer is ordered after it by that stream or by an event
+// recorded on it (the GPU communicators wait for the compute stream before a
+// collective). When cudaMalloc fails, the unused cached segments are freed and
 // the request retried once; then allocate() returns null (the Allocator
 // reports out of memory naming the tensor). Thread-safe.
 class CudaMemory : public MemoryResource {
@@ -116,8 +86,9 @@ struct CudaDeviceInfo {
 CudaDeviceInfo cuda_device_info();  // of the current device
 
 // DESIGN.md's `runtime`: device memory in use (cudaMemGetInfo total - free)
-// minus what the allocator holds (its segments: in use + cached); the
-// allocator must be over make_cuda_memory (else dlplan::Error). Measure it
+// minus what the allocator holds (its segments: in use + cached), as
+// MemoryResource::runtime_bytes() of make_cuda_memory's resource (0 for any
+// other resource). Measure it
 // after the context, cuBLAS and NCCL are set up (and after the first step,
 // when NCCL has made its channels). Other processes on the same device are
 // counted too: one rank per GPU for a meaningful number.
@@ -138,14 +109,8 @@ void cuda_destroy_stream(void* stream);
 // timeout end the job).
 class GpuWork : public Work {
  public:
-  virtual void wait_host() = 0;
+  void wait_host() override = 0;
 };
-// wait_host() for a GpuWork, wait() for any other.
-inline void wait_host(const WorkHandle& w) {
-  if (!w) return;
-  if (auto* g = dynamic_cast<GpuWork*>(w.get())) g->wait_host();
-  else w->wait();
-}
 
 // The Communicator interface over device buffers (float32, in place, exactly
 // as communicator.hpp documents), with grouped variants that fuse several
@@ -156,26 +121,16 @@ inline void wait_host(const WorkHandle& w) {
 // communicator (MPI).
 class GpuCommunicator : public Communicator {
  public:
-  struct Buffer {
-    float* data = nullptr;
-    int64_t count = 0;
-  };
+  using Buffer = Span;
   virtual WorkHandle all_reduce_many(const std::vector<Buffer>& buffers, int group = 0) = 0;
   virtual WorkHandle reduce_scatter_many(const std::vector<Buffer>& buffers, int group = 0) = 0;
   virtual WorkHandle all_gather_many(const std::vector<Buffer>& buffers, int group = 0) = 0;
   // The host waits for every collective issued so far.
   virtual void synchronize() = 0;
-  virtual Communicator& host() = 0;  // the bootstrap communicator (MPI or single)
+  Communicator& host() override = 0;  // the bootstrap communicator (MPI or single)
   virtual int device() const = 0;
   virtual void* compute_stream() const = 0;
 };
-
-enum class GpuCommKind { nccl, mpi };
-inline GpuCommKind parse_gpu_comm_kind(const std::string& s) {
-  if (s == "nccl") return GpuCommKind::nccl;
-  if (s == "mpi") return GpuCommKind::mpi;
-  throw Error("unknown GPU communicator '" + s + "' (nccl or mpi)");
-}
 
 // Seconds a collective may stay unfinished before the NCCL watchdog aborts
 // the job: DLPLAN_NCCL_TIMEOUT_S (a positive number), default 60.

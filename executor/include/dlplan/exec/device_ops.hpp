@@ -30,30 +30,37 @@ struct OptimizerUpdate {
   bool decay = false;       // the segment's weight-decay flag (wd = weight_decay when set, else 0)
 };
 
+// Buffers are Spans (tensor.hpp): fp32 or bf16 (bf16-mixed keeps parameters
+// and gradients in bf16). Arithmetic is in fp32 (or double where said);
+// results stored to bf16 round to nearest even.
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
   virtual bool host() const = 0;         // may the CPU dereference tensor pointers?
 
-  virtual void copy(float* dst, const float* src, int64_t n) = 0;  // n floats, non-overlapping
-  virtual void zero(float* p, int64_t n) = 0;
-  virtual void fill(float* p, float value, int64_t n) = 0;
-  virtual void scaled_copy(float* dst, const float* src, float scale, int64_t n) = 0;  // dst = src * scale (fp32)
-  virtual void scaled_add(float* dst, const float* src, float scale, int64_t n) = 0;   // dst += src * scale (fp32, no FMA)
+  virtual void copy(Span dst, Span src) = 0;  // same dtype and length, non-overlapping
+  virtual void zero(Span p) = 0;
+  virtual void scaled_copy(Span dst, Span src, float scale) = 0;  // dst = src * scale
+  virtual void scaled_add(Span dst, Span src, float scale) = 0;   // dst += src * scale (no FMA)
+  // Host float32 values into a float tensor of any dtype (rounded to bf16), and back.
+  virtual void upload_floats(Span dst, const float* host_src) = 0;
+  virtual void download_floats(float* host_dst, Span src) = 0;  // host data ready on return
   virtual void upload(void* dst, const void* host_src, int64_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, int64_t bytes) = 0;  // host data ready on return
   // acc + sum of p[e]^2 in double. The CPU accumulates sequentially onto acc
   // (so a running sum over several calls is the single loop's sum).
-  virtual double sum_of_squares(const float* p, int64_t n, double acc = 0) = 0;
-  // executor/src/optimizer.cpp's per-element update over n elements. m: adamw
-  // and sgd_momentum (else null); v: adamw (else null).
-  virtual void optimizer_step(const OptimizerConfig& cfg, const OptimizerUpdate& u, float* params, const float* grads,
-                              float* m, float* v, int64_t n) = 0;
+  virtual double sum_of_squares(Span p, double acc = 0) = 0;
+  // executor/src/optimizer.cpp's per-element update over params.n elements.
+  // master: the fp32 master weights when params are bf16 (updated, then
+  // rounded into params), else null (params are fp32 and updated in place).
+  // m: adamw and sgd_momentum (else null); v: adamw (else null).
+  virtual void optimizer_step(const OptimizerConfig& cfg, const OptimizerUpdate& u, Span params, Span grads,
+                              float* master, float* m, float* v) = 0;
+  // master[e] = params[e] as float (the fp32 master copy of bf16 parameters).
+  virtual void widen(float* master, Span params) = 0;
   virtual void synchronize() = 0;  // the host waits for everything issued
 
-  // DESIGN.md's `runtime` bytes for an allocator over this device's memory (CPU: 0).
-  virtual int64_t runtime_bytes(const Allocator&) const { return 0; }
   // Free device memory and the devices visible (CPU: -1 and 0: use the host's).
   virtual int64_t device_free_bytes() const { return -1; }
   virtual int device_count() const { return 0; }

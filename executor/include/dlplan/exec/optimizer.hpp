@@ -25,6 +25,7 @@ class Optimizer {
   OptimizerConfig cfg_;
   ParamStore& store_;
   std::vector<Tensor> m_, v_;  // per unit, this rank's shard
+  std::vector<Tensor> master_;  // per unit, this rank's shard in fp32 (bf16 parameters only)
   int t_ = 0;
 };
 

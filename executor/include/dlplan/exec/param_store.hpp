@@ -1,4 +1,5 @@
-// Parameters, gradients and optimizer state as the strategy keeps them
+// Parameters and gradients (in the plan's storage dtype: bf16 under
+// bf16-mixed; the optimizer keeps the fp32 master copy) as the strategy keeps them
 // (DESIGN.md, "Strategies"): one flat buffer per unit, parameters in node
 // order, padded to a multiple of the world size when sharded.
 //   ddp (and any strategy on one rank): full params, full grads, full state
@@ -60,9 +61,11 @@ class ParamStore {
   std::vector<Tensor> grad_views(int node) const;
   std::vector<Tensor> buffer_views(int node) const;
 
-  // This rank's slice of unit u: parameters and gradients the optimizer updates.
-  float* owned_params(int u);
-  const float* owned_grads(int u) const;
+  // This rank's slice of unit u: parameters and gradients the optimizer
+  // updates (in the storage dtype: bf16 under bf16-mixed).
+  Span owned_params(int u);
+  Span owned_grads(int u) const;
+  DType dtype() const { return dtype_; }  // of parameters and gradients
   int64_t owned_begin(int u) const;  // flat offset of the owned slice
   int64_t owned_size(int u) const;   // clipped to the unit's real size
 
@@ -83,6 +86,7 @@ class ParamStore {
   std::unique_ptr<DeviceOps> own_ops_;  // when none was given
   DeviceOps* ops_ = nullptr;
   Strategy strategy_;
+  DType dtype_;
   int world_, rank_;
   bool sharded_;
   std::vector<int64_t> size_, padded_;

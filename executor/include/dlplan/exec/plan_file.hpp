@@ -1,27 +1,15 @@
-// Reading a plan document (DESIGN.md, "Plan and run report": kind "plan").
-// A plan is self-contained: the IR as planned, the cluster, every knob.
+// Transition only: a plan is read by the planner's document library
+// (dlplan/plan_io.hpp: PlanDocument, read_plan_file, plan_from_json). These
+// names keep older callers compiling; new code uses the planner's.
 #pragma once
 
-#include "dlplan/hardware.hpp"
-#include "dlplan/ir.hpp"
-#include "dlplan/training.hpp"
-
-#include <nlohmann/json.hpp>
-
-#include <string>
+#include "dlplan/plan_io.hpp"
 
 namespace dlplan::exec {
 
-struct LoadedPlan {
-  std::string path;
-  nlohmann::ordered_json document;  // as read, for the run report
-  Model model;
-  Cluster cluster;
-  TrainingConfig training;
-};
+using LoadedPlan = dlplan::PlanDocument;
+using dlplan::plan_from_json;
 
-// Throws dlplan::Error naming the file and the field.
-LoadedPlan load_plan_file(const std::string& path);
-LoadedPlan plan_from_json(const nlohmann::json& doc, const std::string& source);
+inline LoadedPlan load_plan_file(const std::string& path) { return dlplan::read_plan_file(path); }
 
 }  // namespace dlplan::exec

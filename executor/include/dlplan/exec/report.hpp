@@ -1,10 +1,11 @@
 // The run report (DESIGN.md, "Plan and run report", kind "report"): what a
-// run measured beside what its plan predicted, and the progress lines.
+// run measured beside what its plan predicted, and the progress lines. The
+// documents themselves are the planner's (dlplan/plan_io.hpp: RunReport,
+// report_json, ProgressLine); here they are filled from a trainer.
 #pragma once
 
 #include "dlplan/exec/trainer.hpp"
-
-#include <nlohmann/json.hpp>
+#include "dlplan/plan_io.hpp"
 
 #include <string>
 #include <vector>
@@ -30,12 +31,12 @@ struct RunMeasurement {
 };
 
 RankMemory highest_peak_rank(Trainer& t, Communicator& comm);
-nlohmann::ordered_json run_report(const LoadedPlan& plan, Trainer& t, const RunMeasurement& m, int world, uint64_t seed);
+RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement& m, int world, uint64_t seed);
 
 // One progress line: text for people, JSON (DESIGN.md's fields) for programs.
 std::string progress_text(const StepStats& s, int steps, const Trainer& t);
 std::string progress_json(const StepStats& s, int steps, const Trainer& t);
 // The closing table: measured against predicted bytes per category.
-std::string memory_table(const nlohmann::ordered_json& report);
+std::string memory_table(const RunReport& report);
 
 }  // namespace dlplan::exec

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "dlplan/ir.hpp"
+#include "dlplan/ledger.hpp"
 #include "dlplan/step_walk.hpp"
 
 #include <cstdint>
@@ -32,6 +33,20 @@ struct Storage {
 
 int64_t dtype_size(DType d);
 
+// `n` elements of `dtype` at `data` (host or device memory, as the allocator's
+// resource put them): what DeviceOps and the collectives take, so that one
+// call serves fp32 and bf16 buffers alike.
+struct Span {
+  void* data = nullptr;
+  int64_t n = 0;
+  DType dtype = DType::f32;
+  int64_t bytes() const { return n * dtype_size(dtype); }
+  Span sub(int64_t offset, int64_t count) const {
+    return {static_cast<char*>(data) + offset * dtype_size(dtype), count, dtype};
+  }
+};
+inline Span span_of(float* p, int64_t n) { return {p, n, DType::f32}; }
+
 struct Tensor {
   std::shared_ptr<Storage> storage;
   int64_t offset = 0;  // in elements
@@ -41,11 +56,25 @@ struct Tensor {
   bool defined() const { return storage != nullptr; }
   int64_t numel() const { return dlplan::numel(shape); }
   int64_t bytes() const { return numel() * dtype_size(dtype); }
-  float* f() const { return static_cast<float*>(storage->data) + offset; }
+  // Typed access; f() and bf() check the dtype (an fp32 loop over a bf16
+  // tensor would read garbage), i() and u8() are the raw ids and masks.
+  float* f() const {
+    if (dtype != DType::f32) wrong_dtype("f32");
+    return static_cast<float*>(storage->data) + offset;
+  }
+  uint16_t* bf() const {
+    if (dtype != DType::bf16) wrong_dtype("bf16");
+    return static_cast<uint16_t*>(storage->data) + offset;
+  }
   int32_t* i() const { return static_cast<int32_t*>(storage->data) + offset; }
   uint8_t* u8() const { return static_cast<uint8_t*>(storage->data) + offset; }
+  void* data() const { return static_cast<char*>(storage->data) + offset * dtype_size(dtype); }
+  Span span() const { return {data(), numel(), dtype}; }
   // A view of `count` elements starting `offset` elements in, with a new shape.
   Tensor slice(int64_t elem_offset, Shape new_shape) const;
+
+ private:
+  [[noreturn]] void wrong_dtype(const char* wanted) const;
 };
 
 // Where an allocator's bytes come from: host memory (the default) or a
@@ -59,6 +88,9 @@ class MemoryResource {
   virtual void zero(void* p, int64_t bytes) = 0;
   virtual bool host_visible() const = 0;   // may the CPU dereference the pointers?
   virtual int64_t reserved_bytes() const { return 0; }  // cached but not in use (shown apart)
+  // DESIGN.md's `runtime` bytes: device memory in use outside this resource
+  // (CUDA context, library handles, NCCL buffers); 0 on the host.
+  virtual int64_t runtime_bytes() const { return 0; }
 };
 
 std::unique_ptr<MemoryResource> make_host_memory();
@@ -67,6 +99,7 @@ class Allocator {
  public:
   explicit Allocator(std::unique_ptr<MemoryResource> memory = make_host_memory());
   MemoryResource& memory() { return *memory_; }
+  const MemoryResource& memory() const { return *memory_; }
 
   // Uninitialised / zeroed storage of `shape` x dtype, counted in `c`. A
   // uint8 tensor (dropout masks) is DType::i32-free: use bytes() variants.
@@ -90,8 +123,7 @@ class Allocator {
 
   std::unique_ptr<MemoryResource> memory_;
   mutable std::mutex mu_;
-  CategoryBytes cur_{}, at_peak_{}, max_each_{};
-  int64_t peak_ = 0, total_ = 0;
+  MemoryLedger ledger_;  // the same counting as the planner's walk (ledger.hpp), over granted bytes
 };
 
 // Process resident memory (VmRSS) and its high-water mark (VmHWM), bytes.

@@ -70,7 +70,7 @@ class Trainer {
   DeviceOps& device_ops() { return *ops_; }
   // DESIGN.md's `runtime` (the CUDA context, cuBLAS, NCCL: device memory in use
   // outside the allocator; 0 on the CPU) and the allocator's cached, unused bytes.
-  int64_t runtime_bytes() const { return ops_->runtime_bytes(alloc_); }
+  int64_t runtime_bytes() const { return alloc_.memory().runtime_bytes(); }
   int64_t reserved_bytes() { return alloc_.memory().reserved_bytes(); }
   const ParamStore& params() const { return *store_; }
   const LedgerCheck& ledger_check() const { return ledger_check_; }
@@ -83,7 +83,6 @@ class Trainer {
  private:
   void run_micro_batch(int micro, bool first, bool last, StepStats& stats);
   void check_ledger(const Instr& mark);
-  Communicator& host_comm();  // the host-buffer communicator (a GpuCommunicator's host())
 
   const LoadedPlan& plan_;
   Communicator& comm_;

@@ -1,7 +1,7 @@
 // A world of one process: every collective leaves the data as it is (the sum,
 // gather or broadcast over one rank), groups have size 1. Also the home of
-// make_communicator when the build has no MPI.
-#include "comm/comm_thread.hpp"
+// make_single_communicator and launched_by_mpi (make_communicator in device.hpp picks).
+#include "dlplan/exec/comm_thread.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/exec/communicator.hpp"
 
@@ -23,24 +23,6 @@ class SingleCommunicator final : public Communicator {
   int local_size() const override { return 1; }
   std::string name() const override { return "single"; }
 
-  WorkHandle all_reduce(float* data, int64_t count, int group) override {
-    check(data, count, group, "all_reduce");
-    return comm::completed_work();
-  }
-  WorkHandle reduce_scatter(float* data, int64_t count, int group) override {
-    check(data, count, group, "reduce_scatter");
-    return comm::completed_work();
-  }
-  WorkHandle all_gather(float* data, int64_t count, int group) override {
-    check(data, count, group, "all_gather");
-    return comm::completed_work();
-  }
-  WorkHandle broadcast(float* data, int64_t count, int root, int group) override {
-    check(data, count, group, "broadcast");
-    if (root != 0)
-      throw Error("broadcast: root " + std::to_string(root) + " is not a rank of a group of 1");
-    return comm::completed_work();
-  }
   void barrier() override {}
 
   void all_gather_bytes(const void* in, void* out, int64_t bytes) override {
@@ -76,18 +58,19 @@ class SingleCommunicator final : public Communicator {
     std::_Exit(1);
   }
 
+ protected:
+  // Over one rank every collective leaves the data as it is.
+  WorkHandle run_all_reduce(Span, int) override { return comm::completed_work(); }
+  WorkHandle run_reduce_scatter(Span, int) override { return comm::completed_work(); }
+  WorkHandle run_all_gather(Span, int) override { return comm::completed_work(); }
+  WorkHandle run_broadcast(Span, int, int) override { return comm::completed_work(); }
+
  private:
   void check_group(int group) const {
     std::lock_guard<std::mutex> lock(mutex_);
     if (group != 0 && group != group_)
       throw Error("unknown communicator group " + std::to_string(group));
   }
-  void check(const float* data, int64_t count, int group, const char* what) const {
-    check_group(group);
-    if (count < 0 || (count > 0 && data == nullptr))
-      throw Error(std::string(what) + ": bad buffer (count " + std::to_string(count) + ")");
-  }
-
   mutable std::mutex mutex_;
   int group_ = 0;  // the handle make_groups(1) returned, 0 before
 };
@@ -98,10 +81,10 @@ std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
 }
 
-#ifndef DLPLAN_HAVE_MPI
-std::unique_ptr<Communicator> make_communicator(int* /*argc*/, char*** /*argv*/) {
-  return make_single_communicator();
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
 }
-#endif
 
 }  // namespace dlplan::exec

@@ -1,4 +1,4 @@
-#include "comm/comm_thread.hpp"
+#include "dlplan/exec/comm_thread.hpp"
 
 #include "dlplan/error.hpp"
 

@@ -7,8 +7,9 @@
 //
 // Every communicator uses MPI_ERRORS_RETURN; a failing call becomes a
 // dlplan::Error naming the call and the rank.
-#include "comm/comm_thread.hpp"
+#include "dlplan/exec/comm_thread.hpp"
 #include "dlplan/error.hpp"
+#include "dlplan/exec/bf16.hpp"
 #include "dlplan/exec/communicator.hpp"
 
 // The C API only (the deprecated C++ bindings do not compile warning-free).
@@ -70,6 +71,7 @@ class MpiCommunicator final : public Communicator {
           for (auto& g : groups_)
             if (g.comm != MPI_COMM_NULL && g.comm != world_) MPI_Comm_free(&g.comm);
           if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
+          if (bf16_sum_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_);
         });
       } catch (...) {
       }
@@ -88,60 +90,6 @@ class MpiCommunicator final : public Communicator {
   int local_rank() const override { return local_rank_; }
   int local_size() const override { return local_size_; }
   std::string name() const override { return "mpi"; }
-
-  WorkHandle all_reduce(float* data, int64_t count, int group) override {
-    const Group g = lookup(group);
-    check_buffer(data, count, "all_reduce");
-    if (count == 0) return comm::completed_work();
-    return thread_->submit([this, data, count, g] {
-      // MPI counts are int: large buffers go in chunks.
-      for (int64_t off = 0; off < count; off += INT_MAX) {
-        const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - off));
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, g.comm),
-                  "MPI_Allreduce");
-      }
-    });
-  }
-
-  WorkHandle reduce_scatter(float* data, int64_t count, int group) override {
-    const Group g = lookup(group);
-    const int shard = shard_count(data, count, g, "reduce_scatter");
-    if (count == 0) return comm::completed_work();
-    return thread_->submit([this, data, shard, g] {
-      // In place, MPI leaves the reduced block at the start of the buffer;
-      // this rank's shard belongs at rank * shard.
-      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, data, shard, MPI_FLOAT, MPI_SUM, g.comm),
-                "MPI_Reduce_scatter_block");
-      if (g.rank != 0)
-        std::memmove(data + static_cast<int64_t>(g.rank) * shard, data,
-                     static_cast<size_t>(shard) * sizeof(float));
-    });
-  }
-
-  WorkHandle all_gather(float* data, int64_t count, int group) override {
-    const Group g = lookup(group);
-    const int shard = shard_count(data, count, g, "all_gather");
-    if (count == 0) return comm::completed_work();
-    return thread_->submit([this, data, shard, g] {
-      check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, shard, MPI_FLOAT, g.comm),
-                "MPI_Allgather");
-    });
-  }
-
-  WorkHandle broadcast(float* data, int64_t count, int root, int group) override {
-    const Group g = lookup(group);
-    check_buffer(data, count, "broadcast");
-    if (root < 0 || root >= g.size)
-      throw Error("broadcast: root " + std::to_string(root) + " is not a rank of a group of " +
-                  std::to_string(g.size) + " (rank " + std::to_string(rank_) + ")");
-    if (count == 0) return comm::completed_work();
-    return thread_->submit([this, data, count, root, g] {
-      for (int64_t off = 0; off < count; off += INT_MAX) {
-        const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - off));
-        check_mpi(MPI_Bcast(data + off, n, MPI_FLOAT, root, g.comm), "MPI_Bcast");
-      }
-    });
-  }
 
   void barrier() override {
     thread_->run_sync([this] { check_mpi(MPI_Barrier(world_), "MPI_Barrier"); });
@@ -227,6 +175,59 @@ class MpiCommunicator final : public Communicator {
     std::_Exit(1);
   }
 
+ protected:
+  WorkHandle run_all_reduce(Span data, int group) override {
+    const Group g = lookup(group);
+    if (data.n == 0) return comm::completed_work();
+    const Type t = type_of(data.dtype);
+    return thread_->submit([this, data, g, t] {
+      // MPI counts are int: large buffers go in chunks.
+      for (int64_t off = 0; off < data.n; off += INT_MAX) {
+        const Span part = data.sub(off, std::min<int64_t>(INT_MAX, data.n - off));
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, part.data, static_cast<int>(part.n), t.type, t.sum, g.comm),
+                  "MPI_Allreduce");
+      }
+    });
+  }
+
+  WorkHandle run_reduce_scatter(Span data, int group) override {
+    const Group g = lookup(group);
+    const int shard = shard_count(data, g, "reduce_scatter");
+    if (data.n == 0) return comm::completed_work();
+    const Type t = type_of(data.dtype);
+    return thread_->submit([this, data, shard, g, t] {
+      // In place, MPI leaves the reduced block at the start of the buffer;
+      // this rank's shard belongs at rank * shard.
+      check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, data.data, shard, t.type, t.sum, g.comm),
+                "MPI_Reduce_scatter_block");
+      if (g.rank != 0)
+        std::memmove(data.sub(static_cast<int64_t>(g.rank) * shard, shard).data, data.data,
+                     static_cast<size_t>(data.sub(0, shard).bytes()));
+    });
+  }
+
+  WorkHandle run_all_gather(Span data, int group) override {
+    const Group g = lookup(group);
+    const int shard = shard_count(data, g, "all_gather");
+    if (data.n == 0) return comm::completed_work();
+    const Type t = type_of(data.dtype);
+    return thread_->submit([this, data, shard, g, t] {
+      check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data, shard, t.type, g.comm), "MPI_Allgather");
+    });
+  }
+
+  WorkHandle run_broadcast(Span data, int root, int group) override {
+    const Group g = lookup(group);
+    if (data.n == 0) return comm::completed_work();
+    const Type t = type_of(data.dtype);
+    return thread_->submit([this, data, root, g, t] {
+      for (int64_t off = 0; off < data.n; off += INT_MAX) {
+        const Span part = data.sub(off, std::min<int64_t>(INT_MAX, data.n - off));
+        check_mpi(MPI_Bcast(part.data, static_cast<int>(part.n), t.type, root, g.comm), "MPI_Bcast");
+      }
+    });
+  }
+
  private:
   // On the communication thread.
   void setup() {
@@ -241,6 +242,13 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Comm_size(node, &local_size_), "MPI_Comm_size");
     check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
     groups_.push_back(Group{world_, size_, rank_});  // handle 0: the world
+    check_mpi(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
+  }
+
+  static void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int e = 0; e < *len; ++e) b[e] = to_bf16(from_bf16(a[e]) + from_bf16(b[e]));
   }
 
   void check_mpi(int rc, const char* call) const {
@@ -265,15 +273,17 @@ class MpiCommunicator final : public Communicator {
                   std::to_string(rank_) + ")");
   }
 
-  // The per-rank count of a sharded collective (checked before it is queued,
-  // so a bad call fails on the caller, not on the thread mid-collective).
-  int shard_count(const float* data, int64_t count, const Group& g, const char* what) const {
-    check_buffer(data, count, what);
-    if (count % g.size != 0)
-      throw Error(std::string(what) + ": " + std::to_string(count) +
-                  " elements are not a multiple of the group size " + std::to_string(g.size) +
-                  " (rank " + std::to_string(rank_) + ")");
-    const int64_t shard = count / g.size;
+  // MPI's element type and sum for a buffer: bf16 travels as 16-bit words
+  // and is summed by bf16_sum (fp32 arithmetic, rounded once per combine).
+  struct Type {
+    MPI_Datatype type;
+    MPI_Op sum;
+  };
+  Type type_of(DType d) const { return d == DType::bf16 ? Type{MPI_UINT16_T, bf16_sum_} : Type{MPI_FLOAT, MPI_SUM}; }
+
+  // The per-rank count of a sharded collective (the front checked divisibility).
+  int shard_count(const Span& data, const Group& g, const char* what) const {
+    const int64_t shard = data.n / g.size;
     if (shard > INT_MAX)
       throw Error(std::string(what) + ": a shard of " + std::to_string(shard) +
                   " elements exceeds MPI's int count");
@@ -283,22 +293,17 @@ class MpiCommunicator final : public Communicator {
   bool owns_mpi_ = false;
   std::unique_ptr<comm::CommThread> thread_;
   MPI_Comm world_ = MPI_COMM_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   mutable std::mutex mutex_;
   std::vector<Group> groups_;
   std::map<int, int> by_size_;
 };
 
-bool launched_by_mpi() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
-    if (std::getenv(var) != nullptr) return true;
-  return false;
-}
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_communicator(int* argc, char*** argv) {
-  if (!launched_by_mpi()) return make_single_communicator();
+std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv) {
   return std::make_unique<MpiCommunicator>(argc, argv);
 }
 

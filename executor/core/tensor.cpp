@@ -1,5 +1,7 @@
 #include "dlplan/exec/tensor.hpp"
 
+#include "dlplan/exec/bf16.hpp"
+
 #include "dlplan/error.hpp"
 
 #include <fmt/format.h>
@@ -11,7 +13,20 @@
 
 namespace dlplan::exec {
 
-int64_t dtype_size(DType) { return 4; }  // f32 and i32
+int64_t dtype_size(DType d) { return d == DType::bf16 ? 2 : 4; }
+
+void Tensor::wrong_dtype(const char* wanted) const {
+  throw Error(fmt::format("internal error: {} access to the {} tensor '{}'", wanted, to_string(dtype),
+                          storage ? storage->what : std::string("(empty)")));
+}
+
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t e = 0; e < n; ++e) dst[e] = from_bf16(src[e]);
+}
+
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t e = 0; e < n; ++e) dst[e] = to_bf16(src[e]);
+}
 
 Storage::~Storage() {
   if (owner) owner->on_free(*this);  // gives the bytes back to the resource
@@ -59,14 +74,7 @@ Tensor Allocator::make(const Shape& shape, DType dtype, int64_t bytes, Category 
   {
     std::lock_guard<std::mutex> lock(mu_);
     s->owner = this;
-    cur_[static_cast<size_t>(c)] += bytes;
-    total_ += bytes;
-    for (size_t i = 0; i < cur_.size(); ++i) max_each_[i] = std::max(max_each_[i], cur_[i]);
-    int64_t sum = dlplan::total(cur_);
-    if (sum > peak_) {
-      peak_ = sum;
-      at_peak_ = cur_;
-    }
+    ledger_.allocate(c, bytes);
   }
   Tensor t;
   t.storage = std::move(s);
@@ -90,37 +98,35 @@ Tensor Allocator::bytes_buffer(int64_t bytes, Category c, std::string what) {
 void Allocator::on_free(const Storage& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    cur_[static_cast<size_t>(s.category)] -= s.bytes;
+    ledger_.release(s.category, s.bytes);
   }
   memory_->release(s.data, s.bytes);
 }
 
 CategoryBytes Allocator::current() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return cur_;
+  return ledger_.current();
 }
 CategoryBytes Allocator::at_peak() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return at_peak_;
+  return ledger_.at_peak();
 }
 CategoryBytes Allocator::max_each() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return max_each_;
+  return ledger_.max_each();
 }
 int64_t Allocator::peak() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return peak_;
+  return ledger_.peak();
 }
 int64_t Allocator::allocated_total() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return total_;
+  return ledger_.allocated_total();
 }
 
 void Allocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
-  peak_ = dlplan::total(cur_);
-  at_peak_ = cur_;
-  max_each_ = cur_;
+  ledger_.reset_peak();
 }
 
 static int64_t status_field(const char* key) {
