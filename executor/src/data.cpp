@@ -36,6 +36,13 @@ ModelFacts facts(const Model& m) {
   return f;
 }
 
+// (a * b) mod m for a, b >= 0 and m > 0, without overflow: a token window's
+// start for any sample index.
+__extension__ typedef unsigned __int128 Wide;
+int64_t mul_mod(int64_t a, int64_t b, int64_t m) {
+  return static_cast<int64_t>(static_cast<Wide>(a % m) * static_cast<Wide>(b % m) % static_cast<Wide>(m));
+}
+
 uint32_t hash(uint64_t seed, int64_t sample, int64_t what) {
   uint32_t counter[4] = {static_cast<uint32_t>(what), static_cast<uint32_t>(sample),
                          static_cast<uint32_t>(sample >> 32), 0x0DA7A};
@@ -148,7 +155,7 @@ class TokenFile : public DataSource {
     if (len < T + 2) throw Error(fmt::format("{}: {} tokens are fewer than one sequence of {} + 1", path_, len, T));
     const int64_t shift = input == f_.targets ? 1 : 0;
     for (int64_t s = 0; s < count; ++s) {
-      const int64_t at = ((first + s) * T) % (len - T - 1);
+      const int64_t at = mul_mod(first + s, T, len - T - 1);
       for (int64_t e = 0; e < T; ++e) dst.i()[s * T + e] = tokens_[static_cast<size_t>(at + e + shift)];
     }
   }
@@ -174,7 +181,22 @@ class ImageFile : public DataSource {
     if (!in || std::memcmp(magic, "DLPI", 4) != 0) throw Error(fmt::format("{}: not a DLPI image file (bad magic)", path));
     in.read(reinterpret_cast<char*>(&h_), sizeof h_);
     if (!in || h_.count == 0) throw Error(fmt::format("{}: truncated header", path));
-    const int64_t per = int64_t{h_.channels} * h_.height * h_.width;
+    // The header against the model and the file's size, before allocating
+    // anything it claims: [C, H, W] must be the model's image input (so its
+    // size is within the loader's limits), and every record must be there.
+    const TensorInfo* image = nullptr;
+    for (int id : m.inputs)
+      if (m.tensor(id).dtype == DType::f32) image = &m.tensor(id);
+    if (image == nullptr || image->shape != Shape{h_.channels, h_.height, h_.width})
+      throw Error(fmt::format("{}: images are [{}, {}, {}] but the model's image input is {}", path, h_.channels, h_.height,
+                              h_.width, image ? fmt::format("'{}' {}", image->name, to_string(image->shape)) : "missing"));
+    if (h_.classes != f_.classes)
+      throw Error(fmt::format("{}: {} classes, but the model's logits have {}", path, h_.classes, f_.classes));
+    const int64_t per = numel(image->shape);
+    const int64_t record = 4 + 4 * per, body = static_cast<int64_t>(std::filesystem::file_size(path)) - 24;
+    if (h_.count > body / record)
+      throw Error(fmt::format("{}: the header promises {} records of {} bytes, but the file holds {} bytes after it "
+                              "(truncated, or not a DLPI file)", path, h_.count, record, body));
     labels_.resize(h_.count);
     pixels_.resize(static_cast<size_t>(per) * h_.count);
     for (uint32_t i = 0; i < h_.count; ++i) {
@@ -183,14 +205,6 @@ class ImageFile : public DataSource {
       if (!in) throw Error(fmt::format("{}: truncated at record {} of {}", path, i, h_.count));
       if (labels_[i] >= h_.classes) throw Error(fmt::format("{}: record {} has label {} of {} classes", path, i, labels_[i], h_.classes));
     }
-    for (int id : m.inputs) {
-      const auto& t = m.tensor(id);
-      if (t.dtype == DType::f32 && t.shape != Shape{h_.channels, h_.height, h_.width})
-        throw Error(fmt::format("{}: images are [{}, {}, {}] but model input '{}' is {}", path, h_.channels, h_.height, h_.width,
-                                t.name, to_string(t.shape)));
-    }
-    if (h_.classes != f_.classes)
-      throw Error(fmt::format("{}: {} classes, but the model's logits have {}", path, h_.classes, f_.classes));
   }
   std::string name() const override { return path_; }
   void fill(int input, Tensor& dst, int64_t first, int64_t count) override {
@@ -216,7 +230,9 @@ class ImageFile : public DataSource {
 
 std::unique_ptr<DataSource> make_data_source(const std::string& spec, const Model& m, uint64_t seed) {
   if (spec.empty() || spec == "synthetic") return std::make_unique<Synthetic>(m, seed);
-  if (!std::filesystem::exists(spec)) throw Error(fmt::format("{}: no such data file", spec));
+  std::error_code ec;
+  if (!std::filesystem::exists(spec, ec)) throw Error(fmt::format("{}: no such data file", spec));
+  if (!std::filesystem::is_regular_file(spec, ec)) throw Error(fmt::format("{}: not a regular file", spec));
   std::ifstream in(spec, std::ios::binary);
   char magic[4] = {};
   in.read(magic, 4);

@@ -14,6 +14,8 @@
 //     is planned as full causal attention, an upper bound).
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
+#include "dlplan/json_file.hpp"
+#include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/zoo.hpp"
 
@@ -21,8 +23,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <limits>
 #include <optional>
 #include <stdexcept>
 
@@ -30,6 +30,11 @@ namespace dlplan {
 namespace {
 
 using Json = nlohmann::json;
+
+// Products the family builders form in int: heads x head_dim, and a ViT's
+// (image / patch)^2 patches (+1 for the class token).
+constexpr int64_t kMaxLayerWidth = int64_t{1} << 24;
+constexpr int kMaxGrid = 1 << 15;
 
 class Fields {
  public:
@@ -44,6 +49,12 @@ class Fields {
     return checked_int(key);
   }
   int integer(const char* key, int def) const { return has(key) ? checked_int(key) : def; }
+  // The number of blocks, bounded before anything is built for each of them.
+  int layers(const char* key) const {
+    const int n = integer(key);
+    if (n > kMaxLayers) fail(fmt::format("field '{}' = {} is more than dlplan's limit of {} layers", key, n, kMaxLayers));
+    return n;
+  }
   // The first of several spellings that is present (GPT-2: n_positions / n_ctx).
   int integer_any(std::initializer_list<const char*> keys) const {
     for (const char* k : keys)
@@ -78,12 +89,15 @@ class Fields {
   }
 
  private:
+  // Sizes are at most 2^24 (16,777,216: past any published vocabulary, width
+  // or context), so the family builders' int arithmetic cannot overflow.
   int checked_int(const char* key) const {
     const Json& v = j_[key];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > std::numeric_limits<int>::max())
-      fail(fmt::format("field '{}' must be a positive integer, got {}", key, v.dump()));
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > kMaxField)
+      fail(fmt::format("field '{}' must be a positive integer up to {}, got {}", key, kMaxField, v.dump()));
     return static_cast<int>(v.get<int64_t>());
   }
+  static constexpr int64_t kMaxField = int64_t{1} << 24;
 
   const Json& j_;
   std::string src_;
@@ -115,7 +129,7 @@ std::optional<std::string> detect_type(const Json& j) {
 zoo::Json gpt2(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
   zoo::GptConfig c;
   c.name = name;
-  c.layers = f.integer("n_layer");
+  c.layers = f.layers("n_layer");
   c.hidden = f.integer("n_embd");
   c.heads = f.integer("n_head");
   c.vocab = f.integer("vocab_size");
@@ -138,7 +152,7 @@ zoo::Json gpt2(const Fields& f, const std::string& name, std::vector<std::string
 zoo::Json llama(const Fields& f, const std::string& name, const std::string& type, std::vector<std::string>& notes) {
   zoo::LlamaConfig c;
   c.name = name;
-  c.layers = f.integer("num_hidden_layers");
+  c.layers = f.layers("num_hidden_layers");
   c.hidden = f.integer("hidden_size");
   c.heads = f.integer("num_attention_heads");
   c.kv_heads = f.integer("num_key_value_heads", c.heads);
@@ -149,6 +163,8 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
   c.rms_eps = f.number("rms_norm_eps", 1e-6);
   c.rope_theta = f.number("rope_theta", 10000.0);
   c.tie_head = f.flag("tie_word_embeddings", false);
+  if (static_cast<int64_t>(c.heads) * std::max(c.head_dim, 1) > kMaxLayerWidth)
+    f.fail(fmt::format("num_attention_heads {} x head_dim {} is more than {}", c.heads, c.head_dim, kMaxLayerWidth));
   if (c.heads % c.kv_heads != 0)
     f.fail(fmt::format("num_attention_heads {} must divide by num_key_value_heads {}", c.heads, c.kv_heads));
   if (c.head_dim == 0 && c.hidden % c.heads != 0)
@@ -167,7 +183,7 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
 zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
   zoo::BertConfig c;
   c.name = name;
-  c.layers = f.integer("num_hidden_layers");
+  c.layers = f.layers("num_hidden_layers");
   c.hidden = f.integer("hidden_size");
   c.heads = f.integer("num_attention_heads");
   c.intermediate = f.integer("intermediate_size");
@@ -196,7 +212,7 @@ zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string
 zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
   zoo::VitConfig c;
   c.name = name;
-  c.layers = f.integer("num_hidden_layers");
+  c.layers = f.layers("num_hidden_layers");
   c.hidden = f.integer("hidden_size");
   c.heads = f.integer("num_attention_heads");
   c.mlp_hidden = f.integer("intermediate_size");
@@ -210,6 +226,8 @@ zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>
   if (!f.flag("qkv_bias", true)) f.fail("qkv_bias false is not supported");
   const auto act = f.text("hidden_act", "gelu");
   if (act != "gelu") notes.push_back(fmt::format("hidden_act '{}' planned as GELU", act));
+  if (c.image / c.patch > kMaxGrid)
+    f.fail(fmt::format("image_size {} / patch_size {} is more than {} patches a side", c.image, c.patch, kMaxGrid));
   if (c.image % c.patch != 0) f.fail(fmt::format("image_size {} must divide by patch_size {}", c.image, c.patch));
   if (c.hidden % c.heads != 0) f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {}", c.hidden, c.heads));
   c.classes = f.classes(notes);
@@ -251,14 +269,7 @@ nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::strin
 }
 
 Model import_hf_config(const std::string& path, const ImportOptions& opt) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("{}: cannot open config file", path));
-  Json j;
-  try {
-    j = Json::parse(in);
-  } catch (const Json::parse_error& e) {
-    throw Error(fmt::format("{}: malformed JSON at byte {}: {}", path, e.byte, e.what()));
-  }
+  const Json j = read_json_file(path, "config file");
   std::vector<std::string> notes;
   Model m = parse_model(Json(hf_config_to_ir(j, path, &notes, opt)), path);
   m.notes = std::move(notes);

@@ -348,20 +348,32 @@ class Importer {
     }
   }
 
-  // Does `t` depend on a graph input through data edges?
+  // Does `t` depend on a graph input through data edges? A depth-first
+  // search with its own stack (a graph may be a chain of many thousand
+  // nodes); a tensor on a cycle reads as not depending.
   bool depends_on_input(const std::string& t) const {
-    if (auto it = dep_memo_.find(t); it != dep_memo_.end()) return it->second;
-    dep_memo_[t] = false;
-    bool r = false;
-    int p = g_.producer_of(t);
-    if (p < 0) {
-      r = !g_.is_init(t);
-    } else {
+    std::vector<std::pair<std::string, bool>> stack{{t, false}};  // (tensor, its inputs are done)
+    while (!stack.empty()) {
+      auto [cur, inputs_done] = stack.back();
+      stack.pop_back();
+      const int p = g_.producer_of(cur);
+      if (inputs_done) {
+        bool r = false;
+        for (const auto& in : data_inputs(g_.node(p))) r = r || dep_memo_[in];
+        dep_memo_[cur] = r;
+        continue;
+      }
+      if (dep_memo_.count(cur)) continue;
+      if (p < 0) {
+        dep_memo_[cur] = !g_.is_init(cur);
+        continue;
+      }
+      dep_memo_[cur] = false;  // in progress
+      stack.emplace_back(cur, true);
       for (const auto& in : data_inputs(g_.node(p)))
-        if (depends_on_input(in)) r = true;
+        if (!dep_memo_.count(in)) stack.emplace_back(in, false);
     }
-    dep_memo_[t] = r;
-    return r;
+    return dep_memo_.at(t);
   }
 
   std::string unique_name(const std::string& base) {
@@ -838,6 +850,8 @@ Model import_onnx(const std::string& path, const ImportOptions& opt) {
   if (opt.micro_batch <= 0) throw Error(fmt::format("{}: micro-batch must be positive", path));
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(fmt::format("{}: is a folder, not an ONNX file", path));
+  if (const auto size = std::filesystem::file_size(path, ec); !ec && size > (uintmax_t{2} << 30))
+    throw Error(fmt::format("{}: {} bytes, more than protobuf's 2 GiB; export the weights as external data", path, size));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(fmt::format("{}: cannot open ONNX file", path));
   std::stringstream buf;
@@ -874,11 +888,15 @@ Model import_onnx(const std::string& path, const ImportOptions& opt) {
   auto pre = bind_symbolic_dims(*model.mutable_graph(), inits, path, opt);
 
   std::vector<std::string> inference_notes;
-  try {
-    onnx::ShapeInferenceOptions so(false, 0, true);
-    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), so);
-  } catch (const std::exception& e) {
-    inference_notes.push_back(fmt::format("ONNX shape inference stopped ({}); shapes stored in the file are used", e.what()));
+  if (const std::string skip = check_before_inference(model, path); !skip.empty()) {
+    inference_notes.push_back(fmt::format("ONNX shape inference not run ({}); shapes stored in the file are used", skip));
+  } else {
+    try {
+      onnx::ShapeInferenceOptions so(false, 0, true);
+      onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), so);
+    } catch (const std::exception& e) {
+      inference_notes.push_back(fmt::format("ONNX shape inference stopped ({}); shapes stored in the file are used", e.what()));
+    }
   }
 
   Graph g(model, path);

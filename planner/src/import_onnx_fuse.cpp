@@ -152,14 +152,23 @@ std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, in
 }
 
 // Whether `t` reads a graph input by value (not only through Shape / Size).
+// (A search with its own stack: a graph may be a chain of many thousand nodes.)
 bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::string>& seen) {
-  if (!seen.insert(t).second) return false;
-  int p = g.producer_of(t);
-  if (p < 0) return !g.is_init(t) && std::find(g.inputs.begin(), g.inputs.end(), t) != g.inputs.end();
-  const auto& n = g.node(p);
-  if (n.op_type() == "Shape" || n.op_type() == "Size") return false;
-  for (const auto& in : n.input())
-    if (!in.empty() && reads_graph_input(g, in, seen)) return true;
+  std::vector<std::string> work{t};
+  while (!work.empty()) {
+    const std::string cur = work.back();
+    work.pop_back();
+    if (!seen.insert(cur).second) continue;
+    const int p = g.producer_of(cur);
+    if (p < 0) {
+      if (!g.is_init(cur) && std::find(g.inputs.begin(), g.inputs.end(), cur) != g.inputs.end()) return true;
+      continue;
+    }
+    const auto& n = g.node(p);
+    if (n.op_type() == "Shape" || n.op_type() == "Size") continue;
+    for (const auto& in : n.input())
+      if (!in.empty()) work.push_back(in);
+  }
   return false;
 }
 

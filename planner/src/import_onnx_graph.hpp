@@ -63,6 +63,11 @@ double attr_float(const onnx::NodeProto& n, const char* name, double def);
 std::vector<int64_t> attr_ints(const onnx::NodeProto& n, const char* name);
 std::string attr_text(const onnx::NodeProto& n, const char* name, const std::string& def);
 std::string label(const onnx::NodeProto& n, int index);
+
+// Our own checks before libonnx's shape inference (import_onnx_check.cpp):
+// throws dlplan::Error for a malformed graph; returns why inference must not
+// run on it (a subgraph, no opset), or "" when it may.
+std::string check_before_inference(const onnx::ModelProto& model, const std::string& src);
 bool is_float(int32_t elem_type);
 
 }  // namespace dlplan::onnx_import

@@ -5,6 +5,8 @@
 
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
+#include "dlplan/json_file.hpp"
+#include "dlplan/limits.hpp"
 #include "dlplan/ops.hpp"
 #include "dlplan/zoo.hpp"
 
@@ -16,7 +18,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -45,6 +46,8 @@ struct CycleFinder : boost::default_dfs_visitor {
 void parse_inputs(const Json& ir, const std::string& src, Model& m) {
   if (!ir.contains("inputs") || !ir["inputs"].is_object() || ir["inputs"].empty())
     fail(src, "'inputs' must be a non-empty object of {name: {\"shape\": [...], \"dtype\": ...}}");
+  if (static_cast<int64_t>(ir["inputs"].size()) > kMaxNodes)
+    fail(src, fmt::format("{} inputs are more than dlplan's limit of {}", ir["inputs"].size(), kMaxNodes));
   for (const auto& [name, spec] : ir["inputs"].items()) {
     auto where = fmt::format("input '{}'", name);
     if (!spec.is_object()) fail(src, where + " must be an object with 'shape' and 'dtype'");
@@ -78,6 +81,8 @@ std::vector<Node> parse_node_headers(const Json& ir, const std::string& src, con
                                      std::map<std::string, int>& node_by_name) {
   if (!ir.contains("nodes") || !ir["nodes"].is_array() || ir["nodes"].empty())
     fail(src, "'nodes' must be a non-empty array");
+  if (static_cast<int64_t>(ir["nodes"].size()) > kMaxNodes)
+    fail(src, fmt::format("{} nodes are more than dlplan's limit of {}", ir["nodes"].size(), kMaxNodes));
   std::set<std::string> input_names;
   for (int id : m.inputs) input_names.insert(m.tensor(id).name);
   std::vector<Node> nodes;
@@ -148,6 +153,48 @@ std::vector<size_t> topological_order(const Json& arr, const std::string& src, c
   return order;
 }
 
+// Every node must lead to the loss. A node whose output nothing uses would get
+// no gradient in backward (the trainer would have nothing to run its backward
+// on), and the plan would count memory and time the model does not spend as
+// written; the author most likely meant something else, so it is refused
+// rather than silently dropped. Nodes are in topological order: walking back
+// from the end marks every node the loss depends on.
+void check_every_node_reaches_the_loss(const Model& m, const std::string& src) {
+  std::vector<bool> live(m.nodes.size(), false);
+  for (size_t i = 0; i < m.nodes.size(); ++i) live[i] = m.nodes[i].op == OpKind::cross_entropy;
+  for (size_t i = m.nodes.size(); i-- > 0;) {
+    if (!live[i]) continue;
+    for (int t : m.nodes[i].inputs)
+      if (const int p = m.tensor(t).producer; p >= 0) live[static_cast<size_t>(p)] = true;
+  }
+  std::vector<std::string> dead;
+  for (size_t i = 0; i < m.nodes.size(); ++i)
+    if (!live[i]) dead.push_back(fmt::format("'{}' ({})", m.nodes[i].name, to_string(m.nodes[i].op)));
+  if (dead.empty()) return;
+  const size_t shown = std::min<size_t>(dead.size(), 5);
+  fail(src, fmt::format("node {} does not lead to the loss: nothing uses its output on the way to the cross_entropy "
+                        "node, so it would get no gradient{}; remove it or connect it",
+                        dead[0],
+                        dead.size() == 1 ? std::string()
+                                         : fmt::format(" ({} such nodes: {}{})", dead.size(),
+                                                       fmt::join(dead.begin(), dead.begin() + static_cast<long>(shown), ", "),
+                                                       dead.size() > shown ? ", ..." : "")));
+}
+
+// The model-wide limits (dlplan/limits.hpp), summed in double so that the
+// sums themselves cannot overflow: what the step program later multiplies by
+// the micro-batch then stays within 64 bits.
+void check_model_limits(const Model& m, const std::string& src) {
+  double params = 0;
+  for (const auto& p : m.params) params += static_cast<double>(p.numel);
+  for (const auto& b : m.buffers) params += static_cast<double>(b.numel);
+  if (params > static_cast<double>(kMaxParameters))
+    fail(src, fmt::format("the model has {:.4g} parameters and buffers, more than dlplan's limit of 2^44", params));
+  const double elements = sample_elements(m);
+  if (elements > static_cast<double>(kMaxSampleElements))
+    fail(src, fmt::format("one sample's tensors hold {:.4g} elements, more than dlplan's limit of 2^48", elements));
+}
+
 void collect_params(Model& m) {
   for (size_t i = 0; i < m.nodes.size(); ++i) {
     const Node& n = m.nodes[i];
@@ -206,7 +253,9 @@ Model parse_model(const Json& ir, const std::string& src) {
   if (losses.size() != 1)
     fail(src, fmt::format("a model needs exactly one cross_entropy loss node, found {}{}", losses.size(),
                           losses.empty() ? std::string() : fmt::format(" ({})", fmt::join(losses, ", "))));
+  check_every_node_reaches_the_loss(m, src);
   collect_params(m);
+  check_model_limits(m, src);
 
   // The IR as planned: every default explicit, nodes in execution order.
   m.ir = nlohmann::ordered_json::object();
@@ -230,18 +279,6 @@ Model parse_model(const Json& ir, const std::string& src) {
 
 namespace {
 
-Json read_json_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(fmt::format("{}: is a folder, not a model file", path));
-  std::ifstream f(path);
-  if (!f) throw Error(fmt::format("{}: cannot open model file", path));
-  try {
-    return Json::parse(f);
-  } catch (const Json::parse_error& e) {
-    throw Error(fmt::format("{}: malformed JSON at byte {}: {}", path, e.byte, e.what()));
-  }
-}
-
 bool has_extension(const std::string& path, const char* ext) {
   auto e = std::filesystem::path(path).extension().string();
   std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -250,7 +287,7 @@ bool has_extension(const std::string& path, const char* ext) {
 
 }  // namespace
 
-Model load_model_file(const std::string& path) { return parse_model(read_json_file(path), path); }
+Model load_model_file(const std::string& path) { return parse_model(read_json_file(path, "model file"), path); }
 
 Model load_model(const std::string& name_or_path) { return load_model(name_or_path, ImportOptions{}); }
 
@@ -258,7 +295,7 @@ Model load_model(const std::string& name_or_path, const ImportOptions& opt) {
   if (auto ir = zoo::zoo_model(name_or_path)) return parse_model(Json(*ir), name_or_path);
   if (std::filesystem::exists(name_or_path)) {
     if (has_extension(name_or_path, ".onnx")) return import_onnx(name_or_path, opt);
-    Json doc = read_json_file(name_or_path);
+    Json doc = read_json_file(name_or_path, "model file");
     if (is_hf_config(doc)) {
       std::vector<std::string> notes;
       Model m = parse_model(Json(hf_config_to_ir(doc, name_or_path, &notes, opt)), name_or_path);

@@ -1,17 +1,61 @@
+// Writing the documents (plan_io.hpp): planning, plan, report, progress lines.
 #include "dlplan/plan_io.hpp"
+
+#include "document_json.hpp"
+
+#include <fmt/format.h>
 
 namespace dlplan {
 
-OrderedJson memory_json(const StrategyResult& r) {
+Predicted predicted_of(const StrategyResult& r) {
+  Predicted p;
+  p.memory.at_peak = r.walk.at_peak;
+  p.memory.runtime = r.runtime_bytes;
+  p.memory.peak = r.walk.peak;
+  p.step_seconds = r.step_seconds;
+  p.compute_seconds = r.compute_seconds;
+  p.comm = {r.comm.bytes, r.comm.seconds, r.comm.exposed_seconds};
+  p.mfu = r.mfu;
+  p.fits = r.fits;
+  return p;
+}
+
+namespace doc {
+
+OrderedJson categories_json(const CategoryBytes& c) {
   OrderedJson j = OrderedJson::object();
-  for (Category c : kAllCategories) j[to_string(c)] = r.walk.at_peak[static_cast<size_t>(c)];
-  j["runtime"] = r.runtime_bytes;
-  j["peak"] = r.walk.peak;
+  for (Category k : kAllCategories) j[to_string(k)] = c[static_cast<size_t>(k)];
   return j;
 }
 
-static OrderedJson comm_json(const StrategyResult& r) {
-  return {{"bytes", r.comm.bytes}, {"seconds", r.comm.seconds}, {"exposed_seconds", r.comm.exposed_seconds}};
+OrderedJson memory_json(const MemoryNumbers& m) {
+  OrderedJson j = categories_json(m.at_peak);
+  j["runtime"] = m.runtime;
+  j["peak"] = m.peak;
+  return j;
+}
+
+OrderedJson comm_json(const CommNumbers& c) {
+  return {{"bytes", c.bytes}, {"seconds", c.seconds}, {"exposed_seconds", c.exposed_seconds}};
+}
+
+OrderedJson predicted_json(const Predicted& p) {
+  return {{"memory", memory_json(p.memory)}, {"step_seconds", p.step_seconds}, {"compute_seconds", p.compute_seconds},
+          {"comm", comm_json(p.comm)},       {"mfu", p.mfu},                   {"fits", p.fits}};
+}
+
+}  // namespace doc
+
+std::string plan_content_hash(const nlohmann::json& plan) {
+  nlohmann::json content = plan;
+  content.erase("content_hash");
+  const std::string text = content.dump();  // nlohmann::json sorts keys: the order in the file does not matter
+  uint64_t h = 0xcbf29ce484222325ull;       // FNV-1a, 64 bits
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return fmt::format("fnv1a64:{:016x}", h);
 }
 
 OrderedJson planning_json(const Planning& p) {
@@ -36,14 +80,16 @@ OrderedJson planning_json(const Planning& p) {
                    {"checkpointing", to_string(t.checkpointing)},
                    {"attention", to_string(t.attention)}};
   j["strategies"] = OrderedJson::array();
-  for (const auto& r : p.results)
+  for (const auto& r : p.results) {
+    const Predicted pr = predicted_of(r);
     j["strategies"].push_back({{"strategy", to_string(r.strategy)},
-                               {"memory", memory_json(r)},
+                               {"memory", doc::memory_json(pr.memory)},
                                {"fits", r.fits},
                                {"compute_seconds", r.compute_seconds},
-                               {"comm", comm_json(r)},
+                               {"comm", doc::comm_json(pr.comm)},
                                {"step_seconds", r.step_seconds},
                                {"mfu", r.mfu}});
+  }
   j["recommendation"] = {{"strategy", p.recommendation.strategy ? OrderedJson(to_string(*p.recommendation.strategy)) : OrderedJson()},
                          {"syncbn", p.recommendation.syncbn},
                          {"reasons", p.recommendation.reasons}};
@@ -76,13 +122,8 @@ OrderedJson plan_json(const Planning& p, const StrategyResult& r) {
   j["attention"] = to_string(t.attention);
   j["bucket_mb"] = t.bucket_mb;
   j["prefetch"] = t.prefetch;
-  OrderedJson mem = memory_json(r);
-  j["predicted"] = {{"memory", mem},
-                    {"step_seconds", r.step_seconds},
-                    {"compute_seconds", r.compute_seconds},
-                    {"comm", comm_json(r)},
-                    {"mfu", r.mfu},
-                    {"fits", r.fits}};
+  j["predicted"] = doc::predicted_json(predicted_of(r));
+  j["content_hash"] = plan_content_hash(nlohmann::json(j));
   return j;
 }
 

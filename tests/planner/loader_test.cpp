@@ -621,5 +621,87 @@ TEST(SeqLen, VisionModelHasNoTokenInputs) {
   EXPECT_NE(msg.find("no token inputs"), std::string::npos) << msg;
 }
 
+// ---- issue 16: inputs that crashed or overflowed ------------------------------
+
+// A node whose output nothing uses on the way to the loss: `plan` accepted
+// it and `train` dereferenced its missing gradient (SIGSEGV in relu_backward).
+// It is refused, naming the node; a model whose every node leads to the loss
+// is the control.
+TEST(LoaderError, NodeThatDoesNotLeadToTheLoss) {
+  J ir = token_model(10, false);
+  ir["nodes"].insert(ir["nodes"].begin() + 1, J{{"name", "unused"}, {"op", "relu"}, {"in", {"emb"}}});
+  expect_error(ir, {"node 'unused' (relu) does not lead to the loss", "no gradient"});
+  EXPECT_NO_THROW(parse_model(token_model(10, false), "good.json"));
+}
+
+TEST(LoaderError, SeveralNodesThatDoNotLeadToTheLoss) {
+  J ir = base();
+  ir["nodes"].push_back({{"name", "a"}, {"op", "relu"}, {"in", {"x"}}});
+  ir["nodes"].push_back({{"name", "b"}, {"op", "relu"}, {"in", {"a"}}});
+  ir["nodes"].push_back({{"name", "after"}, {"op", "relu"}, {"in", {"fc"}}});
+  expect_error(ir, {"node 'a' (relu)", "3 such nodes", "'b' (relu)", "'after' (relu)"});
+}
+
+// Attention over a sequence of 2^25 tokens: heads x T x T = 2^51 scores per
+// sample overflowed the 64-bit products of the declaration (UBSan in
+// ops_decl.cpp and the step program). Refused where attention's shape is read.
+TEST(LoaderError, AttentionScoresPastTheLimit) {
+  J ir = J::parse(R"({
+    "inputs": {"x": {"shape": [33554432, 8], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+    "nodes": [
+      {"name": "mid", "op": "attention", "in": ["x"], "heads": 2},
+      {"name": "cls", "op": "select", "in": ["mid"]},
+      {"name": "head", "op": "linear", "in": ["cls"], "out": 3},
+      {"name": "loss", "op": "cross_entropy", "in": ["head", "label"]}
+    ]
+  })");
+  expect_error(ir, {"node 'mid' (attention)", "heads x T x T", "more than 2^48"});
+  ir["inputs"]["x"]["shape"][0] = 64;  // control
+  EXPECT_NO_THROW(parse_model(ir, "good.json"));
+}
+
+// Every tensor of a sample together: 64 linear layers of 2^43 elements each
+// pass the per-tensor limit but not the per-sample one.
+TEST(LoaderError, SampleElementsPastTheLimit) {
+  J ir = J::parse(R"({"inputs": {"x": {"shape": [1048576, 8], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+                      "nodes": []})");
+  std::string prev = "x";
+  for (int i = 0; i < 64; ++i) {
+    const std::string name = "l" + std::to_string(i);
+    ir["nodes"].push_back({{"name", name}, {"op", "linear"}, {"in", {prev}}, {"out", 8388608}});
+    ir["nodes"].push_back({{"name", name + "r"}, {"op", "linear"}, {"in", {name}}, {"out", 8}});
+    prev = name + "r";
+  }
+  ir["nodes"].push_back({{"name", "cls"}, {"op", "select"}, {"in", {prev}}});
+  ir["nodes"].push_back({{"name", "loss"}, {"op", "cross_entropy"}, {"in", {"cls", "label"}}});
+  expect_error(ir, {"one sample's tensors hold", "more than dlplan's limit of 2^48"});
+}
+
+// JSON nested 100,000 deep overflowed the stack (exit 139, no message);
+// it is refused before parsing, for model files and Hugging Face configs alike.
+TEST(LoaderFile, DeepNestingIsRefusedBeforeParsing) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const auto path = write_temp("dlplan_loader_deep.json", deep);
+  const auto msg = error_of([&] { load_model(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("JSON nested deeper than 64 levels at byte 65"), std::string::npos) << msg;
+  const auto hf = write_temp("dlplan_loader_deep_hf.json", "{\"model_type\": \"gpt2\", \"x\": " + deep + "}");
+  EXPECT_NE(error_of([&] { load_model(hf); }).find("nested deeper than 64"), std::string::npos);
+  // Brackets inside strings do not count (the control loads).
+  J ir = base();
+  ir["name"] = std::string(1000, '[');
+  EXPECT_NO_THROW(load_model_file(write_temp("dlplan_loader_brackets.json", ir.dump())));
+}
+
+TEST(LoaderFile, NumberPastDoubleIsAMessageNotAnInternalError) {
+  std::string text = base().dump();
+  text.replace(text.find("\"out\":4"), 9, "\"out\":1e400");
+  const auto path = write_temp("dlplan_loader_1e400.json", text);
+  const auto msg = error_of([&] { load_model_file(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1e400"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace dlplan
