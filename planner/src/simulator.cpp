@@ -1,7 +1,10 @@
 // The step simulator (simulator.hpp). Two clocks, one per stream:
-//   compute: each op takes a fixed overhead plus its roofline time,
-//            max(FLOPs / (peak x GEMM efficiency), bytes / (HBM bandwidth x
-//            kMemoryEfficiency));
+//   compute: each op takes compute_event_seconds (gpu_time.cpp: the
+//            per-op-class GPU model, or the roofline), slowed by
+//            1 + comm_slowdown while a collective runs beside it (NCCL's
+//            kernels share the SMs and the memory);
+//   skew:    the step ends rank_jitter x sqrt(2 ln N x compute) later, when
+//            the slowest of N ranks reaches the gradient synchronization;
 //   comm:    each collective takes comm_model's time and starts when it is
 //            issued and the stream is free (one NCCL stream: in order).
 // A wait moves the compute clock to the collective's end; SyncBN's
@@ -15,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <ostream>
@@ -22,19 +26,27 @@
 namespace dlplan {
 namespace {
 
-// Achievable share of HBM bandwidth for streaming kernels; one H200 measured
-// a device-to-device copy at ~4.3 of 4.8 TB/s (REFERENCES.md), about 0.9.
-constexpr double kMemoryEfficiency = 0.85;
-
 double peak_flops(const DeviceSpec& d, Precision p) { return p == Precision::bf16_mixed ? d.bf16_flops : d.fp32_flops; }
 
-}  // namespace
-
-double compute_event_seconds(const ComputeEvent& e, const DeviceSpec& d, Precision p) {
-  const double math = e.flops / (peak_flops(d, p) * d.gemm_efficiency);
-  const double memory = e.bytes / (d.hbm_bytes_per_s * kMemoryEfficiency);
-  return d.op_overhead_s + std::max(math, memory);
+// An op of `seconds` starting at `start` while the communication stream is
+// busy until `comm_busy_until` runs 1 + s times slower for the overlap.
+double with_contention(double seconds, double start, double comm_busy_until, double s) {
+  const double overlap = comm_busy_until - start;
+  if (s <= 0 || overlap <= 0) return seconds;
+  if (seconds * (1 + s) <= overlap) return seconds * (1 + s);
+  return overlap + (seconds - overlap / (1 + s));
 }
+
+// The ranks' skew at the step's gradient synchronization: each rank's step
+// drifts like a random walk (variance rank_jitter^2 per second of compute),
+// and the collective ends when the slowest of N arrives, E[max of N] ~
+// sqrt(2 ln N) standard deviations late.
+double rank_skew_seconds(const DeviceSpec& d, int world, double compute_seconds) {
+  if (world <= 1 || d.rank_jitter <= 0 || compute_seconds <= 0) return 0;
+  return d.rank_jitter * std::sqrt(2.0 * std::log(static_cast<double>(world))) * std::sqrt(compute_seconds);
+}
+
+}  // namespace
 
 Simulation simulate_program(const StepProgram& prog, const Cluster& c, const TrainingConfig& t, bool timeline) {
   Simulation s;
@@ -97,8 +109,9 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
                 tc = std::max(tc, done[static_cast<size_t>(k)]);
               }
             const double start = tc;
-            tc += seconds[static_cast<size_t>(in.event)];
-            s.compute_seconds += seconds[static_cast<size_t>(in.event)];
+            const double busy = with_contention(seconds[static_cast<size_t>(in.event)], start, tm, c.device.comm_slowdown);
+            tc += busy;
+            s.compute_seconds += busy;
             if (ev.phase != Phase::recompute && ev.phase != Phase::optimizer) s.model_flops += ev.flops;
             if (timeline) {
               Span sp;
@@ -120,6 +133,11 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
   for (micro = 0; micro < A; ++micro) runner.run_micro_batch(micro == 0, micro == A - 1, clocks);
   s.peak_bytes = runner.ledger().peak();
   s.step_seconds = std::max(tc, tm);  // the next step's forward waits for the last all-gathers
+  // The gradient synchronization lasts until the slowest rank arrives: the
+  // skew is communication time that nothing hides.
+  const double skew = rank_skew_seconds(c.device, c.world(), s.compute_seconds);
+  s.step_seconds += skew;
+  s.comm_seconds += skew;
   s.exposed_seconds = s.step_seconds - s.compute_seconds;
   const double peak = peak_flops(c.device, t.precision);
   s.mfu = s.step_seconds > 0 && peak > 0 ? s.model_flops / s.step_seconds / peak : 0;

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <sstream>
 
 using namespace dlplan;
@@ -224,6 +225,84 @@ TEST(Simulator, OverlapNeverMakesAStepSlowerThanSerial) {
     EXPECT_LE(sim.step_seconds, sim.compute_seconds + sim.comm_seconds + 1e-12) << to_string(s);
     EXPECT_GE(sim.step_seconds, std::max(sim.compute_seconds, sim.comm_seconds) - 1e-12) << to_string(s);
   }
+}
+
+TEST(Simulator, CollectivesSlowTheComputeTheyOverlap) {
+  // DDP on 4 ranks, tiny-gpt: every bucket's all-reduce overlaps backward.
+  // With comm_slowdown s, compute that runs beside a collective takes 1 + s
+  // times as long: the compute stream's busy time grows by at most s times
+  // the communication time, and not at all on one rank.
+  Model m = load_model("tiny-gpt");
+  TrainingConfig t = fp32(Strategy::ddp, 4);
+  t.bucket_mb = 0.05;
+  Cluster c = toy_cluster(4);
+  c.device.link_bytes_per_s = 1e8;
+  const Simulation base = simulate_step(m, c, t);
+  c.device.comm_slowdown = 0.5;
+  const Simulation slowed = simulate_step(m, c, t);
+  EXPECT_GT(slowed.compute_seconds, base.compute_seconds);
+  EXPECT_LE(slowed.compute_seconds - base.compute_seconds, 0.5 * base.comm_seconds + 1e-12);
+  Cluster one = toy_cluster(1);
+  const double alone = simulate_step(m, one, t).compute_seconds;
+  one.device.comm_slowdown = 0.5;
+  EXPECT_DOUBLE_EQ(simulate_step(m, one, t).compute_seconds, alone);  // control: nothing to overlap
+}
+
+TEST(Simulator, RankSkewGrowsWithTheLogOfTheWorld) {
+  // rank_jitter j: the step ends j sqrt(2 ln N x compute) later (the expected
+  // maximum of N Gaussian drifts); nothing on one rank.
+  Model m = load_model("tiny-gpt");
+  TrainingConfig t = fp32(Strategy::ddp, 4);
+  for (int n : {1, 2, 8}) {
+    Cluster c = toy_cluster(n);
+    const Simulation base = simulate_step(m, c, t);
+    c.device.rank_jitter = 0.01;
+    const Simulation skewed = simulate_step(m, c, t);
+    const double want = n == 1 ? 0.0 : 0.01 * std::sqrt(2 * std::log(static_cast<double>(n)) * base.compute_seconds);
+    EXPECT_NEAR(skewed.step_seconds - base.step_seconds, want, 1e-12) << n;
+    EXPECT_NEAR(skewed.comm_seconds - base.comm_seconds, want, 1e-12) << n;  // waiting for the slowest rank
+  }
+}
+
+TEST(Simulator, KernelModelCostsGemmsAttentionAndMemoryOpsApart) {
+  // gpt2 on one H100: the step program records each op's GEMMs and attention
+  // core; the per-op-class model costs a linear by its GEMM curve (slower per
+  // FLOP than the large-GEMM ceiling), a layernorm by its bytes, and the
+  // causal flash core at its published throughput.
+  Cluster c;
+  c.device = find_device("h100-80g");
+  TrainingConfig t;
+  t.micro_batch = 8;
+  t.attention = AttentionImpl::flash;
+  const StepProgram prog = build_step_program(load_model("gpt2"), c, t);
+  int linears = 0, attentions = 0;
+  for (const ComputeEvent& e : prog.compute) {
+    if (e.phase != Phase::forward || e.node < 0) continue;
+    const double s = compute_event_seconds(e, c.device, t.precision);
+    if (e.name == "h.0.mlp.c_fc") {  // [8 x 1024, 768] x [768, 3072]
+      ++linears;
+      ASSERT_EQ(e.gemms.size(), 1u);
+      EXPECT_EQ(e.gemms[0].m, 8 * 1024);
+      EXPECT_EQ(e.gemms[0].n, 3072);
+      EXPECT_EQ(e.gemms[0].k, 768);
+      EXPECT_GT(s, e.flops / (c.device.bf16_flops * c.device.gemm_efficiency));
+    }
+    if (e.name == "h.0.attn") {
+      ++attentions;
+      EXPECT_EQ(e.attention.batch, 8 * 12);
+      EXPECT_EQ(e.attention.seq, 1024);
+      EXPECT_EQ(e.attention.head_dim, 64);
+      EXPECT_TRUE(e.attention.causal);
+      EXPECT_TRUE(e.attention.flash);
+      EXPECT_EQ(e.gemms.size(), 2u);  // QKV and output projections
+    }
+    if (e.name == "h.0.ln_1") {  // memory-bound: its bytes at the memory rate
+      EXPECT_TRUE(e.gemms.empty());
+      EXPECT_NEAR(s, c.device.op_overhead_s + e.bytes / (c.device.hbm_bytes_per_s * c.device.memory_efficiency), 1e-12);
+    }
+  }
+  EXPECT_EQ(linears, 1);
+  EXPECT_EQ(attentions, 1);
 }
 
 }  // namespace

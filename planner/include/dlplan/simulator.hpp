@@ -46,8 +46,14 @@ struct Simulation {
   int64_t peak_bytes = 0;      // the memory model's peak (the same walk)
 };
 
-// Seconds of one compute event on the device (roofline) and of one collective.
+// Seconds of one compute event on the device (gpu_time.cpp,
+// docs/gpu-time-model.md): the per-op-class GPU model where the device gives
+// its kernel figures (DeviceSpec::has_kernel_model), else the roofline.
 double compute_event_seconds(const ComputeEvent& e, const DeviceSpec& d, Precision p);
+// The model's curves, one kernel each (no launch overhead): a GEMM, and the
+// attention core (flash or math, as `a` says) in a forward or backward phase.
+double gemm_seconds(const GemmShape& g, const DeviceSpec& d, Precision p);
+double attention_core_seconds(const AttentionCore& a, Phase ph, const DeviceSpec& d, Precision p);
 
 Simulation simulate_step(const Model& m, const Cluster& c, const TrainingConfig& t);
 // `timeline` false: only the totals (no spans, no memory curve), for searches.
