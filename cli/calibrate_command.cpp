@@ -3,6 +3,7 @@
 // for `dlplan plan --cluster`.
 #include "commands.hpp"
 #include "dlplan/error.hpp"
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/calibrate.hpp"
 #include "dlplan/loader.hpp"
 

@@ -1,29 +1,50 @@
-// `dlplan models` and `dlplan gpus`.
+// `dlplan models` and `dlplan gpus` (--format table or json).
 #include "commands.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/format.hpp"
 #include "dlplan/hardware.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/output_file.hpp"
 #include "dlplan/zoo.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 
 namespace dlplan::cli {
 
 Runner add_list_commands(CLI::App& models, CLI::App& gpus) {
-  return [&models, &gpus]() {
+  auto models_format = std::make_shared<std::string>("table"), gpus_format = std::make_shared<std::string>("table");
+  models.add_option("--format", *models_format, "table or json")->capture_default_str()->check(CLI::IsMember({"table", "json"}));
+  gpus.add_option("--format", *gpus_format, "table or json")->capture_default_str()->check(CLI::IsMember({"table", "json"}));
+  return [&models, models_format, gpus_format]() {
     if (models.parsed()) {
-      fmt::print("{:<13} {:<7} {:>15}  {}\n", "name", "family", "parameters", "source");
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      if (*models_format == "table") fmt::print("{:<13} {:<7} {:>15}  {}\n", "name", "family", "parameters", "source");
       for (const auto& e : zoo::zoo_entries()) {
         Model m = load_model(e.name);
-        fmt::print("{:<13} {:<7} {:>15}  {}\n", e.name, e.family, format_count(m.parameter_count()), e.source);
+        if (*models_format == "table")
+          fmt::print("{:<13} {:<7} {:>15}  {}\n", e.name, e.family, format_count(m.parameter_count()), e.source);
+        else
+          list.push_back({{"name", e.name}, {"family", e.family}, {"params", m.parameter_count()},
+                          {"seq_len", tokens_per_sample(m)}, {"source", e.source}});
       }
+      if (*models_format == "json") fmt::print("{}\n", list.dump(2));
       return 0;
     }
-    (void)gpus;
+    if (*gpus_format == "json") {  // every field of the device description, as --cluster files hold it
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (const auto& d0 : device_catalog()) {
+        Cluster c;
+        c.device = d0.kind == "cpu" ? host_cpu_device() : d0;
+        list.push_back(cluster_to_json(c)["device"]);
+      }
+      fmt::print("{}\n", list.dump(2));
+      return 0;
+    }
     fmt::print("{:<10} {:>11} {:>10} {:>12} {:>11} {:>10} {:>10} {:>9}  {}\n", "kind", "memory", "HBM", "bf16 dense",
                "fp32", "link/GPU", "net/GPU", "runtime", "device");
     for (const auto& d0 : device_catalog()) {
@@ -37,19 +58,6 @@ Runner add_list_commands(CLI::App& models, CLI::App& gpus) {
   };
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw Error(fmt::format("{}: cannot write (does the folder exist?)", path));
-    f << text;
-    f.flush();
-    if (!f) throw Error(fmt::format("{}: write failed", path));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot replace the file", path));
-  }
-}
+void write_file_atomically(const std::string& path, const std::string& text) { write_output_file(path, text); }
 
 }  // namespace dlplan::cli

@@ -1,98 +1,127 @@
+// The strategy table and CSV. The header shows every setting that shapes the
+// numbers, defaults included; the memory unit is chosen per table (GiB, MiB
+// or KiB by the largest peak) so that a tiny model does not read 0.00.
 #include "report.hpp"
 
 #include "dlplan/format.hpp"
+#include "dlplan/loader.hpp"
 
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace dlplan::cli {
 namespace {
 
-double gib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
+struct Unit {
+  const char* name;
+  double bytes;
+};
+
+// The largest unit in which the biggest value reads at least 1.
+Unit unit_for(double largest, const std::array<Unit, 3>& units) {
+  for (const auto& u : units)
+    if (largest >= u.bytes) return u;
+  return units.back();
+}
+
+constexpr std::array<Unit, 3> kMemoryUnits = {{{"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024}, {"KiB", 1024.0}}};
+constexpr std::array<Unit, 3> kTrafficUnits = {{{"GB/step", 1e9}, {"MB/step", 1e6}, {"kB/step", 1e3}}};
+
+std::string number(double v) { return fmt::format("{:g}", v); }
+
+std::string seq_len_text(const PlanRequest& r) {
+  const int64_t t = tokens_per_sample(r.model);
+  if (t == 0) return "";
+  if (t == r.model_context) return fmt::format(", seq-len {} (the model's context)", t);
+  return fmt::format(", seq-len {} (the model's context: {})", t, r.model_context);
+}
 
 void print_header(const Planning& p) {
   const auto& r = p.request;
   const auto& t = r.training;
-  fmt::print("model    {} ({} parameters)\n", r.model.name, format_count(r.model.parameter_count()));
-  fmt::print("cluster  {} x {} ({} node{} x {}), {} per GPU\n", r.cluster.world(), r.cluster.device.kind,
-             r.cluster.nodes, r.cluster.nodes == 1 ? "" : "s", r.cluster.gpus_per_node,
-             format_bytes(static_cast<double>(device_capacity(r.cluster))));
+  const auto& o = t.optimizer;
+  fmt::print("model    {} ({} parameters){}\n", r.model.name, format_count(r.model.parameter_count()), seq_len_text(r));
+  fmt::print("cluster  {} x {} ({} node{} x {}{}), {} per GPU; fits = peak + runtime + {:.0f}% margin\n",
+             r.cluster.world(), r.cluster.device.kind, r.cluster.nodes, r.cluster.nodes == 1 ? "" : "s",
+             r.cluster.gpus_per_node, r.cluster_source.empty() ? "" : ", from " + r.cluster_source,
+             format_bytes(static_cast<double>(device_capacity(r.cluster))), kFragmentationMargin * 100);
   for (const auto& note : r.model.notes) fmt::print("note     {}\n", note);
   if (r.model.unaccounted_bytes > 0)
     fmt::print("note     {} per sample of activations from unmapped ops is NOT in the numbers below\n",
                format_bytes(static_cast<double>(r.model.unaccounted_bytes)));
-  fmt::print("training micro-batch {} x grad-accum {} x {} GPUs = global batch {}; {}, {}, checkpointing {}, attention {}\n\n",
-             t.micro_batch, t.grad_accum, r.cluster.world(), t.micro_batch * t.grad_accum * r.cluster.world(),
-             to_string(t.precision), to_string(t.optimizer.kind), to_string(t.checkpointing), to_string(t.attention));
+  if (r.max_micro_batch)
+    fmt::print("training micro-batch max (per strategy, below){} x {} GPUs; {}, checkpointing {}, attention {}\n",
+               r.global_batch > 0 ? fmt::format(" for global batch {}", r.global_batch)
+                                  : fmt::format(" x grad-accum {}", t.grad_accum),
+               r.cluster.world(), to_string(t.precision), to_string(t.checkpointing), to_string(t.attention));
+  else
+    fmt::print("training micro-batch {} x grad-accum {} x {} GPUs = global batch {}; {}, checkpointing {}, attention {}\n",
+               t.micro_batch, t.grad_accum, r.cluster.world(), t.micro_batch * t.grad_accum * r.cluster.world(),
+               to_string(t.precision), to_string(t.checkpointing), to_string(t.attention));
+  std::string opt = fmt::format("{} lr {}", to_string(o.kind), number(o.lr));
+  if (o.warmup_steps > 0) opt += fmt::format(" after {} warm-up steps", o.warmup_steps);
+  opt += fmt::format(", cosine to min-lr {}", number(o.min_lr));
+  if (o.kind == OptimizerKind::adamw) opt += fmt::format(", betas {},{}, eps {}", number(o.beta1), number(o.beta2), number(o.eps));
+  if (o.kind == OptimizerKind::sgd_momentum) opt += fmt::format(", momentum {}", number(o.momentum));
+  opt += fmt::format(", weight-decay {}, clip-norm {}", number(o.weight_decay), o.clip_norm > 0 ? number(o.clip_norm) : "off");
+  fmt::print("         {}\n", opt);
+  fmt::print("         bucket {} MiB (ddp, zero1), prefetch {} unit{} (zero3)\n\n", number(t.bucket_mb), t.prefetch,
+             t.prefetch == 1 ? "" : "s");
 }
 
 }  // namespace
 
 void print_table(const Planning& p) {
   print_header(p);
-  fmt::print("{:<9}{:>8}{:>8}{:>8}{:>8}{:>9}{:>8}{:>8}{:>8}{:>9}  {:<5}{:>9}{:>10}{:>11}{:>10}{:>7}\n", "", "params",
-             "grads", "optim", "activ", "gathered", "comm", "wkspace", "peak", "+runtime", "fits", "comm", "comm",
-             "compute", "step", "MFU");
-  fmt::print("{:<9}{:>8}{:>8}{:>8}{:>8}{:>9}{:>8}{:>8}{:>8}{:>9}  {:<5}{:>9}{:>10}{:>11}{:>10}{:>7}\n", "strategy", "GiB",
-             "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "GiB", "", "GB/step", "ms", "ms", "ms", "%");
+  int64_t largest = 1;
+  double traffic = 0;
+  for (const auto& r : p.results) {
+    largest = std::max(largest, r.walk.peak);
+    traffic = std::max(traffic, r.comm.bytes);
+  }
+  const Unit mem = unit_for(static_cast<double>(largest), kMemoryUnits);
+  const Unit net = unit_for(traffic, kTrafficUnits);
+  const bool batch = p.request.max_micro_batch;
+  // "comm-buf" is the memory of communication buffers; "traffic" what a GPU
+  // sends per step; "comm" the communication stream's busy time.
+  const std::string b1 = batch ? fmt::format("{:>7}{:>6}", "micro", "accum") : "";
+  const std::string b2 = batch ? fmt::format("{:>7}{:>6}", "batch", "") : "";
+  fmt::print("{:<9}{}{:>8}{:>8}{:>8}{:>8}{:>9}{:>9}{:>8}{:>8}{:>9}  {:<5}{:>9}{:>9}{:>10}{:>9}{:>7}\n", "", b1, "params",
+             "grads", "optim", "activ", "gathered", "comm-buf", "wkspace", "peak", "+runtime", "fits", "traffic",
+             "comm", "compute", "step", "MFU");
+  fmt::print("{:<9}{}{:>8}{:>8}{:>8}{:>8}{:>9}{:>9}{:>8}{:>8}{:>9}  {:<5}{:>9}{:>9}{:>10}{:>9}{:>7}\n", "strategy", b2,
+             mem.name, mem.name, mem.name, mem.name, mem.name, mem.name, mem.name, mem.name, mem.name, "", net.name,
+             "ms", "ms", "ms", "%");
+  auto m_ = [&](int64_t b) { return static_cast<double>(b) / mem.bytes; };
   for (const auto& r : p.results) {
     const auto& m = r.walk.at_peak;
-    fmt::print("{:<9}{:>8.2f}{:>8.2f}{:>8.2f}{:>8.2f}{:>9.2f}{:>8.2f}{:>8.2f}{:>8.2f}{:>9.2f}  {:<5}{:>9.2f}{:>10.1f}{:>11.1f}{:>10.1f}{:>7.1f}\n",
-               to_string(r.strategy), gib(m[0]), gib(m[1]), gib(m[2]), gib(m[3]), gib(m[4]), gib(m[5]), gib(m[6]),
-               gib(r.walk.peak), gib(r.runtime_bytes), r.fits ? "yes" : "NO", r.comm.bytes / 1e9, r.comm.seconds * 1e3,
-               r.compute_seconds * 1e3, r.step_seconds * 1e3, r.mfu * 100);
+    const std::string bb =
+        batch ? fmt::format("{:>7}{:>6}", r.training.micro_batch, r.training.grad_accum) : "";
+    fmt::print("{:<9}{}{:>8.2f}{:>8.2f}{:>8.2f}{:>8.2f}{:>9.2f}{:>9.2f}{:>8.2f}{:>8.2f}{:>9.2f}  {:<5}{:>9.2f}{:>9.1f}{:>10.1f}{:>9.1f}{:>7.1f}\n",
+               to_string(r.strategy), bb, m_(m[0]), m_(m[1]), m_(m[2]), m_(m[3]), m_(m[4]), m_(m[5]), m_(m[6]),
+               m_(r.walk.peak), m_(r.runtime_bytes), r.fits ? "yes" : "NO", r.comm.bytes / net.bytes,
+               r.comm.seconds * 1e3, r.compute_seconds * 1e3, r.step_seconds * 1e3, r.mfu * 100);
   }
-  fmt::print("\nMemory per GPU at the step's peak. Fits: peak + runtime + {:.0f}% fragmentation margin <= {}.\n",
+  fmt::print("\nMemory per GPU at the step's peak (comm-buf: communication buffers). Fits: peak + runtime + {:.0f}% "
+             "fragmentation margin <= {}.\n",
              kFragmentationMargin * 100, format_bytes(static_cast<double>(device_capacity(p.request.cluster))));
-  fmt::print("Times from the step simulator: communication overlaps compute where the strategy allows;\n"
-             "step = compute + the communication compute waits for (dlplan sim, --timeline for the chart).\n\n");
-  if (p.recommendation.strategy)
-    fmt::print("Recommendation: {}{}\n", to_string(*p.recommendation.strategy), p.recommendation.syncbn ? " with SyncBN" : "");
-  else
-    fmt::print("Recommendation: none fits\n");
-  for (const auto& reason : p.recommendation.reasons) fmt::print("  - {}\n", reason);
-  fmt::print("\nSyncBatchNorm: {}\n", p.syncbn.reason);
-  if (p.syncbn.applicable)
-    fmt::print("  Cost: {} BN layers x (all-gather of 2C+1 + all-reduce of 2C floats) over {} GPU{}: {} per step{}\n",
-               p.syncbn.bn_layers, p.syncbn.group_size, p.syncbn.group_size == 1 ? "" : "s", format_seconds(p.syncbn.seconds),
-               p.syncbn.share > 0 ? fmt::format(" ({:.1f}% of the step)", p.syncbn.share * 100) : "");
+  fmt::print("Traffic: bytes one GPU sends per step. Times from the step simulator: communication overlaps compute\n"
+             "where the strategy allows; step = compute + the communication compute waits for (dlplan sim, --timeline).\n\n");
+  for (const auto& line : recommendation_lines(p)) fmt::print("{}\n", line);
 }
 
 void print_csv(const Planning& p) {
   fmt::print("strategy,params_bytes,grads_bytes,optimizer_bytes,activations_bytes,gathered_bytes,comm_bytes,"
              "workspace_bytes,peak_bytes,runtime_bytes,fits,comm_bytes_per_step,comm_seconds,compute_seconds,"
-             "step_seconds,mfu,recommended\n");
+             "step_seconds,mfu,recommended,micro_batch,grad_accum\n");
   for (const auto& r : p.results) {
     const auto& m = r.walk.at_peak;
     bool rec = p.recommendation.strategy && *p.recommendation.strategy == r.strategy;
-    fmt::print("{},{},{},{},{},{},{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.4f},{}\n", to_string(r.strategy), m[0], m[1],
-               m[2], m[3], m[4], m[5], m[6], r.walk.peak, r.runtime_bytes, r.fits, r.comm.bytes, r.comm.seconds,
-               r.compute_seconds, r.step_seconds, r.mfu, rec);
+    fmt::print("{},{},{},{},{},{},{},{},{},{},{},{:.0f},{:.6g},{:.6g},{:.6g},{:.4f},{},{},{}\n", to_string(r.strategy), m[0],
+               m[1], m[2], m[3], m[4], m[5], m[6], r.walk.peak, r.runtime_bytes, r.fits, r.comm.bytes, r.comm.seconds,
+               r.compute_seconds, r.step_seconds, r.mfu, rec, r.training.micro_batch, r.training.grad_accum);
   }
-}
-
-void print_explain(const Planning& p) {
-  const StrategyResult* r = p.chosen();
-  if (!r) r = &p.results.back();
-  const auto& w = r->walk;
-  std::string at = "the step";
-  if (w.peak_event >= 0 && w.peak_event < static_cast<int>(w.compute.size()))
-    at = fmt::format("{} of '{}'", to_string(w.compute[static_cast<size_t>(w.peak_event)].phase),
-                     w.compute[static_cast<size_t>(w.peak_event)].name);
-  fmt::print("\nPeak of {}: {} during {}. Tensors alive then, largest first:\n", to_string(r->strategy),
-             format_bytes(static_cast<double>(w.peak)), at);
-  fmt::print("  {:>11}  {:<12} {:<44} {}\n", "bytes", "category", "tensor", "held by");
-  size_t shown = 0;
-  int64_t rest = 0;
-  for (const auto& t : w.peak_tensors) {
-    if (shown < 25) {
-      fmt::print("  {:>11}  {:<12} {:<44} {}\n", format_bytes(static_cast<double>(t.bytes)), to_string(t.category), t.what, t.holder);
-      ++shown;
-    } else {
-      rest += t.bytes;
-    }
-  }
-  if (w.peak_tensors.size() > shown)
-    fmt::print("  ... and {} smaller tensors, {} in all\n", w.peak_tensors.size() - shown, format_bytes(static_cast<double>(rest)));
 }
 
 }  // namespace dlplan::cli

@@ -1,4 +1,5 @@
-// Printing a Planning: the strategy table, CSV, and the --explain listing.
+// Printing a Planning: the strategy table (with the recommendation) and CSV.
+// --explain's text and JSON come from the planner (dlplan/explain.hpp).
 #pragma once
 
 #include "dlplan/planner.hpp"
@@ -7,6 +8,5 @@ namespace dlplan::cli {
 
 void print_table(const Planning& p);
 void print_csv(const Planning& p);
-void print_explain(const Planning& p);
 
 }  // namespace dlplan::cli

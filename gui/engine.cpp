@@ -15,16 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-Cluster make_cluster(const Inputs& in) {
-  Cluster c;
-  if (!in.cluster_file.empty()) c = load_cluster_file(in.cluster_file);
-  else c.device = find_device(in.gpu);
-  if (in.nodes <= 0 || in.gpus_per_node <= 0) throw Error("nodes and GPUs per node must be positive");
-  c.nodes = in.nodes;
-  c.gpus_per_node = in.gpus_per_node;
-  return c;
-}
-
 }  // namespace
 
 std::vector<int> sweep_gpu_counts() {
@@ -34,46 +24,49 @@ std::vector<int> sweep_gpu_counts() {
 }
 
 std::shared_ptr<const Model> Engine::model(const Inputs& in) {
+  return model(in.model, ImportOptions{std::max<int64_t>(in.micro_batch, 1), std::max<int64_t>(in.seq_len, 0)});
+}
+
+std::shared_ptr<const Model> Engine::model(const std::string& name, const ImportOptions& opt) {
   // ONNX symbolic dimensions take the micro-batch and sequence length, as the CLI does.
-  const std::string key = fmt::format("{}\n{}\n{}", in.model, in.seq_len, in.micro_batch);
+  const std::string key = fmt::format("{}\n{}\n{}", name, opt.seq_len, opt.micro_batch);
   {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   }
-  Model m = load_model(in.model, ImportOptions{std::max<int64_t>(in.micro_batch, 1), std::max<int64_t>(in.seq_len, 0)});
-  if (in.seq_len > 0) m = with_seq_len(m, in.seq_len);
-  auto shared = std::make_shared<const Model>(std::move(m));
+  auto shared = std::make_shared<const Model>(load_model(name, opt));
   std::lock_guard lock(mu_);
   if (cache_.size() > 16) cache_.clear();
   cache_[key] = shared;
   return shared;
 }
 
+RequestFlags Engine::flags(const Inputs& in) {
+  RequestFlags f;
+  f.model = in.model;
+  if (in.cluster_file.empty()) f.gpu = in.gpu;
+  f.cluster_file = in.cluster_file;
+  f.gpus = static_cast<int64_t>(in.nodes) * in.gpus_per_node;
+  f.nodes = in.nodes;
+  f.micro_batch = in.micro_batch;
+  if (in.use_global_batch) f.global_batch = in.global_batch;
+  else f.grad_accum = in.grad_accum;
+  if (in.seq_len > 0) f.seq_len = in.seq_len;
+  f.precision = in.precision;
+  f.optimizer = in.optimizer;
+  f.checkpointing = in.checkpointing;
+  f.attention = in.attention;
+  f.syncbn = in.syncbn;
+  if (in.forced) f.strategy = to_string(*in.forced);
+  f.bucket_mb = in.bucket_mb;
+  f.prefetch = in.prefetch;
+  f.lr = in.lr;
+  f.explain = in.explain;
+  return f;
+}
+
 PlanRequest Engine::request(const Inputs& in) {
-  // Mirrors cli/plan_command.cpp make_request().
-  PlanRequest r;
-  r.cluster = make_cluster(in);
-  r.model = *model(in);
-  auto& t = r.training;
-  t.precision = in.precision.empty() ? (r.cluster.device.kind == "cpu" ? Precision::fp32 : Precision::bf16_mixed)
-                                     : parse_precision(in.precision);
-  t.optimizer.kind = parse_optimizer(in.optimizer);
-  if (t.optimizer.kind != OptimizerKind::adamw) t.optimizer.weight_decay = 0.0;
-  t.checkpointing = parse_checkpointing(in.checkpointing);
-  t.attention = parse_attention(in.attention);
-  t.micro_batch = in.micro_batch;
-  if (t.micro_batch <= 0) throw Error(fmt::format("micro-batch must be positive, got {}", t.micro_batch));
-  const int64_t N = r.cluster.world();
-  if (in.use_global_batch) {
-    if (in.global_batch <= 0 || in.global_batch % (t.micro_batch * N) != 0)
-      throw Error(fmt::format("global batch {} is not a multiple of micro-batch {} x {} GPUs = {}", in.global_batch,
-                              t.micro_batch, N, t.micro_batch * N));
-    t.grad_accum = in.global_batch / (t.micro_batch * N);
-  }
-  r.forced = in.forced;
-  r.syncbn = parse_syncbn_mode(in.syncbn);
-  r.explain = in.explain;
-  return r;
+  return build_request(flags(in), [this](const std::string& name, const ImportOptions& opt) { return *model(name, opt); });
 }
 
 Results Engine::compute(const Inputs& in) {
@@ -141,6 +134,7 @@ Engine::LocalPlan Engine::local_plan(const Inputs& in, Strategy s, int ranks) {
   local.gpus_per_node = ranks;
   local.precision.clear();  // fp32, the only precision of the cpu device
   local.use_global_batch = false;
+  local.grad_accum = 1;
   local.forced = s;
   local.explain = false;
   const Planning p = plan(request(local));

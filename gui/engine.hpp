@@ -8,6 +8,7 @@
 
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
+#include "dlplan/request.hpp"
 #include "dlplan/simulator.hpp"
 
 #include <array>
@@ -21,7 +22,9 @@
 
 namespace dlplan::gui {
 
-// The window's inputs; defaults mirror `dlplan plan` (cli/plan_command.cpp).
+// The window's inputs, named as `dlplan plan`'s flags; Engine::request turns
+// them into RequestFlags for build_request, the planner's one request
+// builder, so the defaults and checks are the CLI's.
 struct Inputs {
   std::string model = "gpt2";        // zoo name or a file (IR JSON, ONNX, HF config.json)
   std::string gpu = "h100-80g";      // catalog kind; ignored when cluster_file is set
@@ -31,12 +34,16 @@ struct Inputs {
   bool use_global_batch = false;     // global_batch sets grad_accum, as --global-batch
   int64_t micro_batch = 1;
   int64_t global_batch = 0;
+  int64_t grad_accum = 1;            // with a micro-batch (a global batch sets it)
   int64_t seq_len = 0;               // 0: the model's own length
   std::string precision;             // "": bf16-mixed (fp32 on cpu)
   std::string optimizer = "adamw";
   std::string checkpointing = "none";
   std::string attention = "math";
   std::string syncbn = "auto";
+  double bucket_mb = 25.0;           // DDP / ZeRO-1 gradient buckets, MiB
+  int prefetch = 1;                  // ZeRO-3 units gathered ahead
+  double lr = kDefaultLr;            // written into a saved plan
   std::optional<Strategy> forced;    // --strategy
   std::optional<Strategy> show;      // the row the timeline, Gantt and tensors show (default: recommended, else the last)
   bool explain = true;               // the shown row's tensors at the peak
@@ -84,8 +91,10 @@ class Engine {
   // micro_batch for ONNX symbolic dims). Throws dlplan::Error naming the file
   // and node.
   std::shared_ptr<const Model> model(const Inputs& in);
-  // The request `dlplan plan` would build from the same flags.
+  std::shared_ptr<const Model> model(const std::string& name, const ImportOptions& opt);
+  // The request `dlplan plan` would build from the same flags (build_request).
   PlanRequest request(const Inputs& in);
+  static RequestFlags flags(const Inputs& in);
   // plan (every strategy) + the shown row's tensors at the peak and simulation.
   Results compute(const Inputs& in);
   // The sweep over GPU counts with everything else as in `in`. With a global

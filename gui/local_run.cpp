@@ -1,11 +1,11 @@
 #include "local_run.hpp"
 
+#include "dlplan/plan_io.hpp"
+
 #include <QCoreApplication>
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
-#include <QJsonDocument>
-#include <QJsonObject>
 #include <QProcessEnvironment>
 #include <QStandardPaths>
 
@@ -105,17 +105,13 @@ void LocalRun::readStdout() {
     const QByteArray line = buffer_.left(nl).trimmed();
     buffer_.remove(0, nl + 1);
     if (line.isEmpty()) continue;
-    QJsonParseError err{};
-    const QJsonDocument doc = QJsonDocument::fromJson(line, &err);
-    if (err.error != QJsonParseError::NoError || !doc.isObject() || !doc.object().contains(QLatin1String("step"))) {
+    const auto p = progress_line_from_json(std::string_view(line.constData(), static_cast<size_t>(line.size())));
+    if (!p) {  // not a progress line (the planner's document library checks every field)
       emit outputLine(QString::fromUtf8(line));
       continue;
     }
-    const QJsonObject o = doc.object();
-    emit progress(o.value(QLatin1String("step")).toInt(), o.value(QLatin1String("steps")).toInt(),
-                  o.value(QLatin1String("loss")).toDouble(),
-                  static_cast<qint64>(o.value(QLatin1String("peak_bytes")).toDouble()),
-                  o.value(QLatin1String("step_seconds")).toDouble());
+    emit progress(static_cast<int>(p->step), static_cast<int>(p->steps), p->loss, static_cast<qint64>(p->peak_bytes),
+                  p->step_seconds);
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include "dlplan/format.hpp"
 #include "dlplan/hardware.hpp"
+#include "dlplan/loader.hpp"
+#include "dlplan/request.hpp"
 #include "dlplan/zoo.hpp"
 
 #include <QComboBox>
@@ -25,6 +27,8 @@
 #include <QTextBrowser>
 #include <QToolButton>
 #include <QVBoxLayout>
+
+#include <tuple>
 
 namespace dlplan::gui {
 namespace {
@@ -210,6 +214,10 @@ QWidget* MainWindow::buildInputs() {
   batch_->setRange(1, 1 << 24);
   f->addRow(tr("Batch given as"), batchMode_);
   f->addRow(tr("Batch"), batch_);
+  gradAccum_ = new QSpinBox(box);
+  gradAccum_->setRange(1, 1 << 16);
+  gradAccum_->setToolTip(tr("Micro-batches accumulated per step (--grad-accum); a global batch sets it"));
+  f->addRow(tr("Grad accumulation"), gradAccum_);
   seqLen_ = new QSpinBox(box);
   seqLen_->setRange(0, 1 << 20);
   seqLen_->setSpecialValueText(tr("model's own"));
@@ -227,11 +235,29 @@ QWidget* MainWindow::buildInputs() {
   f->addRow(tr("Attention"), attention_);
   f->addRow(tr("SyncBN"), syncbn_);
   f->addRow(tr("Strategy"), strategy_);
+  bucketMb_ = new QDoubleSpinBox(box);
+  bucketMb_->setRange(0.25, 1 << 20);
+  bucketMb_->setDecimals(2);
+  bucketMb_->setSuffix(tr(" MiB"));
+  bucketMb_->setToolTip(tr("DDP / ZeRO-1 gradient bucket size (--bucket-mb)"));
+  prefetch_ = new QSpinBox(box);
+  prefetch_->setRange(0, 1024);
+  prefetch_->setToolTip(tr("ZeRO-3 units gathered ahead of the one computing (--prefetch)"));
+  lr_ = new QDoubleSpinBox(box);
+  lr_->setRange(1e-7, 10);
+  lr_->setDecimals(7);
+  lr_->setSingleStep(1e-4);
+  lr_->setToolTip(tr("Peak learning rate written into a saved plan (--lr)"));
+  f->addRow(tr("Bucket"), bucketMb_);
+  f->addRow(tr("Prefetch"), prefetch_);
+  f->addRow(tr("Learning rate"), lr_);
 
   for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, syncbn_, strategy_})
     connect(c, &QComboBox::currentIndexChanged, this, &MainWindow::inputsEdited);
-  for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, seqLen_})
+  for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_})
     connect(s, &QSpinBox::valueChanged, this, &MainWindow::inputsEdited);
+  for (QDoubleSpinBox* s : {bucketMb_, lr_})
+    connect(s, &QDoubleSpinBox::valueChanged, this, &MainWindow::inputsEdited);
 
   auto* save = new QPushButton(tr("Save plan…"), box);
   connect(save, &QPushButton::clicked, this, &MainWindow::savePlanInteractive);
@@ -272,7 +298,12 @@ void MainWindow::fillControls(const Inputs& in) {
   gpusPerNode_->setValue(in.gpus_per_node);
   batchMode_->setCurrentIndex(in.use_global_batch ? 1 : 0);
   batch_->setValue(static_cast<int>(in.use_global_batch ? in.global_batch : in.micro_batch));
+  gradAccum_->setValue(static_cast<int>(in.grad_accum));
+  gradAccum_->setEnabled(!in.use_global_batch);
   seqLen_->setValue(static_cast<int>(in.seq_len));
+  bucketMb_->setValue(in.bucket_mb);
+  prefetch_->setValue(in.prefetch);
+  lr_->setValue(in.lr);
   precision_->setCurrentIndex(in.precision.empty() ? 0 : precision_->findText(qs(in.precision)));
   setComboText(optimizer_, qs(in.optimizer));
   setComboText(checkpointing_, qs(in.checkpointing));
@@ -297,7 +328,12 @@ void MainWindow::readControls() {
   in.use_global_batch = global;
   if (global) in.global_batch = batch_->value();
   else in.micro_batch = batch_->value();
+  in.grad_accum = gradAccum_->value();
+  gradAccum_->setEnabled(!global);
   in.seq_len = seqLen_->value();
+  in.bucket_mb = bucketMb_->value();
+  in.prefetch = prefetch_->value();
+  in.lr = lr_->value();
   in.precision = precision_->currentIndex() == 0 ? std::string() : precision_->currentText().toStdString();
   in.optimizer = optimizer_->currentText().toStdString();
   in.checkpointing = checkpointing_->currentText().toStdString();
@@ -347,6 +383,13 @@ void MainWindow::chooseClusterFile() {
   const QString path = QFileDialog::getOpenFileName(this, tr("Cluster description"), {}, tr("JSON (*.json);;All files (*)"));
   Inputs next = inputs_;
   next.cluster_file = path.toStdString();
+  try {  // the file's topology, as `dlplan plan --cluster FILE` keeps it
+    if (!path.isEmpty())
+      if (auto shape = cluster_file_topology(next.cluster_file)) std::tie(next.nodes, next.gpus_per_node) = *shape;
+  } catch (const std::exception& e) {
+    showError(QString::fromStdString(e.what()));
+    return;
+  }
   setInputs(next);
 }
 
@@ -368,12 +411,19 @@ void MainWindow::showResults(quint64 generation) {
   const auto& p = r->planning;
   const auto& req = p.request;
   const auto& t = req.training;
-  QString html = tr("<b>%1</b> (%2 parameters) on %3 × %4 (%5 node%6 × %7), %8 per GPU; global batch %9 = %10 × %11 × %3<br>")
+  const int64_t tokens = tokens_per_sample(req.model);
+  QString html = tr("<b>%1</b> (%2 parameters) on %3 × %4 (%5 node%6 × %7), %8 per GPU; global batch %9 = %10 × %11 × %3")
                      .arg(qs(req.model.name).toHtmlEscaped(), qs(format_count(req.model.parameter_count())))
                      .arg(req.cluster.world()).arg(qs(req.cluster.device.kind)).arg(req.cluster.nodes)
                      .arg(req.cluster.nodes == 1 ? QString() : QStringLiteral("s")).arg(req.cluster.gpus_per_node)
                      .arg(qs(format_bytes(static_cast<double>(r->capacity_bytes))))
                      .arg(t.micro_batch * t.grad_accum * req.cluster.world()).arg(t.micro_batch).arg(t.grad_accum);
+  if (tokens > 0) html += tr("; seq-len %1").arg(tokens) + (tokens == req.model_context ? tr(" (the model's context)") : QString());
+  html += tr("; %1, %2 lr %3, bucket %4 MiB, prefetch %5<br>")
+              .arg(qs(to_string(t.precision)), qs(to_string(t.optimizer.kind)))
+              .arg(t.optimizer.lr)
+              .arg(t.bucket_mb)
+              .arg(t.prefetch);
   html += recommendationText().toHtmlEscaped().replace(QLatin1Char('\n'), QStringLiteral("<br>"));
   for (const auto& note : req.model.notes) html += QStringLiteral("<br><i>note: %1</i>").arg(qs(note).toHtmlEscaped());
   advice_->setHtml(html);
@@ -385,16 +435,10 @@ void MainWindow::showResults(quint64 generation) {
 QString MainWindow::recommendationText() const {
   const Results* r = strategyModel_.results();
   if (!r) return {};
-  const auto& p = r->planning;
-  QString s = p.recommendation.strategy
-                  ? tr("Recommendation: %1%2").arg(qs(to_string(*p.recommendation.strategy)), p.recommendation.syncbn ? tr(" with SyncBN") : QString())
-                  : tr("Recommendation: none fits");
-  for (const auto& reason : p.recommendation.reasons) s += QStringLiteral("\n  - ") + qs(reason);
-  s += tr("\nSyncBatchNorm: %1").arg(qs(p.syncbn.reason));
-  if (p.syncbn.applicable)
-    s += tr(" Cost: %1 BN layers over %2 GPU(s), %3 per step.").arg(p.syncbn.bn_layers).arg(p.syncbn.group_size)
-             .arg(qs(format_seconds(p.syncbn.seconds)));
-  return s;
+  QStringList lines;  // the planner's sentences, as the CLI prints them
+  for (const auto& line : recommendation_lines(r->planning)) lines << qs(line);
+  while (!lines.isEmpty() && lines.back().isEmpty()) lines.removeLast();
+  return lines.join(QLatin1Char('\n'));
 }
 
 void MainWindow::selectStrategyRow(int row) {

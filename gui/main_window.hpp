@@ -14,6 +14,7 @@
 #include <QMap>
 
 class QComboBox;
+class QDoubleSpinBox;
 class QLabel;
 class QPlainTextEdit;
 class QPushButton;
@@ -105,7 +106,9 @@ class MainWindow : public QMainWindow {
   QComboBox *modelCombo_ = nullptr, *gpuCombo_ = nullptr, *batchMode_ = nullptr, *precision_ = nullptr,
             *optimizer_ = nullptr, *checkpointing_ = nullptr, *attention_ = nullptr, *syncbn_ = nullptr,
             *strategy_ = nullptr;
-  QSpinBox *nodes_ = nullptr, *gpusPerNode_ = nullptr, *batch_ = nullptr, *seqLen_ = nullptr, *steps_ = nullptr;
+  QSpinBox *nodes_ = nullptr, *gpusPerNode_ = nullptr, *batch_ = nullptr, *gradAccum_ = nullptr, *seqLen_ = nullptr,
+           *prefetch_ = nullptr, *steps_ = nullptr;
+  QDoubleSpinBox *bucketMb_ = nullptr, *lr_ = nullptr;
   QLabel *clusterLabel_ = nullptr, *status_ = nullptr, *runStatus_ = nullptr;
   QPushButton *clusterButton_ = nullptr, *runButton_ = nullptr, *cancelButton_ = nullptr;
   QTableView* table_ = nullptr;

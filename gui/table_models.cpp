@@ -6,6 +6,7 @@
 #include <QColor>
 #include <QFont>
 
+#include <algorithm>
 #include <cmath>
 
 namespace dlplan::gui {
@@ -18,6 +19,20 @@ QString fixed(double v, int decimals) { return QString::number(v, 'f', decimals)
 
 const char* kCategoryTitles[kCategories] = {"params", "grads", "optim", "activ", "gathered", "comm", "wkspace"};
 
+// A unit per table, as the CLI's: the largest in which the biggest value
+// reads at least 1, so a tiny model does not read 0.00.
+struct Unit {
+  const char* name;
+  double size;
+};
+Unit unitFor(double largest, const Unit (&units)[3]) {
+  for (const Unit& u : units)
+    if (largest >= u.size) return u;
+  return units[2];
+}
+constexpr Unit kMemoryUnits[3] = {{"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024}, {"KiB", 1024.0}};
+constexpr Unit kTrafficUnits[3] = {{"GB/step", 1e9}, {"MB/step", 1e6}, {"kB/step", 1e3}};
+
 }  // namespace
 
 // ---- StrategyTableModel -------------------------------------------------------
@@ -29,11 +44,28 @@ void StrategyTableModel::setResults(std::shared_ptr<const Results> r) {
     results_ = std::move(r);
     emit dataChanged(index(0, 0), index(after - 1, ColumnCount - 1));
     emit headerDataChanged(Qt::Vertical, 0, after - 1);
+    emit headerDataChanged(Qt::Horizontal, 0, ColumnCount - 1);  // the units may change
   } else {
     beginResetModel();
     results_ = std::move(r);
     endResetModel();
   }
+}
+
+std::pair<QString, double> StrategyTableModel::memoryUnit() const {
+  double largest = 0;
+  if (results_)
+    for (const auto& r : results_->planning.results) largest = std::max(largest, static_cast<double>(r.walk.peak));
+  const Unit u = unitFor(largest, kMemoryUnits);
+  return {QString::fromLatin1(u.name), u.size};
+}
+
+std::pair<QString, double> StrategyTableModel::trafficUnit() const {
+  double largest = 0;
+  if (results_)
+    for (const auto& r : results_->planning.results) largest = std::max(largest, r.comm.bytes);
+  const Unit u = unitFor(largest, kTrafficUnits);
+  return {QString::fromLatin1(u.name), u.size};
 }
 
 double StrategyTableModel::capacityGiB() const { return results_ ? toGiB(static_cast<double>(results_->capacity_bytes)) : 0; }
@@ -63,16 +95,15 @@ QVariant StrategyTableModel::data(const QModelIndex& index, int role) const {
   if (role == Qt::ToolTipRole && c == Strategy && recommended) return tr("recommended");
   if (role != Qt::DisplayRole && role != kRawRole) return {};
   const bool raw = role == kRawRole;
-  if (c >= Params && c <= Workspace) {
-    const int64_t b = r.walk.at_peak[static_cast<size_t>(c - Params)];
-    return raw ? QVariant::fromValue<qint64>(b) : QVariant(fixed(toGiB(static_cast<double>(b)), 2));
-  }
+  const double mem = memoryUnit().second;
+  auto bytes = [&](int64_t b) { return raw ? QVariant::fromValue<qint64>(b) : QVariant(fixed(static_cast<double>(b) / mem, 2)); };
+  if (c >= Params && c <= Workspace) return bytes(r.walk.at_peak[static_cast<size_t>(c - Params)]);
   switch (c) {
     case Strategy: return QString::fromStdString(to_string(r.strategy)) + (recommended && !raw ? QStringLiteral(" ★") : QString());
-    case Runtime: return raw ? QVariant::fromValue<qint64>(r.runtime_bytes) : QVariant(fixed(toGiB(static_cast<double>(r.runtime_bytes)), 2));
-    case Peak: return raw ? QVariant::fromValue<qint64>(r.walk.peak) : QVariant(fixed(toGiB(static_cast<double>(r.walk.peak)), 2));
+    case Runtime: return bytes(r.runtime_bytes);
+    case Peak: return bytes(r.walk.peak);
     case Fits: return raw ? QVariant(r.fits) : QVariant(r.fits ? tr("yes") : tr("NO"));
-    case CommGB: return raw ? QVariant(r.comm.bytes) : QVariant(fixed(r.comm.bytes / 1e9, 2));
+    case CommGB: return raw ? QVariant(r.comm.bytes) : QVariant(fixed(r.comm.bytes / trafficUnit().second, 2));
     case CommMs: return raw ? QVariant(r.comm.seconds) : QVariant(fixed(r.comm.seconds * 1e3, 1));
     case ComputeMs: return raw ? QVariant(r.compute_seconds) : QVariant(fixed(r.compute_seconds * 1e3, 1));
     case StepMs: return raw ? QVariant(r.step_seconds) : QVariant(fixed(r.step_seconds * 1e3, 1));
@@ -84,10 +115,21 @@ QVariant StrategyTableModel::data(const QModelIndex& index, int role) const {
 QVariant StrategyTableModel::headerData(int section, Qt::Orientation o, int role) const {
   if (role != Qt::DisplayRole) return QAbstractTableModel::headerData(section, o, role);
   if (o == Qt::Vertical) return section + 1;
-  static const char* names[ColumnCount] = {"strategy", "params\nGiB", "grads\nGiB", "optim\nGiB", "activ\nGiB",
-                                           "gathered\nGiB", "comm\nGiB", "wkspace\nGiB", "runtime\nGiB", "peak\nGiB",
-                                           "fits", "comm\nGB/step", "comm\nms", "compute\nms", "step\nms", "MFU\n%"};
-  return section >= 0 && section < ColumnCount ? tr(names[section]) : QVariant();
+  // "comm-buf": communication buffers (memory); "traffic": what a GPU sends
+  // per step; "comm": the communication stream's busy time.
+  static const char* names[ColumnCount] = {"strategy", "params", "grads", "optim", "activ", "gathered", "comm-buf",
+                                           "wkspace", "runtime", "peak", "fits", "traffic", "comm", "compute",
+                                           "step", "MFU"};
+  if (section < 0 || section >= ColumnCount) return {};
+  const QString name = tr(names[section]);
+  if ((section >= Params && section <= Workspace) || section == Runtime || section == Peak)
+    return name + QLatin1Char('\n') + memoryUnit().first;
+  switch (section) {
+    case CommGB: return name + QLatin1Char('\n') + trafficUnit().first;
+    case CommMs: case ComputeMs: case StepMs: return name + QStringLiteral("\nms");
+    case Mfu: return name + QStringLiteral("\n%");
+    default: return name;
+  }
 }
 
 // ---- TimelineModel ------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <QAbstractTableModel>
 
 #include <memory>
+#include <utility>
 
 namespace dlplan::gui {
 
@@ -31,6 +32,9 @@ class StrategyTableModel : public QAbstractTableModel {
   const Results* results() const { return results_.get(); }
   int recommendedRow() const { return results_ ? results_->recommended : -1; }
   double capacityGiB() const;
+  // The table's units, chosen by its largest value: ("MiB", 2^20), ("GB/step", 1e9).
+  std::pair<QString, double> memoryUnit() const;
+  std::pair<QString, double> trafficUnit() const;
 
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;

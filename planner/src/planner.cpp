@@ -1,17 +1,18 @@
 // Planning across strategies and the recommendation.
 // Rule: among strategies that fit, the fastest; within 5% of it, the simplest
 // (ddp, zero1, zero2, zero3 in that order) — if the model fits each GPU, plain
-// DDP is the simplest thing that works. If nothing fits, name the smallest
-// change that would: checkpointing, a smaller micro-batch, more GPUs.
+// DDP is the simplest thing that works. If nothing fits, the changes that
+// would, cheapest first (suggest.cpp). With --micro-batch max each strategy
+// gets the largest micro-batch that fits (fit_search.cpp).
 #include "dlplan/planner.hpp"
 
 #include "dlplan/error.hpp"
 #include "dlplan/format.hpp"
+#include "fit_search.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 
 namespace dlplan {
 
@@ -19,7 +20,7 @@ SyncBnMode parse_syncbn_mode(std::string_view s) {
   if (s == "auto") return SyncBnMode::automatic;
   if (s == "on") return SyncBnMode::on;
   if (s == "off") return SyncBnMode::off;
-  throw Error(fmt::format("unknown --syncbn '{}' (choose one of: auto, on, off)", s));
+  throw UsageError(fmt::format("unknown --syncbn '{}' (choose one of: auto, on, off)", s));
 }
 
 const StrategyResult* Planning::chosen() const {
@@ -32,40 +33,20 @@ const StrategyResult* Planning::chosen() const {
 void validate(const PlanRequest& r) {
   const auto& d = r.cluster.device;
   const auto& t = r.training;
-  if (d.kind == "cpu" && t.precision != Precision::fp32)
-    throw Error(fmt::format("the cpu device runs fp32 only; --precision {} is not available there", to_string(t.precision)));
   if (t.precision == Precision::bf16_mixed && !d.has_bf16())
-    throw Error(fmt::format("{} has no bf16 support; use --precision fp32", d.description.empty() ? d.kind : d.description));
-  if (r.cluster.nodes <= 0 || r.cluster.gpus_per_node <= 0) throw Error("--gpus and --nodes must be positive");
-  if (t.micro_batch <= 0) throw Error(fmt::format("--micro-batch must be positive, got {}", t.micro_batch));
-  if (t.grad_accum <= 0) throw Error(fmt::format("--grad-accum must be positive, got {}", t.grad_accum));
-  if (t.bucket_mb <= 0) throw Error(fmt::format("--bucket-mb must be positive, got {}", t.bucket_mb));
-  if (t.prefetch < 0) throw Error(fmt::format("--prefetch must be 0 or more, got {}", t.prefetch));
+    throw UsageError(fmt::format("{} has no bf16 support; use --precision fp32", d.description.empty() ? d.kind : d.description));
+  if (r.cluster.nodes <= 0 || r.cluster.gpus_per_node <= 0) throw UsageError("--gpus and --nodes must be positive");
+  if (t.micro_batch <= 0) throw UsageError(fmt::format("--micro-batch must be positive, got {}", t.micro_batch));
+  if (t.grad_accum <= 0) throw UsageError(fmt::format("--grad-accum must be positive, got {}", t.grad_accum));
+  if (!(t.bucket_mb > 0)) throw UsageError(fmt::format("--bucket-mb must be positive, got {}", t.bucket_mb));
+  if (t.prefetch < 0) throw UsageError(fmt::format("--prefetch must be 0 or more, got {}", t.prefetch));
+  if (r.max_micro_batch && r.global_batch > 0 && r.global_batch % r.cluster.world() != 0)
+    throw UsageError(fmt::format("--global-batch {} is not a multiple of the {} GPUs", r.global_batch, r.cluster.world()));
 }
 
 namespace {
 
-int simplicity(Strategy s) { return static_cast<int>(s); }
-
-std::optional<Strategy> pick(const std::vector<StrategyResult>& rows) {
-  const StrategyResult* fastest = nullptr;
-  for (const auto& r : rows)
-    if (r.fits && (!fastest || r.step_seconds < fastest->step_seconds)) fastest = &r;
-  if (!fastest) return std::nullopt;
-  for (const auto& r : rows)  // rows are in order of simplicity
-    if (r.fits && r.step_seconds <= 1.05 * fastest->step_seconds) return r.strategy;
-  return fastest->strategy;
-}
-
-std::vector<StrategyResult> evaluate_all(const Model& m, const Cluster& c, const TrainingConfig& base, bool explain) {
-  std::vector<StrategyResult> rows;
-  for (Strategy s : kAllStrategies) {
-    TrainingConfig t = base;
-    t.strategy = s;
-    rows.push_back(evaluate(m, c, t, explain));
-  }
-  return rows;
-}
+size_t row_of(Strategy s) { return static_cast<size_t>(s); }
 
 std::string need_sentence(const StrategyResult& r) {
   return fmt::format("{} needs {} (peak {} + runtime {} + {:.0f}% margin) of {}", to_string(r.strategy),
@@ -73,81 +54,61 @@ std::string need_sentence(const StrategyResult& r) {
                      format_bytes(r.runtime_bytes), kFragmentationMargin * 100, format_bytes(r.capacity_bytes));
 }
 
-// The smallest change that makes some strategy fit. Changes are tried from
-// the cheapest (a flag that costs some recomputation) to the dearest (more
-// GPUs, then several changes together); the first that fits is named.
-std::vector<std::string> suggest_changes(const PlanRequest& req, const TrainingConfig& base) {
-  struct Candidate {
-    std::string what;
-    Cluster cluster;
-    TrainingConfig training;
-  };
-  std::vector<Candidate> candidates;
-  const bool ckpt_off = base.checkpointing == Checkpointing::none, math = base.attention == AttentionImpl::math;
-  auto with = [&](bool ckpt, bool flash, int64_t micro_batch, int gpu_factor) {
-    Candidate c{{}, req.cluster, base};
-    std::vector<std::string> parts;
-    if (ckpt && ckpt_off) {
-      c.training.checkpointing = Checkpointing::units;
-      parts.push_back("activation checkpointing (--checkpointing units)");
-    }
-    if (flash && math) {
-      c.training.attention = AttentionImpl::flash;
-      parts.push_back("flash attention (--attention flash)");
-    }
-    if (micro_batch < base.micro_batch) {
-      c.training.micro_batch = micro_batch;
-      c.training.grad_accum = base.grad_accum * (base.micro_batch / micro_batch);
-      parts.push_back(fmt::format("micro-batch {} with --grad-accum {} (same global batch)", micro_batch, c.training.grad_accum));
-    }
-    if (gpu_factor > 1) {
-      auto& cl = c.cluster;
-      if (cl.nodes == 1 && cl.gpus_per_node * gpu_factor <= 8) cl.gpus_per_node *= gpu_factor;
-      else cl.nodes *= gpu_factor;
-      parts.push_back(fmt::format("{} GPUs ({} node{} x {})", cl.world(), cl.nodes, cl.nodes == 1 ? "" : "s", cl.gpus_per_node));
-    }
-    if (parts.empty()) return;
-    c.what = fmt::format("{}", fmt::join(parts, " + "));
-    candidates.push_back(std::move(c));
-  };
-  with(true, false, base.micro_batch, 1);
-  with(false, true, base.micro_batch, 1);
-  with(true, true, base.micro_batch, 1);
-  for (int64_t b = base.micro_batch / 2; b >= 1; b /= 2) with(true, true, b, 1);
-  for (int f = 2; f <= 64; f *= 2) with(false, false, base.micro_batch, f);
-  for (int f = 2; f <= 64; f *= 2) with(true, true, 1, f);
+std::string cost_phrase(const SuggestedChange& c, int gpus_now) {
+  std::string time;
+  if (c.cost > 0.005) time = fmt::format("+{:.0f}% GPU time per sample", c.cost * 100);
+  else if (c.cost < -0.005) time = fmt::format("{:.0f}% less GPU time per sample", -c.cost * 100);
+  else time = "no extra GPU time per sample";
+  if (c.gpus > gpus_now) return fmt::format("{} more GPUs, {}", c.gpus - gpus_now, time);
+  return time;
+}
 
-  for (const auto& c : candidates) {
-    auto rows = evaluate_all(req.model, c.cluster, c.training, false);
-    if (auto s = pick(rows)) {
-      const auto& r = rows[static_cast<size_t>(simplicity(*s))];
-      return {fmt::format("Smallest change that fits: {}; {} then peaks at {} per GPU.", c.what, to_string(r.strategy),
-                          format_bytes(static_cast<double>(r.walk.peak)))};
-    }
+// The changes, cheapest first, as sentences.
+void say_changes(const PlanRequest& req, Recommendation& rec) {
+  if (rec.changes.empty()) {
+    rec.reasons.push_back("Even 64x the GPUs with checkpointing, flash attention and micro-batch 1 would not fit: "
+                          "the model is too large for this device.");
+    return;
   }
-  return {"Even 64x the GPUs with checkpointing, flash attention and micro-batch 1 would not fit: "
-          "the model is too large for this device."};
+  const int64_t global_now = req.training.micro_batch * req.training.grad_accum * req.cluster.world();
+  for (size_t i = 0; i < rec.changes.size(); ++i) {
+    const auto& c = rec.changes[i];
+    std::string batch = c.global_batch != global_now ? fmt::format(", global batch {} instead of {}", c.global_batch, global_now) : "";
+    rec.reasons.push_back(fmt::format("{}: {}: {} then peaks at {} per GPU ({}{}).",
+                                      i == 0 ? "Cheapest change that fits" : "Also fits", c.what, to_string(c.strategy),
+                                      format_bytes(static_cast<double>(c.peak_bytes)), cost_phrase(c, req.cluster.world()),
+                                      batch));
+  }
+  rec.reasons.push_back("Cost: GPU time per sample against the step as asked (which does not fit), from the same "
+                        "simulator; changes on these GPUs are listed before more GPUs.");
 }
 
 Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResult>& rows, const TrainingConfig& base) {
   Recommendation rec;
   if (req.forced) {
-    const auto& r = rows[static_cast<size_t>(simplicity(*req.forced))];
+    const auto& r = rows[row_of(*req.forced)];
     rec.strategy = r.strategy;
     rec.reasons.push_back(fmt::format("{} was chosen with --strategy.", to_string(r.strategy)));
-    if (!r.fits) rec.reasons.push_back(fmt::format("It does not fit: {}.", need_sentence(r)));
+    if (!r.fits) {
+      rec.reasons.push_back(fmt::format("It does not fit: {}.", need_sentence(r)));
+      rec.changes = detail::suggest_changes(req, base, rows, {r.strategy});
+      say_changes(req, rec);
+    }
     return rec;
   }
-  rec.strategy = pick(rows);
+  rec.strategy = detail::pick(rows, req.max_micro_batch && req.global_batch == 0);
   if (!rec.strategy) {
     const StrategyResult* least = &rows[0];
     for (const auto& r : rows)
       if (r.walk.peak < least->walk.peak) least = &r;
     rec.reasons.push_back(fmt::format("No strategy fits: even {}.", need_sentence(*least)));
-    for (auto& s : suggest_changes(req, base)) rec.reasons.push_back(std::move(s));
+    if (!req.max_micro_batch) {
+      rec.changes = detail::suggest_changes(req, base, rows, {kAllStrategies.begin(), kAllStrategies.end()});
+      say_changes(req, rec);
+    }
     return rec;
   }
-  const auto& best = rows[static_cast<size_t>(simplicity(*rec.strategy))];
+  const auto& best = rows[row_of(*rec.strategy)];
   const StrategyResult* fastest = &best;
   int fitting = 0;
   for (const auto& r : rows) {
@@ -157,15 +118,26 @@ Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResul
   rec.reasons.push_back(fmt::format("{} fits: peak {} + runtime {} + {:.0f}% margin of {}.", to_string(best.strategy),
                                     format_bytes(best.walk.peak), format_bytes(best.runtime_bytes),
                                     kFragmentationMargin * 100, format_bytes(best.capacity_bytes)));
+  if (req.max_micro_batch)
+    rec.reasons.push_back(fmt::format("--micro-batch max: {} takes micro-batch {} x grad-accum {} = {} samples per GPU.",
+                                      to_string(best.strategy), best.training.micro_batch, best.training.grad_accum,
+                                      best.training.micro_batch * best.training.grad_accum));
+  // Per sample when the strategies' batches differ (--micro-batch max).
+  const char* unit = req.max_micro_batch && !req.global_batch ? "time per sample" : "step";
+  auto per = [&](const StrategyResult& r) {
+    return req.max_micro_batch && !req.global_batch
+               ? r.step_seconds / static_cast<double>(r.training.micro_batch * r.training.grad_accum)
+               : r.step_seconds;
+  };
   if (fastest == &best)
-    rec.reasons.push_back(fmt::format("It has the fastest step of the {} strateg{} that fit ({}).", fitting,
-                                      fitting == 1 ? "y" : "ies", format_seconds(best.step_seconds)));
+    rec.reasons.push_back(fmt::format("It has the fastest {} of the {} strateg{} that fit ({}).", unit, fitting,
+                                      fitting == 1 ? "y" : "ies", format_seconds(per(best))));
   else
     rec.reasons.push_back(fmt::format(
-        "Its step ({}) is within 5% of the fastest ({}, {}), and it is simpler: DDP, then ZeRO-1, 2, 3.",
-        format_seconds(best.step_seconds), to_string(fastest->strategy), format_seconds(fastest->step_seconds)));
+        "Its {} ({}) is within 5% of the fastest ({}, {}), and it is simpler: DDP, then ZeRO-1, 2, 3.", unit,
+        format_seconds(per(best)), to_string(fastest->strategy), format_seconds(per(*fastest))));
   for (const auto& r : rows)
-    if (!r.fits && simplicity(r.strategy) < simplicity(best.strategy))
+    if (!r.fits && r.strategy < best.strategy)
       rec.reasons.push_back(fmt::format("{} does not fit: {}.", to_string(r.strategy), need_sentence(r)));
   return rec;
 }
@@ -177,14 +149,44 @@ Planning plan(const PlanRequest& req) {
   Planning p;
   p.request = req;
   TrainingConfig base = req.training;
-  p.syncbn = advise_syncbn(req.model, req.cluster, base, req.syncbn, req.syncbn_threshold);
-  base.syncbn = p.syncbn.enabled;
-  base.syncbn_group = p.syncbn.enabled ? p.syncbn.group_size : 0;
-  p.results = evaluate_all(req.model, req.cluster, base, req.explain);
+  if (req.max_micro_batch) {
+    p.results = detail::evaluate_max_micro_batch(req);
+  } else {
+    p.syncbn = advise_syncbn(req.model, req.cluster, base, req.syncbn, req.syncbn_threshold);
+    base.syncbn = p.syncbn.enabled;
+    base.syncbn_group = p.syncbn.enabled ? p.syncbn.group_size : 0;
+    p.results = detail::evaluate_all(req.model, req.cluster, base, req.explain);
+  }
   p.recommendation = recommend(req, p.results, base);
+  if (req.max_micro_batch) {  // the SyncBN advice of the chosen row's micro-batch
+    const StrategyResult* c = p.chosen();
+    TrainingConfig t = c ? c->training : p.results.front().training;
+    p.syncbn = advise_syncbn(req.model, req.cluster, t, req.syncbn, req.syncbn_threshold);
+  }
   p.recommendation.syncbn = p.syncbn.enabled;
   if (const auto* c = p.chosen(); c && c->step_seconds > 0) p.syncbn.share = p.syncbn.seconds / c->step_seconds;
   return p;
+}
+
+std::vector<std::string> recommendation_lines(const Planning& p) {
+  std::vector<std::string> out;
+  const auto& rec = p.recommendation;
+  out.push_back(rec.strategy ? fmt::format("Recommendation: {}{}", to_string(*rec.strategy), rec.syncbn ? " with SyncBN" : "")
+                             : "Recommendation: none fits");
+  for (const auto& reason : rec.reasons) out.push_back("  - " + reason);
+  out.emplace_back();
+  const auto& s = p.syncbn;
+  out.push_back("SyncBatchNorm: " + s.reason);
+  if (s.enabled && s.group_size > 1)
+    out.push_back(fmt::format("  Cost: {} BN layers x (all-gather of 2C+1 + all-reduce of 2C floats) over groups of {} GPUs{}: "
+                              "{} per step{}",
+                              s.bn_layers, s.group_size, s.crosses_nodes ? " (across nodes)" : "",
+                              format_seconds(s.seconds),
+                              s.share > 0 ? fmt::format(" ({:.1f}% of the step)", s.share * 100) : ""));
+  else if (s.if_enabled_group > 1)
+    out.push_back(fmt::format("  Off. Turning it on (--syncbn on) would sync {} BN layers over {} GPUs: {} per step.",
+                              s.bn_layers, s.if_enabled_group, format_seconds(s.if_enabled_seconds)));
+  return out;
 }
 
 }  // namespace dlplan

@@ -1,86 +1,16 @@
 // The dlplan executable end to end: the happy path's outputs (table, JSON,
 // CSV, plan file) and, for every class of bad input, a non-zero exit with one
-// line on stderr, "dlplan: error: ...", naming the culprit.
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include <sys/wait.h>
-#include <unistd.h>
+// line on stderr, "dlplan: error: ...", naming the culprit: 1 for a user's
+// error (a bad file), 2 for a usage error (a bad value or combination).
+#include "cli_helpers.hpp"
 
 #include <algorithm>
-
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <string>
-#include <vector>
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Result {
-  int status = -1;  // exit status; -1 if it did not exit normally
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + "dlplan_cli_" + name; }
-
-// Runs `dlplan <args>` in the source folder (so models/... paths resolve).
-Result run(const std::string& args) {
-  static int counter = 0;
-  const std::string tag = std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  const std::string out = temp_path("out_" + tag), err = temp_path("err_" + tag);
-  const std::string cmd = std::string("cd '") + DLPLAN_SOURCE_DIR + "' && '" + DLPLAN_EXE + "' " + args + " >'" + out +
-                          "' 2>'" + err + "'";
-  const int raw = std::system(cmd.c_str());
-  Result r;
-  if (raw != -1 && WIFEXITED(raw)) r.status = WEXITSTATUS(raw);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> v;
-  std::istringstream s(text);
-  for (std::string l; std::getline(s, l);) v.push_back(l);
-  return v;
-}
-
-// A failed run: a clean non-zero exit (1, not a crash or an internal error)
-// and exactly one stderr line "dlplan: error: ..." holding every part.
-void expect_user_error(const std::string& args, std::initializer_list<std::string> parts) {
-  SCOPED_TRACE("dlplan " + args);
-  Result r = run(args);
-  EXPECT_EQ(r.status, 1) << "stderr: " << r.err;
-  auto l = lines(r.err);
-  ASSERT_EQ(l.size(), 1u) << "stderr: " << r.err;
-  EXPECT_EQ(l[0].rfind("dlplan: error: ", 0), 0u) << l[0];
-  for (const auto& p : parts) EXPECT_NE(l[0].find(p), std::string::npos) << "missing '" << p << "' in: " << l[0];
-}
-
-nlohmann::json planning(const std::string& args) {
-  Result r = run(args + " --format json");
-  EXPECT_EQ(r.status, 0) << r.err;
-  try {
-    return nlohmann::json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not JSON: " << e.what() << "\n" << r.out;
-    return {};
-  }
-}
+using namespace cli_test;
 
 // ---- the happy path ------------------------------------------------------------
 
@@ -230,40 +160,40 @@ TEST(CliError, ModelFileWithBadNode) {
 }
 
 TEST(CliError, UnknownGpuKindListsKnown) {
-  expect_user_error("--model vit-b16 --gpus 8 --gpu k80", {"--gpu", "'k80'", "h100-80g", "v100-32g"});
+  expect_usage_error("--model vit-b16 --gpus 8 --gpu k80", {"--gpu", "'k80'", "h100-80g", "v100-32g"});
 }
 
 TEST(CliError, Bf16OnV100) {
-  expect_user_error("--model vit-b16 --gpus 8 --gpu v100-32g --precision bf16-mixed", {"V100", "no bf16"});
+  expect_usage_error("--model vit-b16 --gpus 8 --gpu v100-32g --precision bf16-mixed", {"V100", "no bf16"});
   // Control: fp32 on the same device plans.
   EXPECT_EQ(run("--model vit-b16 --gpus 8 --gpu v100-32g --precision fp32").status, 0);
 }
 
 TEST(CliError, GpusNotDivisibleByNodes) {
-  expect_user_error("--model vit-b16 --gpus 8 --nodes 3", {"--gpus 8", "--nodes 3"});
+  expect_usage_error("--model vit-b16 --gpus 8 --nodes 3", {"--gpus 8", "--nodes 3"});
   EXPECT_EQ(run("--model vit-b16 --gpus 8 --nodes 2").status, 0);  // control
 }
 
 TEST(CliError, GlobalBatchNotAMultiple) {
-  expect_user_error("--model vit-b16 --gpus 8 --global-batch 100", {"--global-batch 100", "not a multiple"});
+  expect_usage_error("--model vit-b16 --gpus 8 --global-batch 100", {"--global-batch 100", "not a multiple"});
   EXPECT_EQ(run("--model vit-b16 --gpus 8 --global-batch 96").status, 0);  // control
 }
 
 TEST(CliError, UnknownStrategy) {
-  expect_user_error("--model vit-b16 --gpus 8 --strategy zero9", {"strategy", "'zero9'", "zero3"});
+  expect_usage_error("--model vit-b16 --gpus 8 --strategy zero9", {"strategy", "'zero9'", "zero3"});
 }
 
 TEST(CliError, SeqLenOnVisionModel) {
-  expect_user_error("--model vit-b16 --gpus 8 --seq-len 128", {"vit-b16", "--seq-len", "no token inputs"});
+  expect_usage_error("--model vit-b16 --gpus 8 --seq-len 128", {"vit-b16", "--seq-len", "no token inputs"});
 }
 
 TEST(CliError, SeqLenBeyondPositionTable) {
-  expect_user_error("--model tiny-gpt --seq-len 10000", {"tiny-gpt", "node 'wpe'", "max_len"});
+  expect_usage_error("--model tiny-gpt --seq-len 10000", {"tiny-gpt", "node 'wpe'", "max_len"});
   EXPECT_EQ(run("--model tiny-gpt --seq-len 32").status, 0);  // control
 }
 
 TEST(CliError, SyncBnOnWithoutBatchnorm) {
-  expect_user_error("--model vit-b16 --gpus 8 --syncbn on", {"vit-b16", "--syncbn on", "no batchnorm"});
+  expect_usage_error("--model vit-b16 --gpus 8 --syncbn on", {"vit-b16", "--syncbn on", "no batchnorm"});
   EXPECT_EQ(run("--model resnet18 --gpus 8 --syncbn on").status, 0);  // control
 }
 
@@ -291,9 +221,9 @@ TEST(CliError, OutIntoMissingDirectory) {
 TEST(CliError, FailedPlanningLeavesOutFileIntact) {
   const std::string path = temp_path("keep.json");
   std::ofstream(path, std::ios::trunc) << "KEEP";
-  expect_user_error("--model vit-b16 --gpus 8 --gpu k80 --out '" + path + "'", {"k80"});
+  expect_usage_error("--model vit-b16 --gpus 8 --gpu k80 --out '" + path + "'", {"k80"});
   EXPECT_EQ(slurp(path), "KEEP");
-  expect_user_error("--model vit-b16 --gpus 8 --strategy zero9 --out '" + path + "'", {"zero9"});
+  expect_usage_error("--model vit-b16 --gpus 8 --strategy zero9 --out '" + path + "'", {"zero9"});
   EXPECT_EQ(slurp(path), "KEEP");
   EXPECT_FALSE(fs::exists(path + ".tmp"));
   std::remove(path.c_str());

@@ -134,11 +134,17 @@ TEST(Recommendation, NothingFitsNamesTheSmallestChange) {
 
 TEST(Recommendation, CheckpointingIsSuggestedWhenActivationsAreTheProblem) {
   // GPT-2 at micro-batch 64 x 1024 tokens: activations, not states, overflow.
+  // Checkpointing is among the changes that fit; the cheapest is flash
+  // attention, which drops the T x T probabilities (most of the overflow)
+  // and is also faster than the unfused form (docs/gpu-time-model.md).
   PlanRequest r = request("gpt2", 8, 64);
   Planning p = plan(r);
   EXPECT_FALSE(p.recommendation.strategy.has_value());
   ASSERT_GE(p.recommendation.reasons.size(), 2u);
-  EXPECT_NE(p.recommendation.reasons[1].find("checkpointing"), std::string::npos);
+  EXPECT_NE(p.recommendation.reasons[1].find("flash attention"), std::string::npos);
+  bool checkpointing = false;
+  for (const auto& reason : p.recommendation.reasons) checkpointing |= reason.find("--checkpointing units") != std::string::npos;
+  EXPECT_TRUE(checkpointing);
 }
 
 TEST(Recommendation, ForcedStrategyIsKeptEvenIfSlower) {
@@ -154,9 +160,9 @@ TEST(Validation, PrecisionMustSuitTheDevice) {
   EXPECT_THROW(plan(r), Error);
   r.training.precision = Precision::fp32;
   EXPECT_NO_THROW(plan(r));
-  r.cluster = gpus(2, 1, "cpu");
+  r.cluster = gpus(2, 1, "cpu");  // the CPU engine runs bf16-mixed (docs/precision.md)
   r.training.precision = Precision::bf16_mixed;
-  EXPECT_THROW(plan(r), Error);
+  EXPECT_NO_THROW(plan(r));
 }
 
 TEST(Capacity, CpuMemoryIsSharedByTheRanksOfANode) {

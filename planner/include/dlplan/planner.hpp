@@ -2,6 +2,7 @@
 // compute and communication time), advise on SyncBatchNorm, recommend.
 #pragma once
 
+#include "dlplan/error.hpp"
 #include "dlplan/hardware.hpp"
 #include "dlplan/ir.hpp"
 #include "dlplan/step_walk.hpp"
@@ -12,6 +13,13 @@
 #include <vector>
 
 namespace dlplan {
+
+// A value or combination of values that cannot be used: a usage error (the
+// CLI exits with 2). The message names the flag, as `dlplan plan` spells it.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
 
 enum class SyncBnMode { automatic, on, off };
 SyncBnMode parse_syncbn_mode(std::string_view s);
@@ -25,6 +33,7 @@ inline constexpr double kFragmentationMargin = 0.05;
 // GPU, 34.7% at 2).
 inline constexpr int kSyncBnThreshold = 16;
 
+// Built from flags by build_request (dlplan/request.hpp), or by hand.
 struct PlanRequest {
   Model model;
   Cluster cluster;
@@ -33,6 +42,14 @@ struct PlanRequest {
   SyncBnMode syncbn = SyncBnMode::automatic;
   int syncbn_threshold = kSyncBnThreshold;
   bool explain = false;
+  // --micro-batch max: each strategy gets the largest micro-batch that fits;
+  // with global_batch > 0, micro-batch x accumulation x GPUs stays equal to it.
+  bool max_micro_batch = false;
+  int64_t global_batch = 0;
+  // What the plan was built from, for the header: the --cluster file ("" for
+  // a catalog GPU) and the model's own sequence length (0: no token inputs).
+  std::string cluster_source;
+  int64_t model_context = 0;
 };
 
 struct CommSummary {
@@ -61,17 +78,37 @@ struct SyncBnAdvice {
   bool applicable = false;
   bool recommended = false;
   bool enabled = false;        // what the plans use (auto follows the advice)
-  int group_size = 1;
+  int group_size = 1;          // ranks per group when enabled (1: no group)
+  bool crosses_nodes = false;  // the group spans nodes (said why in `reason`)
   int bn_layers = 0;
-  double seconds = 0;          // per step, at group_size (blocking)
+  double seconds = 0;          // per step when enabled, at group_size (blocking); 0 when off
   double share = 0;            // of the recommended plan's step
+  // When it is off but applicable on several GPUs: what turning it on would
+  // cost (--syncbn on syncs all GPUs unless --syncbn-group says otherwise).
+  int if_enabled_group = 0;
+  double if_enabled_seconds = 0;
   std::string reason;
+};
+
+// A change to the request that makes a strategy fit, and what it costs.
+struct SuggestedChange {
+  std::string what;            // "flash attention (--attention flash)"
+  Strategy strategy = Strategy::ddp;  // the strategy recommended after the change
+  int64_t peak_bytes = 0;      // its peak (plus runtime and margin it fits)
+  int gpus = 0;                // GPUs in all after the change
+  int64_t global_batch = 0;    // samples per step after the change
+  // Relative GPU time per sample against the request as asked (which does
+  // not fit): 0.1 = 10% more. Negative when the change is also faster.
+  double cost = 0;
 };
 
 struct Recommendation {
   std::optional<Strategy> strategy;  // none when nothing fits
   bool syncbn = false;
   std::vector<std::string> reasons;
+  // When nothing fits (or the forced strategy does not): the changes that
+  // would fit, cheapest first; changes on the same GPUs before more GPUs.
+  std::vector<SuggestedChange> changes;
 };
 
 struct Planning {
@@ -87,12 +124,16 @@ struct Planning {
 int64_t device_capacity(const Cluster& c);
 
 // Checks a request a user could have got wrong (precision on the device,
-// micro-batch, accumulation, SyncBN group); throws dlplan::Error.
+// micro-batch, accumulation, SyncBN group); throws UsageError.
 void validate(const PlanRequest& r);
 
 StrategyResult evaluate(const Model& m, const Cluster& c, const TrainingConfig& t, bool explain = false);
 SyncBnAdvice advise_syncbn(const Model& m, const Cluster& c, const TrainingConfig& t, SyncBnMode mode, int threshold);
 double syncbn_seconds(const Model& m, const Cluster& c, int group, int64_t grad_accum);
 Planning plan(const PlanRequest& r);
+
+// The recommendation as the CLI and the GUI print it: "Recommendation: ...",
+// its reasons ("  - ..."), then the SyncBatchNorm advice and its cost.
+std::vector<std::string> recommendation_lines(const Planning& p);
 
 }  // namespace dlplan

@@ -1,0 +1,249 @@
+// The one request builder: flags (CLI) or controls (GUI) -> PlanRequest.
+// Every value is checked here, once; a bad one is a UsageError naming the
+// flag, never a silent default.
+#include "dlplan/request.hpp"
+
+#include "dlplan/importers.hpp"
+#include "dlplan/limits.hpp"
+#include "dlplan/loader.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+namespace dlplan {
+namespace {
+
+constexpr int64_t kMaxGpus = int64_t{1} << 20;
+
+template <typename T>
+T checked(const std::optional<T>& v, T fallback, const char* flag, T lo, T hi, const char* what) {
+  if (!v) return fallback;
+  if (!(*v >= lo && *v <= hi)) {  // also refuses NaN
+    if constexpr (std::is_floating_point_v<T>) throw UsageError(fmt::format("{} must be {}, got {:g}", flag, what, *v));
+    else throw UsageError(fmt::format("{} must be {}, got {}", flag, what, *v));
+  }
+  return *v;
+}
+
+int64_t positive(const std::optional<int64_t>& v, int64_t fallback, const char* flag, int64_t hi) {
+  return checked<int64_t>(v, fallback, flag, 1, hi, fmt::format("a positive integer (at most {})", hi).c_str());
+}
+
+// The cluster: a catalog GPU shaped by --gpus/--nodes, or a --cluster file
+// whose topology is kept. Against a file that says K nodes x G, --gpus and
+// --nodes may take a part of it (whole nodes, or part of one node) but never
+// more than it has, nor another node size.
+Cluster make_cluster(const RequestFlags& f, std::string* source) {
+  const int64_t gpus_flag = f.gpus ? positive(f.gpus, 1, "--gpus", kMaxGpus) : 0;
+  const int64_t nodes_flag = f.nodes ? positive(f.nodes, 1, "--nodes", kMaxGpus) : 0;
+  Cluster c;
+  if (f.cluster_file.empty()) {
+    try {
+      c.device = find_device(f.gpu.empty() ? kDefaultGpu : f.gpu);
+    } catch (const Error& e) {
+      throw UsageError(fmt::format("--gpu: {}", e.what()));
+    }
+    const int64_t total = gpus_flag > 0 ? gpus_flag : 1, nodes = nodes_flag > 0 ? nodes_flag : 1;
+    if (total % nodes != 0)
+      throw UsageError(fmt::format("--gpus {} cannot be split evenly across --nodes {}", total, nodes));
+    c.nodes = static_cast<int>(nodes);
+    c.gpus_per_node = static_cast<int>(total / nodes);
+    return c;
+  }
+  if (!f.gpu.empty()) throw UsageError("give either --gpu or --cluster, not both");
+  c = load_cluster_file(f.cluster_file);
+  *source = f.cluster_file;
+  if (!cluster_file_topology(f.cluster_file)) {  // a device description: shaped by the flags
+    const int64_t total = gpus_flag > 0 ? gpus_flag : 1, nodes = nodes_flag > 0 ? nodes_flag : 1;
+    if (total % nodes != 0)
+      throw UsageError(fmt::format("--gpus {} cannot be split evenly across --nodes {}", total, nodes));
+    c.nodes = static_cast<int>(nodes);
+    c.gpus_per_node = static_cast<int>(total / nodes);
+    return c;
+  }
+  const int file_nodes = c.nodes, file_per_node = c.gpus_per_node;
+  const std::string shape = fmt::format("{} says {} node{} x {} GPUs", f.cluster_file, file_nodes,
+                                        file_nodes == 1 ? "" : "s", file_per_node);
+  int64_t total = gpus_flag > 0 ? gpus_flag : c.world();
+  int64_t nodes = nodes_flag;
+  if (nodes == 0) {
+    if (total == c.world()) nodes = file_nodes;
+    else if (total <= file_per_node) nodes = 1;  // part of one node
+    else if (total % file_per_node == 0) nodes = total / file_per_node;  // whole nodes
+    else
+      throw UsageError(fmt::format("--gpus {} is not whole nodes of the cluster ({}); give --nodes as well, or a "
+                                   "multiple of {}",
+                                   total, shape, file_per_node));
+  }
+  if (total % nodes != 0)
+    throw UsageError(fmt::format("--gpus {} cannot be split evenly across --nodes {}", total, nodes));
+  const int64_t per_node = total / nodes;
+  if (nodes > file_nodes || per_node > file_per_node)
+    throw UsageError(fmt::format("--gpus {}{} asks for {} node{} x {} GPUs, more than the cluster has ({}); "
+                                 "edit the file, or leave out --gpus and --nodes to use it as it is",
+                                 total, nodes_flag > 0 ? fmt::format(" --nodes {}", nodes_flag) : "", nodes,
+                                 nodes == 1 ? "" : "s", per_node, shape));
+  c.nodes = static_cast<int>(nodes);
+  c.gpus_per_node = static_cast<int>(per_node);
+  return c;
+}
+
+// Learned position tables (pos_embedding, max_len) bound the sequence length;
+// rotary positions do not, but beyond the model's context they extrapolate.
+void check_seq_len(const Model& m, int64_t seq_len, int64_t context, std::vector<std::string>& notes) {
+  for (const auto& n : m.nodes)
+    if (n.op == OpKind::pos_embedding && n.attrs.has("max_len") && seq_len > n.attrs.integer("max_len"))
+      throw UsageError(fmt::format(
+          "{}: --seq-len {} exceeds the learned position table of node '{}' (max_len {}): a model with learned "
+          "positions cannot run longer sequences",
+          m.source, seq_len, n.name, n.attrs.integer("max_len")));
+  if (seq_len <= context) return;
+  const bool rope = std::any_of(m.nodes.begin(), m.nodes.end(),
+                                [](const Node& n) { return n.op == OpKind::attention && n.attrs.flag("rope"); });
+  notes.push_back(fmt::format(
+      "--seq-len {} is beyond the model's context of {} tokens{}; memory and time are planned at {}", seq_len, context,
+      rope ? " (rotary positions extrapolate there; quality needs long-context training or RoPE scaling)" : "",
+      seq_len));
+}
+
+}  // namespace
+
+std::optional<std::pair<int, int>> cluster_file_topology(const std::string& path) {
+  const Cluster c = load_cluster_file(path);  // errors name the file
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || (!j.contains("nodes") && !j.contains("gpus_per_node"))) return std::nullopt;
+  return std::pair{c.nodes, c.gpus_per_node};
+}
+
+void parse_micro_batch(const std::string& text, RequestFlags& f) {
+  if (text == "max") {
+    f.micro_batch_max = true;
+    f.micro_batch.reset();
+    return;
+  }
+  f.micro_batch_max = false;
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw UsageError(fmt::format("--micro-batch must be a positive integer or 'max', got '{}'", text));
+  f.micro_batch = v;
+}
+
+PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
+  PlanRequest r;
+  r.cluster = make_cluster(f, &r.cluster_source);
+  const int64_t N = r.cluster.world();
+
+  // ---- model and sequence length ----
+  const int64_t micro = f.micro_batch_max ? 1 : positive(f.micro_batch, 1, "--micro-batch", kMaxMicroBatch);
+  const int64_t seq_len = f.seq_len ? positive(f.seq_len, 0, "--seq-len", int64_t{1} << 24) : 0;
+  if (f.model.empty()) throw UsageError("--model is required (a zoo name, see `dlplan models`, or a file)");
+  // ONNX symbolic dims (batch, sequence) take --micro-batch and --seq-len.
+  r.model = load ? load(f.model, ImportOptions{micro, seq_len}) : load_model(f.model, ImportOptions{micro, seq_len});
+  r.model_context = tokens_per_sample(r.model);
+  if (seq_len > 0) {
+    if (r.model_context == 0)
+      throw UsageError(fmt::format("{}: the model has no token inputs ([T] i32), so --seq-len does not apply",
+                                   r.model.source));
+    std::vector<std::string> notes;
+    check_seq_len(r.model, seq_len, r.model_context, notes);
+    r.model = with_seq_len(r.model, seq_len);
+    r.model.notes.insert(r.model.notes.end(), notes.begin(), notes.end());
+  }
+
+  // ---- training knobs ----
+  auto& t = r.training;
+  const DeviceSpec& d = r.cluster.device;
+  if (f.precision.empty()) {
+    t.precision = d.kind != "cpu" && d.has_bf16() ? Precision::bf16_mixed : Precision::fp32;
+  } else {
+    try {
+      t.precision = parse_precision(f.precision);
+    } catch (const Error& e) {
+      throw UsageError(fmt::format("--precision: {}", e.what()));
+    }
+  }
+  auto parse = [](const char* flag, auto parser, const std::string& text) {
+    try {
+      return parser(text);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      throw UsageError(fmt::format("{}: {}", flag, e.what()));
+    }
+  };
+  t.checkpointing = parse("--checkpointing", parse_checkpointing, f.checkpointing);
+  t.attention = parse("--attention", parse_attention, f.attention);
+  if (!f.strategy.empty()) r.forced = parse("--strategy", parse_strategy, f.strategy);
+  r.syncbn = parse_syncbn_mode(f.syncbn);
+
+  // ---- batch ----
+  t.micro_batch = micro;
+  r.max_micro_batch = f.micro_batch_max;
+  if (f.global_batch) {
+    const int64_t g = positive(f.global_batch, 0, "--global-batch", kMaxGlobalBatch);
+    if (f.micro_batch_max) {
+      if (f.grad_accum) throw UsageError("--micro-batch max with --global-batch solves for --grad-accum: give only one");
+      if (g % N != 0) throw UsageError(fmt::format("--global-batch {} is not a multiple of the {} GPUs", g, N));
+      r.global_batch = g;
+      t.grad_accum = 1;
+    } else {
+      if (g % (micro * N) != 0)
+        throw UsageError(fmt::format("--global-batch {} is not a multiple of micro-batch {} x {} GPUs = {}", g, micro,
+                                     N, micro * N));
+      t.grad_accum = g / (micro * N);
+      if (f.grad_accum && *f.grad_accum != t.grad_accum)
+        throw UsageError(fmt::format("--global-batch {} needs --grad-accum {}, not {}", g, t.grad_accum, *f.grad_accum));
+    }
+  } else {
+    t.grad_accum = positive(f.grad_accum, 1, "--grad-accum", kMaxGradAccum);
+  }
+
+  // ---- optimizer: what the plan file's "optimizer" block holds ----
+  auto& o = t.optimizer;
+  o.kind = parse("--optimizer", parse_optimizer, f.optimizer);
+  const bool adam = o.kind == OptimizerKind::adamw;
+  o.lr = checked<double>(f.lr, kDefaultLr, "--lr", 1e-12, 10.0, "positive (at most 10)");
+  o.min_lr = checked<double>(f.min_lr, 0.0, "--min-lr", 0.0, o.lr, fmt::format("between 0 and --lr ({:g})", o.lr).c_str());
+  o.warmup_steps = static_cast<int>(checked<int64_t>(f.warmup_steps, 0, "--warmup-steps", 0, 1 << 30, "0 or more"));
+  o.clip_norm = checked<double>(f.clip_norm, o.clip_norm, "--clip-norm", 0.0, 1e12, "0 (off) or more");
+  o.weight_decay = checked<double>(f.weight_decay, adam ? o.weight_decay : 0.0, "--weight-decay", 0.0, 10.0,
+                                   "between 0 and 10");
+  o.eps = checked<double>(f.eps, o.eps, "--eps", 1e-30, 1.0, "positive (at most 1)");
+  if (f.betas && !adam) throw UsageError(fmt::format("--betas applies to adamw, not {}", to_string(o.kind)));
+  if (f.betas) {
+    o.beta1 = checked<double>(f.betas->first, 0, "--betas (beta1)", 0.0, 0.999999, "in [0, 1)");
+    o.beta2 = checked<double>(f.betas->second, 0, "--betas (beta2)", 0.0, 0.999999999, "in [0, 1)");
+  }
+  if (f.eps && !adam) throw UsageError(fmt::format("--eps applies to adamw, not {}", to_string(o.kind)));
+  if (f.momentum && o.kind != OptimizerKind::sgd_momentum)
+    throw UsageError(fmt::format("--momentum applies to sgd-momentum, not {}", to_string(o.kind)));
+  o.momentum = checked<double>(f.momentum, o.momentum, "--momentum", 0.0, 0.999999, "in [0, 1)");
+
+  // ---- communication knobs ----
+  t.bucket_mb = checked<double>(f.bucket_mb, t.bucket_mb, "--bucket-mb", 1.0 / 1024, kMaxBucketMb, fmt::format("positive (at most {:g})", kMaxBucketMb).c_str());
+  t.prefetch = static_cast<int>(checked<int64_t>(f.prefetch, t.prefetch, "--prefetch", 0, kMaxPrefetch, fmt::format("between 0 and {}", kMaxPrefetch).c_str()));
+  if (f.syncbn_group) t.syncbn_group = static_cast<int>(positive(f.syncbn_group, 0, "--syncbn-group", kMaxGpus));
+  r.explain = f.explain;
+  validate(r);
+  try {  // the limits every reader enforces (limits.hpp), here as usage errors
+    check_training_limits(r.model, r.cluster, r.training, "");
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return r;
+}
+
+}  // namespace dlplan
