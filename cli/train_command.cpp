@@ -1,6 +1,6 @@
 // `dlplan train`: run a plan for real.
 //   mpirun -np N dlplan train --plan plan.json [--steps K] [--seed S]
-//          [--data synthetic|FILE] [--report run.json] [--progress text|json]
+//          [--data synthetic|FILE] [--report run.json] [--progress text|json] [--log-every N]
 //          [--device cpu|cuda [--comm nccl|mpi]] [--allow-edited-plan]
 // --device cuda runs a plan made for a GPU (fp32 only for now) on this node's
 // GPUs: rank r uses device (node-local rank) mod (visible devices), with the
@@ -45,6 +45,7 @@ struct TrainFlags {
   bool comm_given = false;
   bool allow_edited = false;
   int steps = 10;
+  int log_every = 1;
   uint64_t seed = 1;
 };
 
@@ -83,6 +84,9 @@ Runner add_train_command(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   app.add_option("--plan", f->plan, "A plan written by dlplan plan --out")->required();
   app.add_option("--steps", f->steps, "Optimizer steps to run")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--log-every", f->log_every, "Print progress every N steps (and the first and the last)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", f->seed, "Seed for initialisation, data and dropout")->capture_default_str();
   app.add_option("--data", f->data, "synthetic, or a token file (.u16/.bin/.i32) or a DLPI image file")->capture_default_str();
   app.add_option("--report", f->report, "Write the run report (JSON) here");
@@ -168,10 +172,20 @@ Runner add_train_command(CLI::App& app) {
         }
         run.steps.push_back(trainer->step());
         if (s == 0) busy_after_first = comm->busy_seconds();
-        if (root) {
+        // Step 1, every --log-every steps, and the last.
+        const bool log = s == 0 || (s + 1) % f->log_every == 0 || s + 1 == f->steps;
+        if (root && log) {
           const auto& st = run.steps.back();
+          // ETA: the remaining steps at the mean of the steps after the first
+          // (the first pays for set-up).
+          double eta = -1;
+          if (s + 1 < f->steps && s >= 1) {
+            double after_first = 0;
+            for (size_t k = 1; k < run.steps.size(); ++k) after_first += run.steps[k].seconds;
+            eta = after_first / static_cast<double>(s) * (f->steps - s - 1);
+          }
           fmt::print("{}\n", f->progress == "json" ? exec::progress_json(st, f->steps, *trainer)
-                                                   : exec::progress_text(st, f->steps, *trainer));
+                                                   : exec::progress_text(st, f->steps, *trainer, eta));
           std::fflush(stdout);
         }
       }
@@ -180,7 +194,7 @@ Runner add_train_command(CLI::App& app) {
       run.memory = exec::highest_peak_rank(*trainer, *comm);
       auto report = exec::run_report(plan, *trainer, run, comm->size(), f->seed);
       if (root) {
-        if (f->progress == "text") fmt::print("{}", exec::memory_table(report));
+        if (f->progress == "text") fmt::print("{}{}", exec::time_table(report), exec::memory_table(report));
         if (!f->report.empty()) {
           write_output_file(f->report, report_json(report).dump(1) + "\n");
           if (f->progress == "text") fmt::print("wrote {}\n", f->report);

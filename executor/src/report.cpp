@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace dlplan::exec {
 namespace {
@@ -27,6 +28,14 @@ double throughput(const StepStats& s, const Trainer& t) {
   const double samples = static_cast<double>(t.samples_per_step());
   const double tokens = t.tokens_per_sample() > 0 ? samples * static_cast<double>(t.tokens_per_sample()) : samples;
   return s.seconds > 0 ? tokens / s.seconds : 0;
+}
+
+// "42 s", "3 min 12 s", "2 h 05 min": an ETA, rounded to what a person reads.
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s < 60) return fmt::format("{} s", s);
+  if (s < 3600) return fmt::format("{} min {:02} s", s / 60, s % 60);
+  return fmt::format("{} h {:02} min", s / 3600, (s % 3600) / 60);
 }
 
 }  // namespace
@@ -58,7 +67,8 @@ RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement&
   // global batch (planner's op declarations, recomputation not counted) over
   // the step time and the device's peak (cpu: the catalog's nominal rate).
   const StrategyResult predicted = evaluate(plan.model, plan.cluster, plan.training);
-  const double peak_flops = plan.cluster.device.fp32_flops;
+  const double peak_flops = plan.training.precision == Precision::bf16_mixed ? plan.cluster.device.bf16_flops
+                                                                             : plan.cluster.device.fp32_flops;
 
   RunReport r;
   r.plan = plan;
@@ -82,11 +92,37 @@ RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement&
   return r;
 }
 
-std::string progress_text(const StepStats& s, int steps, const Trainer& t) {
+std::string progress_text(const StepStats& s, int steps, const Trainer& t, double eta_seconds) {
   const bool tokens = t.tokens_per_sample() > 0;
-  return fmt::format("step {:>4}/{}  loss {:.4f}  {:>9}  {:>12.1f} {}/s  peak {}", s.step + 1, steps, s.loss,
-                     format_seconds(s.seconds), throughput(s, t), tokens ? "tokens" : "samples",
-                     format_bytes(static_cast<double>(s.peak_bytes)));
+  std::string line = fmt::format("step {:>4}/{}  loss {:.4f}  {:>9}  {:>12.1f} {}/s  peak {}", s.step + 1, steps, s.loss,
+                                 format_seconds(s.seconds), throughput(s, t), tokens ? "tokens" : "samples",
+                                 format_bytes(static_cast<double>(s.peak_bytes)));
+  if (eta_seconds >= 0) line += fmt::format("  eta {}", format_duration(eta_seconds));
+  return line;
+}
+
+std::string time_table(const RunReport& r) {
+  const Measured& m = r.measured;
+  const Predicted& p = r.predicted;
+  std::string out = fmt::format("\nStep (median of the steps after the first), measured against predicted:\n");
+  out += fmt::format("  {:<22} {:>12} {:>12} {:>8}\n", "", "measured", "predicted", "diff");
+  auto row = [&](const char* name, const std::string& a, const std::string& b, double x, double y) {
+    const std::string diff = y > 0 && x > 0 ? fmt::format("{:+.1f}%", 100 * (x - y) / y) : "";
+    out += fmt::format("  {:<22} {:>12} {:>12} {:>8}\n", name, a, b, diff);
+  };
+  auto secs = [](double s) { return format_seconds(s); };
+  row("step time", secs(m.step_seconds), secs(p.step_seconds), m.step_seconds, p.step_seconds);
+  row("compute", secs(m.compute_seconds), secs(p.compute_seconds), m.compute_seconds, p.compute_seconds);
+  row("communication (busy)", secs(m.comm.seconds), secs(p.comm.seconds), m.comm.seconds, p.comm.seconds);
+  row("  exposed", secs(m.comm.exposed_seconds), secs(p.comm.exposed_seconds), m.comm.exposed_seconds,
+      p.comm.exposed_seconds);
+  // The same global batch runs in either step time: the predicted rate is the
+  // measured one scaled by the ratio of the step times.
+  const double predicted_rate = p.step_seconds > 0 ? m.rate * m.step_seconds / p.step_seconds : 0;
+  const std::string unit = m.tokens ? "tokens/s" : "samples/s";
+  row(unit.c_str(), fmt::format("{:.1f}", m.rate), fmt::format("{:.1f}", predicted_rate), m.rate, predicted_rate);
+  row("MFU", fmt::format("{:.1f}%", 100 * m.mfu), fmt::format("{:.1f}%", 100 * p.mfu), m.mfu, p.mfu);
+  return out;
 }
 
 std::string progress_json(const StepStats& s, int steps, const Trainer& t) {

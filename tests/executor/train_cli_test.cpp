@@ -262,6 +262,36 @@ TEST(TrainCli, OneRankWithoutMpiexecWritesTheReport) {  // also runs in builds w
   std::remove(report.c_str());
 }
 
+TEST(TrainCli, TextProgressLogsEveryNStepsWithAnEtaThenTimeAndMemoryTables) {
+  const std::string plan = make_plan("tiny-mlp", 1, 4, "log_every.json");
+  const Job j = train({"--plan", plan, "--steps", "7", "--log-every", "3"});
+  ASSERT_TRUE(j.finished) << "hung:\n" << j.all();
+  ASSERT_EQ(j.exit_code, 0) << j.all();
+  // Step 1, every third step, and the last: 1, 3, 6, 7.
+  std::vector<std::string> logged;
+  std::istringstream in(j.out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("step ", 0) == 0) logged.push_back(line.substr(5, line.find('/') - 5));
+  ASSERT_EQ(logged.size(), 4u) << j.out;
+  EXPECT_EQ(std::stoi(logged[0]), 1);
+  EXPECT_EQ(std::stoi(logged[1]), 3);
+  EXPECT_EQ(std::stoi(logged[2]), 6);
+  EXPECT_EQ(std::stoi(logged[3]), 7);
+  // An ETA while steps remain (after the first), none on the last line.
+  EXPECT_NE(j.out.find("  eta "), std::string::npos) << j.out;
+  const size_t last = j.out.find("step    7/7");
+  ASSERT_NE(last, std::string::npos) << j.out;
+  const std::string last_line = j.out.substr(last, j.out.find('\n', last) - last);
+  EXPECT_EQ(last_line.find("eta"), std::string::npos) << last_line;
+  // Predicted beside measured: the step's times and rate, then memory.
+  for (const char* want : {"Step (median", "step time", "communication (busy)", "samples/s", "MFU", "Memory at the peak"})
+    EXPECT_NE(j.out.find(want), std::string::npos) << want << "\n" << j.out;
+  // A bad value is a usage error.
+  const Job bad = train({"--plan", plan, "--log-every", "0"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.all();
+  std::remove(plan.c_str());
+}
+
 TEST(TrainCli, PlanForFourRanksLaunchedOnTwo) {
   SKIP_WITHOUT_MPIEXEC();
   const std::string plan = make_plan("tiny-mlp", 4, 4, "four_on_two.json");

@@ -34,9 +34,12 @@ RankMemory highest_peak_rank(Trainer& t, Communicator& comm);
 RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement& m, int world, uint64_t seed);
 
 // One progress line: text for people, JSON (DESIGN.md's fields) for programs.
-std::string progress_text(const StepStats& s, int steps, const Trainer& t);
+// eta_seconds: the time the remaining steps should take (negative: none shown).
+std::string progress_text(const StepStats& s, int steps, const Trainer& t, double eta_seconds = -1);
 std::string progress_json(const StepStats& s, int steps, const Trainer& t);
-// The closing table: measured against predicted bytes per category.
+// The closing tables: measured against predicted, the step's times and
+// throughput, then the bytes per category.
+std::string time_table(const RunReport& report);
 std::string memory_table(const RunReport& report);
 
 }  // namespace dlplan::exec
