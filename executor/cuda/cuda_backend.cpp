@@ -7,6 +7,7 @@
 #include "dlplan/exec/cuda_backend.hpp"
 
 #include "cuda/kernels.hpp"
+#include "cuda/mixed_precision.hpp"
 #include "cuda/runtime.hpp"
 
 #include "dlplan/error.hpp"
@@ -52,6 +53,7 @@ Runtime::~Runtime() {
   // Best effort: a destructor must not throw.
   if (stream) cudaStreamSynchronize(stream);
   if (scratch) cudaFree(scratch);
+  if (f32_pool) cudaMemPoolDestroy(f32_pool);
   if (err) cudaFree(err);
   if (blas) cublasDestroy(blas);
   if (stream) cudaStreamDestroy(stream);
@@ -80,12 +82,12 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   void forward(OpContext& c) override {
     DLPLAN_CU(&c, cudaSetDevice(rt_.device));
-    ops_forward(rt_, c);
+    run_in_fp32(rt_, c, /*backward=*/false, ops_forward);  // fp32: ops_forward(rt_, c) itself
     if (rt_.sync_each_op) DLPLAN_CU(&c, cudaStreamSynchronize(rt_.stream));  // "(forward)" is in the node's name
   }
   void backward(OpContext& c) override {
     DLPLAN_CU(&c, cudaSetDevice(rt_.device));
-    ops_backward(rt_, c);
+    run_in_fp32(rt_, c, /*backward=*/true, ops_backward);
     if (rt_.sync_each_op) DLPLAN_CU(&c, cudaStreamSynchronize(rt_.stream));
   }
   void set_gemm_workspace(void* p, int64_t bytes) override {

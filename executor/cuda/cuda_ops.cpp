@@ -7,7 +7,14 @@
 // dimension ld, i.e. its transpose, so C = op(A) op(B) (row-major) is computed
 // as C^T = op(B)^T op(A)^T: cublasSgemm(opB, opA, n, m, k, B, ldb, A, lda, C, ldc).
 // gemm() below takes the row-major arguments of the CPU backend's gemm().
+//
+// bf16-mixed (mixed_precision.cpp): the ops see fp32 working copies of their
+// operands; the tensors an op allocates itself in the storage dtype (saved
+// tensors and temporaries declared Elem::compute: attention's, convolution's
+// columns) are filled through an Fp32Buffer and stored (rounded) where the
+// CPU reference stores them, so that later arithmetic reads the stored values.
 #include "cuda/kernels.hpp"
+#include "cuda/mixed_precision.hpp"
 #include "cuda/runtime.hpp"
 
 #include "dlplan/error.hpp"
@@ -37,10 +44,11 @@ Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string
 Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what) {
   return c.alloc->bytes_buffer(bytes, saved_category(c), c.node->name + "." + what);
 }
+// In the storage dtype (bf16 under bf16-mixed), as the CPU's alloc_temp.
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero = false) {
   auto name = c.node->name + "." + what;
-  return zero ? c.alloc->zeros(shape, DType::f32, Category::workspace, std::move(name))
-              : c.alloc->empty(shape, DType::f32, Category::workspace, std::move(name));
+  return zero ? c.alloc->zeros(shape, c.act_dtype, Category::workspace, std::move(name))
+              : c.alloc->empty(shape, c.act_dtype, Category::workspace, std::move(name));
 }
 [[noreturn]] void op_error(const OpContext& c, const std::string& message) {
   node_error(c.model->source, *c.node, message);
@@ -237,6 +245,7 @@ void conv2d_fwd(Runtime& rt, OpContext& c) {
   const int64_t in_sz = g.g.C * g.g.H * g.g.W, out_sz = g.O * g.P();
   Tensor cols;
   if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");  // one sample's, reused (stream order)
+  Fp32Buffer colbuf(rt, c, cols);
   if (bias) {
     fill_channels(c.out.f(), c.params[1].f(), c.batch, g.O, g.P(), rt.stream);
     LAUNCHED();
@@ -246,9 +255,10 @@ void conv2d_fwd(Runtime& rt, OpContext& c) {
     const float* x = c.in[0].f() + s * in_sz;
     const float* col = x;
     if (!g.direct()) {
-      im2col(g.g, x, cols.f(), rt.stream);
+      im2col(g.g, x, colbuf.data(), rt.stream);
       LAUNCHED();
-      col = cols.f();
+      colbuf.store();  // the columns as stored (bf16 under bf16-mixed), read back by the GEMM
+      col = colbuf.data();
     }
     gemm_batched(rt, c, false, false, g.Og(), g.P(), g.K(), 1.0f, w, g.K(), g.Og() * g.K(), col, g.P(), g.K() * g.P(),
                  bias ? 1.0f : 0.0f, c.out.f() + s * out_sz, g.P(), g.Og() * g.P(), g.groups);
@@ -261,16 +271,18 @@ void conv2d_bwd(Runtime& rt, OpContext& c) {
   float* dxall = din_or_null(c, 0);
   Tensor cols;
   if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");
+  Fp32Buffer colbuf(rt, c, cols);
   const float* w = c.params[0].f();
   float* dw = c.dparams[0].f();
   for (int64_t s = 0; s < c.batch; ++s) {
     const float* x = c.in[0].f() + s * in_sz;
     const float* dy = c.dout.f() + s * out_sz;
-    float* cs = g.direct() ? nullptr : cols.f();
+    float* cs = g.direct() ? nullptr : colbuf.data();
     const float* col = x;
     if (cs) {
       im2col(g.g, x, cs, rt.stream);
       LAUNCHED();
+      colbuf.store();
       col = cs;
     }
     // dW_g += dy_g col_g^T
@@ -282,6 +294,7 @@ void conv2d_bwd(Runtime& rt, OpContext& c) {
     gemm_batched(rt, c, true, false, g.K(), g.P(), g.Og(), 1.0f, w, g.K(), g.Og() * g.K(), dy, g.P(), g.Og() * g.P(),
                  cs ? 0.0f : 1.0f, dcol, g.P(), g.K() * g.P(), g.groups);
     if (cs) {
+      colbuf.store();  // dcol as stored
       col2im_add(g.g, cs, dx, rt.stream);
       LAUNCHED();
     }
@@ -549,21 +562,34 @@ void math_forward(Runtime& rt, OpContext& c, const Attn& a, const float* q, cons
   const AttnDims& d = a.d;
   const int64_t TT = d.T * d.T;
   Tensor scores = alloc_temp(c, {d.b, d.H, d.T, d.T}, "scores");
-  Tensor probs = alloc_saved(c, {d.b, d.H, d.T, d.T}, DType::f32, "probs");
+  Tensor probs = alloc_saved(c, {d.b, d.H, d.T, d.T}, c.act_dtype, "probs");
   const bool with_dropout = a.p_attr > 0;  // declared tensors, even in eval
   Tensor mask, dropped;
   if (with_dropout) {
     mask = alloc_saved_bytes(c, d.b * d.H * TT, "probs_mask");
-    dropped = alloc_saved(c, {d.b, d.H, d.T, d.T}, DType::f32, "probs_dropped");
+    dropped = alloc_saved(c, {d.b, d.H, d.T, d.T}, c.act_dtype, "probs_dropped");
   }
+  // bf16-mixed: each stage is stored (rounded) once computed, and the next
+  // reads the stored values, as the CPU reference does; fp32: the tensors themselves.
+  Fp32Buffer sbuf(rt, c, scores), pbuf(rt, c, probs), dbuf(rt, c, dropped);
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t j = 0; j < d.group; ++j)
       gemm_batched(rt, c, false, true, d.T, d.T, d.hd, d.scale, q + s * d.T * d.qw() + j * d.hd, d.qw(), d.group * d.hd,
-                   k + s * d.T * d.kw(), d.kw(), d.hd, 0.0f, scores.f() + (s * d.H + j) * TT, d.T, d.group * TT, d.KV);
-  attn_softmax(d, scores.f(), probs.f(), with_dropout ? mask.u8() : nullptr, with_dropout ? dropped.f() : nullptr,
+                   k + s * d.T * d.kw(), d.kw(), d.hd, 0.0f, sbuf.data() + (s * d.H + j) * TT, d.T, d.group * TT, d.KV);
+  sbuf.store();
+  attn_softmax(d, sbuf.data(), pbuf.data(), with_dropout ? mask.u8() : nullptr, with_dropout ? dbuf.data() : nullptr,
                with_dropout, rt.stream);
   LAUNCHED();
-  const float* Pv = with_dropout ? dropped.f() : probs.f();
+  if (c.act_dtype == DType::bf16) {
+    pbuf.store();
+    if (with_dropout) {  // the dropped probabilities from the stored ones (CPU: round(round(P) f))
+      CU(cudaMemsetAsync(dbuf.data(), 0, static_cast<size_t>(d.b * d.H * TT) * sizeof(float), rt.stream));
+      masked_accumulate(pbuf.data(), mask.u8(), d.keep_scale, dbuf.data(), d.b * d.H * TT, rt.stream);
+      LAUNCHED();
+      dbuf.store();
+    }
+  }
+  const float* Pv = with_dropout ? dbuf.data() : pbuf.data();
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t j = 0; j < d.group; ++j)
       gemm_batched(rt, c, false, false, d.T, d.hd, d.T, 1.0f, Pv + (s * d.H + j) * TT, d.T, d.group * TT,
@@ -586,22 +612,25 @@ void math_backward(Runtime& rt, OpContext& c, const Attn& a, const float* dctx, 
   const bool with_dropout = c.saved.size() > 5;
   const float* Pv = with_dropout ? c.saved[6].f() : probs;
   Tensor dprobs = alloc_temp(c, {d.b, d.H, d.T, d.T}, "dprobs");
+  Fp32Buffer dpbuf(rt, c, dprobs);
+  float* dP = dpbuf.data();
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t j = 0; j < d.group; ++j) {
       const float* dctx_j = dctx + s * d.T * d.qw() + j * d.hd;
       // dP~ = dctx v^T;  dv += P~^T dctx
       gemm_batched(rt, c, false, true, d.T, d.T, d.hd, 1.0f, dctx_j, d.qw(), d.group * d.hd, v + s * d.T * d.kw(), d.kw(),
-                   d.hd, 0.0f, dprobs.f() + (s * d.H + j) * TT, d.T, d.group * TT, d.KV);
+                   d.hd, 0.0f, dP + (s * d.H + j) * TT, d.T, d.group * TT, d.KV);
       gemm_batched(rt, c, true, false, d.T, d.hd, d.T, 1.0f, Pv + (s * d.H + j) * TT, d.T, d.group * TT, dctx_j, d.qw(),
                    d.group * d.hd, 1.0f, dv + s * d.T * d.kw(), d.kw(), d.hd, d.KV);
     }
   AttnDims bd = d;
   if (!with_dropout) bd.keep_scale = 1.0f;
-  attn_softmax_backward(bd, probs, with_dropout ? c.saved[5].u8() : nullptr, dprobs.f(), rt.stream);
+  attn_softmax_backward(bd, probs, with_dropout ? c.saved[5].u8() : nullptr, dP, rt.stream);
   LAUNCHED();
+  dpbuf.store();  // dS as stored (bf16 under bf16-mixed)
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t j = 0; j < d.group; ++j) {
-      const float* dS = dprobs.f() + (s * d.H + j) * TT;
+      const float* dS = dP + (s * d.H + j) * TT;
       // dq += scale dS k;  dk += scale dS^T q
       gemm_batched(rt, c, false, false, d.T, d.hd, d.T, d.scale, dS, d.T, d.group * TT, k + s * d.T * d.kw(), d.kw(),
                    d.hd, 1.0f, dq + s * d.T * d.qw() + j * d.hd, d.qw(), d.group * d.hd, d.KV);
@@ -615,32 +644,38 @@ void attention_fwd(Runtime& rt, OpContext& c) {
   const AttnDims& d = a.d;
   const int64_t R = d.b * d.T;
   const float* x = c.in[0].f();
-  Tensor q = alloc_saved(c, {d.b, d.T, d.qw()}, DType::f32, "q");
-  Tensor k = alloc_saved(c, {d.b, d.T, d.kw()}, DType::f32, "k");
-  Tensor v = alloc_saved(c, {d.b, d.T, d.kw()}, DType::f32, "v");
-  Tensor ctx = alloc_saved(c, {d.b, d.T, d.qw()}, DType::f32, "context");
-  project(rt, c, x, weight(c, 0), bias_of(c, a, 0), q.f(), R, a.D, d.qw());
-  project(rt, c, x, weight(c, 1), bias_of(c, a, 1), k.f(), R, a.D, d.kw());
-  project(rt, c, x, weight(c, 2), bias_of(c, a, 2), v.f(), R, a.D, d.kw());
+  Tensor q = alloc_saved(c, {d.b, d.T, d.qw()}, c.act_dtype, "q");
+  Tensor k = alloc_saved(c, {d.b, d.T, d.kw()}, c.act_dtype, "k");
+  Tensor v = alloc_saved(c, {d.b, d.T, d.kw()}, c.act_dtype, "v");
+  Tensor ctx = alloc_saved(c, {d.b, d.T, d.qw()}, c.act_dtype, "context");
+  Fp32Buffer qb(rt, c, q), kb(rt, c, k), vb(rt, c, v), cb(rt, c, ctx);  // each stored once computed
+  project(rt, c, x, weight(c, 0), bias_of(c, a, 0), qb.data(), R, a.D, d.qw());
+  project(rt, c, x, weight(c, 1), bias_of(c, a, 1), kb.data(), R, a.D, d.kw());
+  project(rt, c, x, weight(c, 2), bias_of(c, a, 2), vb.data(), R, a.D, d.kw());
   if (a.rope) {
-    rope(q.f(), d.b, d.T, d.H, d.hd, a.theta, false, rt.stream);
+    rope(qb.data(), d.b, d.T, d.H, d.hd, a.theta, false, rt.stream);
     LAUNCHED();
-    rope(k.f(), d.b, d.T, d.KV, d.hd, a.theta, false, rt.stream);
+    rope(kb.data(), d.b, d.T, d.KV, d.hd, a.theta, false, rt.stream);
     LAUNCHED();
   }
+  qb.store();
+  kb.store();
+  vb.store();
+  // Saved in declaration order, in their stored dtype: q, k, v, context, then lse or probs (+mask, dropped).
   c.saved.push_back(q);
   c.saved.push_back(k);
   c.saved.push_back(v);
   c.saved.push_back(ctx);
   if (a.flash) {
     Tensor lse = alloc_saved(c, {d.b, d.H, d.T}, DType::f32, "lse");
-    CU(flash_forward(d, q.f(), k.f(), v.f(), ctx.f(), lse.f(), rt.stream));
+    CU(flash_forward(d, qb.data(), kb.data(), vb.data(), cb.data(), lse.f(), rt.stream));
     LAUNCHED();
     c.saved.push_back(std::move(lse));
   } else {
-    math_forward(rt, c, a, q.f(), k.f(), v.f(), ctx.f());
+    math_forward(rt, c, a, qb.data(), kb.data(), vb.data(), cb.data());
   }
-  project(rt, c, ctx.f(), weight(c, 3), bias_of(c, a, 3), c.out.f(), R, d.qw(), a.D);
+  cb.store();
+  project(rt, c, cb.data(), weight(c, 3), bias_of(c, a, 3), c.out.f(), R, d.qw(), a.D);
 }
 
 void attention_bwd(Runtime& rt, OpContext& c) {
@@ -651,28 +686,34 @@ void attention_bwd(Runtime& rt, OpContext& c) {
   auto dparam = [&](int i) { return c.dparams[static_cast<size_t>(i)].f(); };
   auto dbias = [&](int i) { return a.bias ? dparam(4 + i) : nullptr; };
   Tensor dctx = alloc_temp(c, {d.b, d.T, d.qw()}, "dcontext", true);
-  project_backward(rt, c, c.saved[3].f(), weight(c, 3), c.dout.f(), dctx.f(), dparam(3), dbias(3), R, d.qw(), a.D);
+  Fp32Buffer dcb(rt, c, dctx, /*load=*/true);
+  project_backward(rt, c, c.saved[3].f(), weight(c, 3), c.dout.f(), dcb.data(), dparam(3), dbias(3), R, d.qw(), a.D);
+  dcb.store();
   Tensor dq = alloc_temp(c, {d.b, d.T, d.qw()}, "dq", true);
   Tensor dk = alloc_temp(c, {d.b, d.T, d.kw()}, "dk", true);
   Tensor dv = alloc_temp(c, {d.b, d.T, d.kw()}, "dv", true);
+  Fp32Buffer dqb(rt, c, dq, true), dkb(rt, c, dk, true), dvb(rt, c, dv, true);
   if (a.flash) {
     auto* D = static_cast<float*>(rt.scratch_at_least(static_cast<size_t>(d.b * d.H * d.T) * sizeof(float), &c));
-    CU(flash_backward(d, c.saved[0].f(), c.saved[1].f(), c.saved[2].f(), c.saved[3].f(), c.saved[4].f(), dctx.f(), dq.f(),
-                      dk.f(), dv.f(), D, rt.stream));
+    CU(flash_backward(d, c.saved[0].f(), c.saved[1].f(), c.saved[2].f(), c.saved[3].f(), c.saved[4].f(), dcb.data(),
+                      dqb.data(), dkb.data(), dvb.data(), D, rt.stream));
     LAUNCHED();
   } else {
-    math_backward(rt, c, a, dctx.f(), dq.f(), dk.f(), dv.f());
+    math_backward(rt, c, a, dcb.data(), dqb.data(), dkb.data(), dvb.data());
   }
   if (a.rope) {
-    rope(dq.f(), d.b, d.T, d.H, d.hd, a.theta, true, rt.stream);
+    rope(dqb.data(), d.b, d.T, d.H, d.hd, a.theta, true, rt.stream);
     LAUNCHED();
-    rope(dk.f(), d.b, d.T, d.KV, d.hd, a.theta, true, rt.stream);
+    rope(dkb.data(), d.b, d.T, d.KV, d.hd, a.theta, true, rt.stream);
     LAUNCHED();
   }
+  dqb.store();
+  dkb.store();
+  dvb.store();
   float* dx = din_or_null(c, 0);
-  project_backward(rt, c, x, weight(c, 0), dq.f(), dx, dparam(0), dbias(0), R, a.D, d.qw());
-  project_backward(rt, c, x, weight(c, 1), dk.f(), dx, dparam(1), dbias(1), R, a.D, d.kw());
-  project_backward(rt, c, x, weight(c, 2), dv.f(), dx, dparam(2), dbias(2), R, a.D, d.kw());
+  project_backward(rt, c, x, weight(c, 0), dqb.data(), dx, dparam(0), dbias(0), R, a.D, d.qw());
+  project_backward(rt, c, x, weight(c, 1), dkb.data(), dx, dparam(1), dbias(1), R, a.D, d.kw());
+  project_backward(rt, c, x, weight(c, 2), dvb.data(), dx, dparam(2), dbias(2), R, a.D, d.kw());
 }
 
 // ---- loss ----------------------------------------------------------------------

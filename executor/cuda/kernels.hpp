@@ -184,7 +184,11 @@ void sum_of_squares(const void* x, bool bf16, int64_t n, double* out, cudaStream
 // dst = src * scale; dst += src * scale (bf16 buffers when `bf16`).
 void scaled_copy(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s);
 void scaled_add(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s);
+// bf16 <-> fp32 over whole buffers (bf16-mixed, mixed_precision.cpp): widening
+// is exact; narrowing rounds to nearest even (__float2bfloat16_rn, NaN stays NaN).
 void bf16_widen(float* dst, const void* src, int64_t n, cudaStream_t s);
 void bf16_narrow(void* dst, const float* src, int64_t n, cudaStream_t s);
+// dst (bf16) = round(twin), and twin = the value stored (one pass).
+void bf16_round_store(void* dst, float* twin, int64_t n, cudaStream_t s);
 
 }  // namespace dlplan::exec::cuda

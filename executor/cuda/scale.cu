@@ -28,6 +28,16 @@ __global__ void narrow_k(__nv_bfloat16* dst, const float* src, int64_t n) {
   DLPLAN_GRID_LOOP(e, n) dst[e] = __float2bfloat16_rn(src[e]);
 }
 
+// dst = round(twin); twin = the stored value (so later fp32 arithmetic reads
+// what the bf16 tensor holds).
+__global__ void round_store_k(__nv_bfloat16* dst, float* twin, int64_t n) {
+  DLPLAN_GRID_LOOP(e, n) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(twin[e]);
+    dst[e] = h;
+    twin[e] = __bfloat162float(h);
+  }
+}
+
 }  // namespace
 
 void scaled_copy(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s) {
@@ -54,6 +64,10 @@ void bf16_widen(float* dst, const void* src, int64_t n, cudaStream_t s) {
 
 void bf16_narrow(void* dst, const float* src, int64_t n, cudaStream_t s) {
   if (n > 0) narrow_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), src, n);
+}
+
+void bf16_round_store(void* dst, float* twin, int64_t n, cudaStream_t s) {
+  if (n > 0) round_store_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<__nv_bfloat16*>(dst), twin, n);
 }
 
 }  // namespace dlplan::exec::cuda

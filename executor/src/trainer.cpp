@@ -80,8 +80,6 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     if (c.device.kind == "cpu")
       throw Error(fmt::format("{}: planned for the cpu device; --device {} runs plans for a GPU (dlplan plan --gpu NAME)",
                               plan.path, ops_->name()));
-    if (plan.training.precision == Precision::bf16_mixed)
-      throw Error(fmt::format("{}: bf16-mixed is not implemented in the CUDA backend yet; plan with --precision fp32", plan.path));
     // Does the plan fit the device? Its free memory (after the context and
     // cuBLAS) is shared by the ranks of this node that use it.
     const int64_t free_bytes = ops_->device_free_bytes();
