@@ -15,6 +15,7 @@
 //   8. parse_model validates and infers shapes like any IR file.
 // What the importer could not map or had to assume goes to Model::notes.
 #include "dlplan/error.hpp"
+#include "dlplan/limits.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
 
@@ -479,8 +480,18 @@ class Importer {
     int64_t elems = 1;
     bool known = true;
     const Dims ps = per_sample(in ? data[0] : n.output(0));  // the input's dims are bound, the output's may not be
+    // Products are checked against the tensor limit before they can overflow
+    // (a fuzzed file once multiplied past int64); the sums below then stay
+    // far below it (limits.hpp: 2^48 elements a tensor, 2^20 nodes).
+    auto too_large = [&](const char* what) {
+      fail(fmt::format("{}: {} of op '{}' has more than {} elements", label(n, i), what, key, kMaxTensorElements));
+    };
     for (auto d : ps) {
-      if (d <= 0) known = false;
+      if (d <= 0) {
+        known = false;
+        continue;
+      }
+      if (elems > kMaxTensorElements / d) too_large("the output");
       elems *= d;
     }
     if (!out && !in) known = false;
@@ -492,7 +503,10 @@ class Importer {
       if (g_.is_init(t) && is_float(g_.dtype(t))) {
         const Dims s = g_.shape(t).value();
         int64_t c = 1;
-        for (auto d : s) c *= d;
+        for (auto d : s) {
+          if (d < 0 || (d > 0 && c > kMaxTensorElements / d)) too_large("an initializer");
+          c *= d;
+        }
         u.params += c;
       }
     alias(n, i, data[0]);

@@ -118,6 +118,18 @@ TEST(OnnxStructure, ZeroStrideIsRefusedBeforeShapeInference) {
       << msg;
 }
 
+// Found by fuzz_onnx (UBSan: signed overflow multiplying an unmapped op's
+// initializer dims): shape products are checked against the tensor limit.
+TEST(OnnxStructure, HugeShapeOfAnUnmappedOpIsRefusedNotOverflowed) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string msg =
+      error_of([] { import_onnx(hostile_onnx("unmapped_op_huge_shape.onnx"), ImportOptions{2, 16}); });
+  EXPECT_NE(msg.find("unmapped_op_huge_shape.onnx: node '/head/Gemm' (Gmmm): an initializer of op 'Gmmm' has more than "
+                     "281474976710656 elements"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(OnnxStructure, NodeNotMatchingItsSchemaIsRefused) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const std::string msg = error_of([] { import_onnx(hostile_onnx("reshape_one_input.onnx"), ImportOptions{2, 0}); });
