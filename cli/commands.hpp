@@ -15,6 +15,7 @@ Runner add_model_command(CLI::App& app);
 Runner add_train_command(CLI::App& app);
 Runner add_sim_command(CLI::App& app);
 Runner add_calibrate_command(CLI::App& app);
+Runner add_export_command(CLI::App& app);
 Runner add_list_commands(CLI::App& models, CLI::App& gpus);
 
 // Writes `text` to `path` through a temporary file and a rename, so a failure

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   auto* gpus = app.add_subcommand("gpus", "List the GPU catalog");
   auto* calibrate = app.add_subcommand("calibrate", "Measure this machine (GEMM, memory, collectives) into a cluster profile");
   auto* sim = app.add_subcommand("sim", "Simulate a plan's step: a Gantt chart of compute and communication, the memory curve");
+  auto* exporter = app.add_subcommand("export", "Write a plan as a DeepSpeed config or a PyTorch FSDP/DDP setup file");
   auto* train = app.add_subcommand("train", "Run a plan for real (under mpirun for several ranks) and report measured vs predicted");
   auto* help = app.add_subcommand("help", "Print the help of dlplan or of one command");
   std::string help_topic;
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   dlplan::cli::Runner run_train = dlplan::cli::add_train_command(*train);
   dlplan::cli::Runner run_sim = dlplan::cli::add_sim_command(*sim);
   dlplan::cli::Runner run_calibrate = dlplan::cli::add_calibrate_command(*calibrate);
+  dlplan::cli::Runner run_export = dlplan::cli::add_export_command(*exporter);
 
   if (args.empty()) {  // bare `dlplan`: what it can do
     fmt::print("{}", app.help());
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
     if (model->parsed()) return run_model();
     if (train->parsed()) return run_train();
     if (sim->parsed()) return run_sim();
+    if (exporter->parsed()) return run_export();
     if (calibrate->parsed()) return run_calibrate();
     return run_lists();
   } catch (const dlplan::UsageError& e) {
