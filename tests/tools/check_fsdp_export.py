@@ -113,6 +113,9 @@ def main():
                         ds_config.DeepSpeedConfig(ds)
                     except Exception as e:
                         failures.append(f"{tag}: DeepSpeedConfig refused the config: {e}")
+    if ds_config is not None:
+        import deepspeed
+        print(f"{files} DeepSpeed configs read by DeepSpeedConfig (deepspeed {deepspeed.__version__})")
     for f in failures:
         print("FAIL", f)
     print(f"{files} FSDP files checked against {len(TORCH_2_1)} PyTorch 2.1 names; {len(failures)} failure(s)")
