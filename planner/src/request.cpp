@@ -33,6 +33,15 @@ int64_t positive(const std::optional<int64_t>& v, int64_t fallback, const char* 
   return checked<int64_t>(v, fallback, flag, 1, hi, fmt::format("a positive integer (at most {})", hi).c_str());
 }
 
+// --gpus N --nodes K (0: not given, 1) as K nodes of N/K GPUs.
+void shape_by_flags(Cluster& c, int64_t gpus_flag, int64_t nodes_flag) {
+  const int64_t total = gpus_flag > 0 ? gpus_flag : 1, nodes = nodes_flag > 0 ? nodes_flag : 1;
+  if (total % nodes != 0)
+    throw UsageError(fmt::format("--gpus {} cannot be split evenly across --nodes {}", total, nodes));
+  c.nodes = static_cast<int>(nodes);
+  c.gpus_per_node = static_cast<int>(total / nodes);
+}
+
 // The cluster: a catalog GPU shaped by --gpus/--nodes, or a --cluster file
 // whose topology is kept. Against a file that says K nodes x G, --gpus and
 // --nodes may take a part of it (whole nodes, or part of one node) but never
@@ -47,22 +56,14 @@ Cluster make_cluster(const RequestFlags& f, std::string* source) {
     } catch (const Error& e) {
       throw UsageError(fmt::format("--gpu: {}", e.what()));
     }
-    const int64_t total = gpus_flag > 0 ? gpus_flag : 1, nodes = nodes_flag > 0 ? nodes_flag : 1;
-    if (total % nodes != 0)
-      throw UsageError(fmt::format("--gpus {} cannot be split evenly across --nodes {}", total, nodes));
-    c.nodes = static_cast<int>(nodes);
-    c.gpus_per_node = static_cast<int>(total / nodes);
+    shape_by_flags(c, gpus_flag, nodes_flag);
     return c;
   }
   if (!f.gpu.empty()) throw UsageError("give either --gpu or --cluster, not both");
   c = load_cluster_file(f.cluster_file);
   *source = f.cluster_file;
   if (!cluster_file_topology(f.cluster_file)) {  // a device description: shaped by the flags
-    const int64_t total = gpus_flag > 0 ? gpus_flag : 1, nodes = nodes_flag > 0 ? nodes_flag : 1;
-    if (total % nodes != 0)
-      throw UsageError(fmt::format("--gpus {} cannot be split evenly across --nodes {}", total, nodes));
-    c.nodes = static_cast<int>(nodes);
-    c.gpus_per_node = static_cast<int>(total / nodes);
+    shape_by_flags(c, gpus_flag, nodes_flag);
     return c;
   }
   const int file_nodes = c.nodes, file_per_node = c.gpus_per_node;
