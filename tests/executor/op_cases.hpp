@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <ostream>
@@ -290,6 +291,53 @@ inline void prepare_backward(OpRun& r, const Tensor& dout) {
   }
   r.ctx.dparams.clear();
   for (const auto& p : r.ctx.params) r.ctx.dparams.push_back(r.alloc->zeros(p.shape, DType::f32, Category::grads, "dparam"));
+}
+
+
+// ---- finite differences (ops_grad_test, ops_bf16_test) -----------------------------
+
+// The scalar the gradient checks differentiate: sum of out x r.
+inline double loss_of(const Tensor& out, const std::vector<float>& r) {
+  double l = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) l += double{out.f()[i]} * r[static_cast<size_t>(i)];
+  return l;
+}
+
+// max |a - n| / (max |n| + 1e-3).
+inline double rel_error(const float* a, const std::vector<double>& n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    num = std::max(num, std::fabs(a[i] - n[i]));
+    den = std::max(den, std::fabs(n[i]));
+  }
+  return num / (den + 1e-3);
+}
+
+// dL/dt by central differences, t (fp32) one of run's input or parameter tensors.
+inline std::vector<double> numeric_grad(Backend& be, OpRun& run, Tensor& t, const std::vector<float>& r) {
+  std::vector<double> g(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = t.f()[i];
+    const float eps = 1e-3f * std::max(1.0f, std::fabs(v));
+    const float hi = v + eps, lo = v - eps;
+    t.f()[i] = hi;
+    forward(be, run);
+    const double lp = loss_of(run.ctx.out, r);
+    t.f()[i] = lo;
+    forward(be, run);
+    const double lm = loss_of(run.ctx.out, r);
+    t.f()[i] = v;
+    g[static_cast<size_t>(i)] = (lp - lm) / (double{hi} - double{lo});
+  }
+  return g;
+}
+
+inline std::vector<float> random_r(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> r(static_cast<size_t>(n));
+  for (auto& x : r) x = nd(rng);
+  return r;
 }
 
 }  // namespace dlplan::exec::testing
