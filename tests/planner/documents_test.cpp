@@ -4,6 +4,7 @@
 // "trusted" as they were: negative buckets, betas of 2, 1e10 accumulation, a
 // null kind, a missing prediction); and the content hash that tells an edited
 // plan from one dlplan wrote.
+#include "error_of.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
@@ -37,18 +38,7 @@ OrderedJson written_plan(Strategy s = Strategy::zero3) {
   return plan_json(p, *p.chosen());
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-dlplan exception (the CLI's internal error): " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
+using testing::error_of;
 
 // The message reading an edited `doc` gives (past the content hash, which
 // PlanIntegrity tests).

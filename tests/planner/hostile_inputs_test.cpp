@@ -4,6 +4,7 @@
 // inference, outputs that must not replace device nodes, and the limits on
 // training knobs. (The IR loader's own: loader_test.cpp; plans and reports:
 // documents_test.cpp; data files: tests/executor/data_limits_test.cpp.)
+#include "error_of.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/json_file.hpp"
@@ -29,18 +30,7 @@ namespace {
 
 using J = nlohmann::json;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-dlplan exception (the CLI's internal error): " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
+using testing::error_of;
 
 std::string error_of_or_none(const std::function<void()>& f) {
   try {

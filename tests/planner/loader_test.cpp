@@ -3,6 +3,7 @@
 // field) and the problem -- never a crash, another exception type, or a model
 // that silently loads with a wrong number. Positive controls show the same
 // base model loads when it is not broken, so each failure is the mutation's.
+#include "error_of.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/ir.hpp"
 #include "dlplan/loader.hpp"
@@ -498,19 +499,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-dlplan exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
+using testing::error_of;
 
 TEST(LoaderFile, ValidFileLoads) {
   const auto path = write_temp("dlplan_loader_ok.json", base().dump());
