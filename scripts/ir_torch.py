@@ -33,7 +33,8 @@ and gradients:
   * batchnorm normalises with the batch statistics in training mode and
     updates the running statistics with the unbiased variance (PyTorch's);
   * cross_entropy is the mean over every label position of the micro-batch,
-    computed in fp32.
+    computed in fp32 ("fused" changes what dlplan keeps for backward, not the
+    value: PyTorch's own loss here either way).
 
 The batch dimension is implicit in the IR and first here. i32 inputs may be
 given as int32 or int64 tensors. Works on PyTorch 1.13 and 2.x; uses
@@ -87,7 +88,7 @@ OPS = {
     "tokens": (1, {}),
     "select": (1, {"index": 0}),
     "dropout": (1, {"p": _REQUIRED}),
-    "cross_entropy": (2, {}),
+    "cross_entropy": (2, {"fused": False}),
 }
 
 
@@ -704,6 +705,8 @@ def _node_flops(n):
     if op == "dropout":
         return 2.0 * out, out
     if op == "cross_entropy":
+        if n.a.get("fused"):
+            return 4.0 * _numel(x), 3.0 * _numel(x)
         return 5.0 * _numel(x), 2.0 * _numel(x)
     return 0.0, 0.0  # cls_token, flatten, tokens, select
 

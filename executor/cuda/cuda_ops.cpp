@@ -720,20 +720,24 @@ void attention_bwd(Runtime& rt, OpContext& c) {
 
 void cross_entropy_fwd(Runtime& rt, OpContext& c) {
   const int64_t K = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / K;
-  Tensor probs = alloc_saved(c, {R, K}, DType::f32, "probs");
+  const bool fused = c.node->attrs.flag("fused");  // keeps lse [R] and reads the logits again in backward
+  Tensor kept = fused ? alloc_saved(c, {R}, DType::f32, "lse") : alloc_saved(c, {R, K}, DType::f32, "probs");
   auto* row_loss = static_cast<double*>(rt.scratch_at_least(static_cast<size_t>(R) * sizeof(double), &c));
   CU(cudaMemsetAsync(rt.err, 0xFF, sizeof(int), rt.stream));
-  cross_entropy_forward(c.in[0].f(), c.in[1].i(), probs.f(), row_loss, c.out.f(), R, K, rt.err, rt.stream);
+  cross_entropy_forward(c.in[0].f(), c.in[1].i(), fused ? nullptr : kept.f(), fused ? kept.f() : nullptr, row_loss,
+                        c.out.f(), R, K, rt.err, rt.stream);
   LAUNCHED();
   if (const int64_t row = take_error_row(rt, c))
     op_error(c, fmt::format("target {} is outside [0, {})", read_i32(rt, c, c.in[1].i() + row - 1), K));
-  c.saved.push_back(std::move(probs));
+  c.saved.push_back(std::move(kept));
 }
 void cross_entropy_bwd(Runtime& rt, OpContext& c) {
   float* dz = din_or_null(c, 0);
   if (!dz) return;
   const int64_t K = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / K;
-  cross_entropy_backward(c.saved[0].f(), c.in[1].i(), c.dout.f(), c.grad_scale, dz, R, K, rt.stream);
+  const bool fused = c.node->attrs.flag("fused");
+  cross_entropy_backward(fused ? nullptr : c.saved[0].f(), fused ? c.in[0].f() : nullptr, fused ? c.saved[0].f() : nullptr,
+                         c.in[1].i(), c.dout.f(), c.grad_scale, dz, R, K, rt.stream);
   LAUNCHED();
 }
 

@@ -128,13 +128,15 @@ void bn_backward_dx(const float* x, const float* dy, const float* mean, const fl
                     int64_t C, int64_t S, cudaStream_t s);
 
 // ---- loss.cu ---------------------------------------------------------------------
-// probs [R, K]; row_loss [R] double scratch; out[0] = mean; bad targets: *err
-// (as embedding_forward's) becomes the lowest bad row.
-void cross_entropy_forward(const float* logits, const int32_t* targets, float* probs, double* row_loss, float* out,
-                           int64_t R, int64_t K, int* err, cudaStream_t s);
-// dz += k (probs - onehot), k = grad_scale * dout[0] / R (dout on the device).
-void cross_entropy_backward(const float* probs, const int32_t* targets, const float* dout, double grad_scale,
-                            float* dz, int64_t R, int64_t K, cudaStream_t s);
+// Writes probs [R, K], or (fused: probs null) lse [R] = log sum_j exp(z_j);
+// row_loss [R] double scratch; out[0] = mean; bad targets: *err (as
+// embedding_forward's) becomes the lowest bad row.
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* probs, float* lse, double* row_loss,
+                           float* out, int64_t R, int64_t K, int* err, cudaStream_t s);
+// dz += k (probs - onehot), k = grad_scale * dout[0] / R (dout on the device);
+// fused (probs null): probs = exp(logits - lse) recomputed.
+void cross_entropy_backward(const float* probs, const float* logits, const float* lse, const int32_t* targets,
+                            const float* dout, double grad_scale, float* dz, int64_t R, int64_t K, cudaStream_t s);
 
 // ---- attention.cu ----------------------------------------------------------------
 struct AttnDims {

@@ -243,9 +243,18 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.bwd_flops = 1.0 * out_elems;
       break;
     case OpKind::cross_entropy: {
+      const Shape& logits = in_shape(0);
+      if (n.attrs.flag("fused")) {
+        // Fused (flash-attn's CrossEntropyLoss, llm-foundry's default loss_fn):
+        // keeps the logits themselves and one fp32 log-sum-exp per row, and
+        // recomputes softmax = exp(z - lse) in backward; no probabilities.
+        d.saved = {keep_input(0), keep_own("lse", rows(logits), Elem::f32), keep_input(1)};
+        d.fwd_flops = 4.0 * numel(logits);  // max, exp, sum
+        d.bwd_flops = 3.0 * numel(logits);  // exp(z - lse), minus onehot, scale
+        break;
+      }
       // The softmax probabilities in fp32 (its gradient is probs - onehot), and
       // the targets, which are part of the batch.
-      const Shape& logits = in_shape(0);
       d.saved = {keep_own("probs", numel(logits), Elem::f32), keep_input(1)};
       d.fwd_flops = 5.0 * numel(logits);
       d.bwd_flops = 2.0 * numel(logits);

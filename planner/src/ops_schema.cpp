@@ -67,7 +67,7 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::tokens, "tokens", 1, {}},
       {OpKind::select, "select", 1, {{"index", T::integer, 0}}},
       {OpKind::dropout, "dropout", 1, {{"p", T::number, nullptr}}},
-      {OpKind::cross_entropy, "cross_entropy", 2, {}},
+      {OpKind::cross_entropy, "cross_entropy", 2, {{"fused", T::boolean, false}}},
   };
   return table;
 }

@@ -48,7 +48,7 @@ Json build_gpt(const GptConfig& c) {
   Json head{{"out", c.vocab}, {"bias", false}};
   if (c.tie_head) head["tie"] = "wte";
   x = b.add("lm_head", "linear", {x}, head);
-  b.add("loss", "cross_entropy", {x, "targets"});
+  b.add("loss", "cross_entropy", {x, "targets"}, c.fused_loss ? Json{{"fused", true}} : Json::object());
   return b.finish();
 }
 

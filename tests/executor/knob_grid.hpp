@@ -146,11 +146,15 @@ inline std::vector<Config> full_grid() {
 }
 
 // The plan of a configuration for `world` ranks on the cpu device (whose
-// allocations are rounded to `granularity` bytes when it is not 0).
-inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0) {
+// allocations are rounded to `granularity` bytes when it is not 0); with
+// fused_loss, the model's cross_entropy is the fused one (keeps logits + lse).
+inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0, bool fused_loss = false) {
   const auto& L = levels();
   PlanRequest req;
   req.model = load_model(L[kModel][k[kModel]]);
+  if (fused_loss)
+    for (Node& n : req.model.nodes)
+      if (n.op == OpKind::cross_entropy) n.attrs.values["fused"] = true;
   req.cluster.device = find_device("cpu");
   if (granularity > 0) req.cluster.device.alloc_granularity_bytes = granularity;
   req.cluster.nodes = 1;
@@ -202,8 +206,8 @@ class RoundingHostMemory final : public MemoryResource {
 };
 
 inline Outcome run_config(const Config& k, Communicator& comm, Backend& backend, int steps = 3,
-                          int64_t granularity = 0) {
-  const PlanDocument plan = plan_of(k, comm.size(), granularity);
+                          int64_t granularity = 0, bool fused_loss = false) {
+  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss);
   TrainOptions opt;
   opt.steps = steps;
   Trainer t(plan, comm, backend, opt,

@@ -47,6 +47,27 @@ TEST(KnobGrid, EverySingleKnobChangeOnOneRankMeasuresAsPlanned) { run_all(knobs:
 
 TEST(KnobGrid, PairwiseCoveringSetOnOneRankMeasuresAsPlanned) { run_all(knobs::pairwise()); }
 
+// The fused cross-entropy (an IR attribute, not a plan knob): under every
+// single knob change of the transformer models, measured memory equals the
+// plan's, and the loss is the unfused loss (the same math, another kept set).
+TEST(KnobGrid, FusedLossMeasuresAsPlannedAndLosesTheSame) {
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  int runs = 0;
+  for (auto k : knobs::single_knob_changes()) {
+    if (k[knobs::kModel] == 2) continue;  // syncbn's change runs the CNN
+    for (int model : {0, 3}) {            // tiny-gpt, tiny-vit
+      k[knobs::kModel] = model;
+      const knobs::Outcome fused = knobs::run_config(k, *comm, *backend, 2, 0, true);
+      const knobs::Outcome plain = knobs::run_config(k, *comm, *backend, 2, 0, false);
+      EXPECT_TRUE(fused.equal()) << knobs::describe(k) << ": " << knobs::mismatch(fused);
+      EXPECT_NEAR(fused.loss, plain.loss, 1e-5 * std::fabs(plain.loss)) << knobs::describe(k);
+      ++runs;
+    }
+  }
+  EXPECT_GT(runs, 10);
+}
+
 // The GPU's rounding to 512 B blocks, on the CPU: every allocation of the
 // program (model states tensor by tensor included) predicted as rounded.
 // Control: the same runs planned without rounding measure more than predicted.

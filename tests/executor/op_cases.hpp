@@ -157,6 +157,9 @@ inline std::vector<OpCase> op_cases() {
     c.ir["inputs"] = Json{{"logits", f32(arr({3, 5}))}, {"targets", i32(arr({3}))}};
     c.grad_scale = 0.5;
     v.push_back(c);
+    c.name = "cross_entropy_fused";  // keeps the logits and lse, recomputes the softmax in backward
+    c.ir["nodes"][0]["fused"] = true;
+    v.push_back(c);
   }
   return v;
 }

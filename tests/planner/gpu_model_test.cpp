@@ -284,22 +284,31 @@ TEST(PublishedRuns, ControlTheRooflineMissesThem) {
 }
 
 TEST(PublishedRuns, EveryRunThatRanIsPredictedToFit) {
-  // Known gap (docs/gpu-time-model.md, "What remains"): dlplan's own
-  // cross_entropy keeps its fp32 probabilities (ops_decl.cpp); llm-foundry
-  // used flash-attn's fused cross-entropy, which keeps none. At micro-batch
-  // 18 x 2048 tokens x 50,368 logits that is 7.4 GB, and these four A100-40GB
-  // runs are then predicted ~0.5 GiB over. Listed here until the loss keeps
-  // what the fused kernel keeps.
-  const std::set<std::string> known = {"foundry-a100-40g-350m-T2048-g128-mb18", "foundry-a100-40g-350m-T2048-g64-mb18",
-                                       "foundry-a100-40g-350m-T2048-g32-mb18", "foundry-a100-40g-350m-T2048-g16-mb18"};
-  for (const auto& p : validation().predictions) {
-    if (known.count(p.run.id)) {
-      EXPECT_GT(p.peak_gib, 40.0) << p.run.id << ": fits now; remove it from the known gaps";
-      EXPECT_LT(p.peak_gib, 41.0) << p.run.id;
-      continue;
-    }
-    EXPECT_TRUE(p.fits) << p.run.id << " needs " << p.peak_gib << " GiB";
+  for (const auto& p : validation().predictions) EXPECT_TRUE(p.fits) << p.run.id << " needs " << p.peak_gib << " GiB";
+}
+
+TEST(PublishedRuns, TheFusedLossIsWhatLetsTheTightestRunsFit) {
+  // Control: the 350M runs on A100 40 GB at micro-batch 18 x 2048 tokens ran
+  // with flash-attn's fused cross-entropy (llm-foundry's default loss_fn). With
+  // dlplan's unfused loss, which keeps fp32 probabilities (18 x 2048 x 50,368 x
+  // 4 B = 6.9 GiB) instead of the bf16 logits (3.5 GiB), they would not fit.
+  int tight = 0;
+  for (const published::Run& r : published::load_runs(kData + "published_runs.csv")) {
+    if (r.gpu != "a100-40g" || r.model != "mpt-350m" || r.micro_batch != 18) continue;
+    ++tight;
+    const Model fused = published::run_model(r);
+    const StrategyResult with = evaluate(fused, published::run_cluster(r), published::run_training(r));
+    published::Run unfused_run = r;
+    unfused_run.source = "unfused";  // run_model fuses the loss for llm-foundry's runs only
+    const StrategyResult without = evaluate(published::run_model(unfused_run), published::run_cluster(r), published::run_training(r));
+    EXPECT_TRUE(with.fits) << r.id;
+    EXPECT_FALSE(without.fits) << r.id;
+    // The difference at the peak: the fp32 probabilities less the logits, which
+    // the fused loss keeps (bf16) with one fp32 log-sum-exp per row.
+    const double rows = 18.0 * 2048, logits = rows * 50368;
+    EXPECT_NEAR(static_cast<double>(without.walk.peak - with.walk.peak), logits * 4 - logits * 2 - rows * 4, 1 << 20) << r.id;
   }
+  EXPECT_EQ(tight, 4);
 }
 
 TEST(PublishedRuns, FittedStackDifferencesAgreeWithTheirSources) {

@@ -115,6 +115,11 @@ inline Model run_model(const Run& r) {
     c.vocab = r.vocab;
     c.context = r.seq_len;
     c.dropout = 0;
+    // llm-foundry's MPT loss is flash-attn's fused cross-entropy by default
+    // (llmfoundry/models/mpt/modeling_mpt.py: om_model_config.get('loss_fn',
+    // 'fused_crossentropy')): it keeps the logits and a log-sum-exp per row,
+    // no fp32 probabilities.
+    c.fused_loss = r.source == "llm-foundry";
     return parse_model(zoo::build_gpt(c), r.model);
   }
   if (r.family == "bert") {

@@ -27,6 +27,7 @@ struct GptConfig {
   int mlp_hidden = 0;      // 0: 4 * hidden
   double dropout = 0.1;    // embedding, attention-probability and residual dropout
   bool tie_head = true;    // lm_head shares wte's weight
+  bool fused_loss = false; // cross_entropy keeps logits + lse, not fp32 probabilities (flash-attn's fused loss)
 };
 Json build_gpt(const GptConfig& c);
 
