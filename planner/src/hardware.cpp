@@ -340,6 +340,7 @@ nlohmann::ordered_json cluster_to_json(const Cluster& c) {
   j["device"] = std::move(dev);
   j["nodes"] = c.nodes;
   j["gpus_per_node"] = c.gpus_per_node;
+  if (c.storage_bytes_per_s > 0) j["storage_bytes_per_s"] = c.storage_bytes_per_s;
   return j;
 }
 
@@ -350,8 +351,8 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
                 json_repr(j) + ")");
   for (const auto& [key, value] : j.items()) {
     (void)value;
-    if (key != "device" && key != "gpu" && key != "nodes" && key != "gpus_per_node")
-      throw Error(src + ": unknown field '" + key + "'; known: device, gpu, nodes, gpus_per_node");
+    if (key != "device" && key != "gpu" && key != "nodes" && key != "gpus_per_node" && key != "storage_bytes_per_s")
+      throw Error(src + ": unknown field '" + key + "'; known: device, gpu, nodes, gpus_per_node, storage_bytes_per_s");
   }
   Cluster c;
   const bool from_catalog = j.contains("gpu");
@@ -387,6 +388,11 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
   };
   if (j.contains("nodes")) c.nodes = count("nodes", 1000000);
   if (j.contains("gpus_per_node")) c.gpus_per_node = count("gpus_per_node", 1024);
+  if (j.contains("storage_bytes_per_s")) {
+    // Checkpoint writes per node: 1 MB/s to 10 TB/s.
+    static const FieldDef f{"storage_bytes_per_s", FieldDef::Dbl, 1e6, 1e13, false, "B/s", false, nullptr, nullptr, nullptr};
+    c.storage_bytes_per_s = read_number(j.at("storage_bytes_per_s"), src, "storage_bytes_per_s", f);
+  }
   return c;
 }
 

@@ -200,9 +200,9 @@ void collect_params(Model& m) {
     const Node& n = m.nodes[i];
     OpDecl d = declare(m, n);
     for (const auto& p : d.params)
-      m.params.push_back({n.name + "." + p.suffix, static_cast<int>(i), n.unit, p.numel, p.weight_decay});
+      m.params.push_back({n.name + "." + p.suffix, static_cast<int>(i), n.unit, p.numel, p.weight_decay, p.shape});
     for (const auto& b : d.buffers)
-      m.buffers.push_back({n.name + "." + b.suffix, static_cast<int>(i), n.unit, b.numel, false});
+      m.buffers.push_back({n.name + "." + b.suffix, static_cast<int>(i), n.unit, b.numel, false, b.shape});
   }
 }
 

@@ -45,11 +45,11 @@ void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, Op
   const bool bias = a.bias;
   const double p = a.dropout;
 
-  d.params = {{"q.weight", D * H * hd, true}, {"k.weight", D * KV * hd, true},
-              {"v.weight", D * KV * hd, true}, {"o.weight", H * hd * D, true}};
+  d.params = {{"q.weight", D * H * hd, true, {H * hd, D}}, {"k.weight", D * KV * hd, true, {KV * hd, D}},
+              {"v.weight", D * KV * hd, true, {KV * hd, D}}, {"o.weight", H * hd * D, true, {D, H * hd}}};
   if (bias)
     for (auto [suffix, size] : {std::pair{"q.bias", H * hd}, {"k.bias", KV * hd}, {"v.bias", KV * hd}, {"o.bias", D}})
-      d.params.push_back({suffix, size, false});
+      d.params.push_back({suffix, size, false, {size}});
 
   const double proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D;
   const double scores = 2.0 * H * T * T * hd;  // Q K^T, and again for P V
@@ -117,26 +117,27 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
 
   switch (n.op) {
     case OpKind::embedding: {
-      d.params = {{"weight", n.attrs.integer("num") * n.attrs.integer("dim"), true}};
+      d.params = {{"weight", n.attrs.integer("num") * n.attrs.integer("dim"), true,
+                   {n.attrs.integer("num"), n.attrs.integer("dim")}}};
       d.saved = {keep_input(0)};  // the ids, to scatter the gradient
       d.fwd_flops = 0;
       d.bwd_flops = static_cast<double>(out_elems);  // scatter-add
       break;
     }
     case OpKind::pos_embedding: {
-      d.params = {{"weight", n.attrs.integer("max_len") * in_shape(0)[1], true}};
+      d.params = {{"weight", n.attrs.integer("max_len") * in_shape(0)[1], true, {n.attrs.integer("max_len"), in_shape(0)[1]}}};
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = static_cast<double>(out_elems);
       break;
     }
     case OpKind::cls_token: {
-      d.params = {{"weight", in_shape(0)[1], false}};
+      d.params = {{"weight", in_shape(0)[1], false, {1, 1, in_shape(0)[1]}}};
       break;
     }
     case OpKind::linear: {
       const int64_t in = in_shape(0).back(), o = n.attrs.integer("out");
-      if (!n.attrs.has("tie")) d.params.push_back({"weight", in * o, true});
-      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false});
+      if (!n.attrs.has("tie")) d.params.push_back({"weight", in * o, true, {o, in}});
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false, {o}});
       d.saved = {keep_input(0)};
       d.fwd_flops = 2.0 * rows(in_shape(0)) * in * o;
       d.bwd_flops = 2 * d.fwd_flops;
@@ -146,8 +147,8 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::conv2d: {
       const int64_t c = in_shape(0)[0], o = n.attrs.integer("out"), g = n.attrs.integer("groups");
       const auto k = n.attrs.pair("kernel");
-      d.params = {{"weight", o * (c / g) * k[0] * k[1], true}};
-      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false});
+      d.params = {{"weight", o * (c / g) * k[0] * k[1], true, {o, c / g, k[0], k[1]}}};
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false, {o}});
       d.saved = {keep_input(0)};
       // im2col lowering (executor/cpu/ops_conv.cpp): one column matrix
       // [C kh kw, OH OW], reused sample by sample; backward rebuilds it for
@@ -168,8 +169,8 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     }
     case OpKind::batchnorm: {
       const int64_t c = in_shape(0)[0];
-      d.params = {{"weight", c, false}, {"bias", c, false}};
-      d.buffers = {{"running_mean", c, false}, {"running_var", c, false}};
+      d.params = {{"weight", c, false, {c}}, {"bias", c, false, {c}}};
+      d.buffers = {{"running_mean", c, false, {c}}, {"running_var", c, false, {c}}};
       // Batch statistics are per channel over the whole micro-batch.
       d.saved = {keep_input(0), keep_own("mean", c, Elem::f32, true), keep_own("invstd", c, Elem::f32, true)};
       d.fwd_flops = 8.0 * out_elems;
@@ -178,15 +179,15 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     }
     case OpKind::layernorm: {
       const int64_t dim = in_shape(0).back(), r = rows(in_shape(0));
-      d.params = {{"weight", dim, false}};
-      if (n.attrs.flag("bias")) d.params.push_back({"bias", dim, false});
+      d.params = {{"weight", dim, false, {dim}}};
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", dim, false, {dim}});
       d.saved = {keep_input(0), keep_own("mean", r, Elem::f32), keep_own("rstd", r, Elem::f32)};
       d.fwd_flops = 8.0 * out_elems;
       d.bwd_flops = 12.0 * out_elems;
       break;
     }
     case OpKind::rmsnorm: {
-      d.params = {{"weight", in_shape(0).back(), false}};
+      d.params = {{"weight", in_shape(0).back(), false, {in_shape(0).back()}}};
       d.saved = {keep_input(0), keep_own("rstd", rows(in_shape(0)), Elem::f32)};
       d.fwd_flops = 6.0 * out_elems;
       d.bwd_flops = 10.0 * out_elems;

@@ -1,6 +1,8 @@
 // Writing the documents (plan_io.hpp): planning, plan, report, progress lines.
 #include "dlplan/plan_io.hpp"
 
+#include "dlplan/checkpoint_cost.hpp"
+
 #include "document_json.hpp"
 
 #include <fmt/format.h>
@@ -42,6 +44,14 @@ OrderedJson comm_json(const CommNumbers& c) {
 OrderedJson predicted_json(const Predicted& p) {
   return {{"memory", memory_json(p.memory)}, {"step_seconds", p.step_seconds}, {"compute_seconds", p.compute_seconds},
           {"comm", comm_json(p.comm)},       {"mfu", p.mfu},                   {"fits", p.fits}};
+}
+
+// What `train --checkpoint-dir` writes per save (checkpoint_cost.hpp).
+OrderedJson checkpoint_json(const CheckpointCost& k) {
+  return {{"bytes_per_rank", k.bytes_per_rank},
+          {"bytes_total", k.bytes_total},
+          {"storage_bytes_per_s", k.storage_bytes_per_s},
+          {"seconds", k.seconds}};
 }
 
 }  // namespace doc
@@ -88,7 +98,8 @@ OrderedJson planning_json(const Planning& p) {
                                {"compute_seconds", r.compute_seconds},
                                {"comm", doc::comm_json(pr.comm)},
                                {"step_seconds", r.step_seconds},
-                               {"mfu", r.mfu}});
+                               {"mfu", r.mfu},
+                               {"checkpoint", doc::checkpoint_json(checkpoint_cost(req.model, req.cluster, r.training))}});
   }
   j["recommendation"] = {{"strategy", p.recommendation.strategy ? OrderedJson(to_string(*p.recommendation.strategy)) : OrderedJson()},
                          {"syncbn", p.recommendation.syncbn},
@@ -123,6 +134,7 @@ OrderedJson plan_json(const Planning& p, const StrategyResult& r) {
   j["bucket_mb"] = t.bucket_mb;
   j["prefetch"] = t.prefetch;
   j["predicted"] = doc::predicted_json(predicted_of(r));
+  j["checkpoint"] = doc::checkpoint_json(checkpoint_cost(req.model, req.cluster, t));
   j["content_hash"] = plan_content_hash(nlohmann::json(j));
   return j;
 }

@@ -6,6 +6,8 @@
 // gets the largest micro-batch that fits (fit_search.cpp).
 #include "dlplan/planner.hpp"
 
+#include "dlplan/checkpoint_cost.hpp"
+
 #include "dlplan/error.hpp"
 #include "dlplan/format.hpp"
 #include "fit_search.hpp"
@@ -175,6 +177,14 @@ std::vector<std::string> recommendation_lines(const Planning& p) {
                              : "Recommendation: none fits");
   for (const auto& reason : rec.reasons) out.push_back("  - " + reason);
   out.emplace_back();
+  if (const StrategyResult* c = p.chosen()) {
+    const CheckpointCost k = checkpoint_cost(p.request.model, p.request.cluster, c->training);
+    out.push_back(fmt::format("Checkpoint (train --checkpoint-dir): {} per rank, {} in all; {} to save at {}/s per node{}",
+                              format_bytes(static_cast<double>(k.bytes_per_rank)), format_bytes(static_cast<double>(k.bytes_total)),
+                              format_seconds(k.seconds), format_bytes(k.storage_bytes_per_s),
+                              p.request.cluster.storage_bytes_per_s > 0 ? "" : " (default; storage_bytes_per_s in a --cluster file)"));
+    out.emplace_back();
+  }
   const auto& s = p.syncbn;
   out.push_back("SyncBatchNorm: " + s.reason);
   if (s.enabled && s.group_size > 1)

@@ -78,16 +78,22 @@ DeviceSpec host_cpu_device();
 // The names of every device field, in the table's order (docs, messages).
 std::vector<std::string> device_field_names();
 
+// Checkpoint writes per node when a cluster file does not say
+// (storage_bytes_per_s): 1 GB/s, below one NVMe SSD's sequential write and a
+// common per-client rate of shared file systems; measure yours (docs/cluster.md).
+inline constexpr double kDefaultStorageBytesPerS = 1e9;
+
 struct Cluster {
   DeviceSpec device;
   int nodes = 1;
   int gpus_per_node = 1;
+  double storage_bytes_per_s = 0;  // checkpoint writes per node (0: kDefaultStorageBytesPerS)
   int world() const { return nodes * gpus_per_node; }
 };
 
 // JSON form used by --cluster files and by the plan's "cluster" object:
 // {"device": {all DeviceSpec fields, "sources": {field: text}}, "nodes": n,
-// "gpus_per_node": g}. A --cluster file may instead name a catalog kind
+// "gpus_per_node": g, optionally "storage_bytes_per_s"}. A --cluster file may instead name a catalog kind
 // ("gpu": "h100-80g") and override single fields under "device". Every
 // number is checked against its field's range; errors name the file and the
 // field.

@@ -65,6 +65,7 @@ struct ParamInfo {
   int unit = 0;         // tied parameters belong to the root unit
   int64_t numel = 0;
   bool weight_decay = false;  // weights of linear, conv and embedding
+  Shape shape;                // PyTorch's layout (ParamDecl::shape), for exported weights
 };
 
 // "node 'h.0.attn' (attention)": how every message names a node.

@@ -43,6 +43,7 @@ struct ParamDecl {
   std::string suffix;  // "weight", "bias", "q.weight", ...
   int64_t numel = 0;
   bool weight_decay = false;
+  Shape shape;         // PyTorch's layout (linear [out, in], conv [out, in/groups, kh, kw]); numel elements
 };
 
 struct OpDecl {
