@@ -6,7 +6,29 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <mutex>
+
 namespace dlplan::exec {
+namespace {
+std::atomic<double> g_timeout{kDefaultCommTimeoutSeconds};
+std::mutex g_context_mu;
+std::string g_context = "setting up";
+}  // namespace
+
+double comm_timeout_seconds() { return g_timeout.load(); }
+void set_comm_timeout_seconds(double seconds) {
+  if (!(seconds > 0)) throw Error("the communication timeout must be a positive number of seconds");
+  g_timeout.store(seconds);
+}
+std::string comm_context() {
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  return g_context;
+}
+void set_comm_context(const std::string& context) {
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  g_context = context;
+}
 
 void Communicator::check_collective(const Span& data, int group, const char* what, bool sharded) const {
   if (data.n < 0 || (data.n > 0 && data.data == nullptr))

@@ -10,7 +10,7 @@
 // made on rank 0 and reaches every rank through the host (MPI) communicator,
 // which also serves the host-buffer calls. A watchdog thread polls
 // ncclCommGetAsyncError and the oldest unfinished collective; on an error, or
-// when that collective is older than nccl_timeout_seconds(), it calls
+// when that collective is older than comm_timeout_seconds(), it calls
 // ncclCommAbort on every communicator and ends the job through the host
 // communicator's abort(), naming the collective (the host communicator names
 // the rank).
@@ -297,7 +297,7 @@ std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
 class NcclCommunicator final : public GpuCommunicator {
  public:
   NcclCommunicator(std::unique_ptr<Communicator> host, cudaStream_t compute)
-      : host_(std::move(host)), device_(current_device()), compute_(compute), timeout_s_(nccl_timeout_seconds()) {
+      : host_(std::move(host)), device_(current_device()), compute_(compute), timeout_s_(comm_timeout_seconds()) {
     check_one_device_per_rank();
     DeviceGuard guard(device_);
     int least = 0, greatest = 0;
@@ -523,9 +523,9 @@ class NcclCommunicator final : public GpuCommunicator {
       if (q != cudaErrorNotReady) fail(error_text(q, "cudaEventQuery") + " waiting for " + p.what);
       const double age = std::chrono::duration<double>(now - p.issued).count();
       if (age > timeout_s_)
-        fail(p.what + " has not completed after " + std::to_string(static_cast<int>(age)) +
-             " s: a peer rank has died, is stuck or issued different collectives (timeout " +
-             std::to_string(timeout_s_) + " s, DLPLAN_NCCL_TIMEOUT_S)");
+        fail(p.what + " (" + comm_context() + ") has not completed after " + std::to_string(static_cast<int>(age)) +
+             " s: a peer rank has died, is stuck or issued different collectives (--comm-timeout " +
+             std::to_string(timeout_s_) + " s)");
       break;
     }
   }

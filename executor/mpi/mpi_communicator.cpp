@@ -1,9 +1,17 @@
-// The MPI communicator (CPU backend). MPI is initialised with
-// MPI_THREAD_SERIALIZED and, from then on, only the communication thread calls
-// MPI: the collectives are queued on it in call order (so they overlap the
-// caller's compute) and the blocking calls are queued and waited. The one
-// exception is abort(), which must end the job even while the thread is stuck
-// in a collective with a dead peer.
+// The MPI communicator (CPU backend). The communication thread makes every
+// collective call: the collectives are queued on it in call order (so they
+// overlap the caller's compute) and the blocking calls are queued and waited.
+// Two exceptions: abort(), which must end the job even while the thread is
+// stuck in a collective with a dead peer, and the watchdog.
+//
+// The watchdog (--comm-timeout, comm_timeout_seconds()): a thread that
+// notices a collective older than the timeout. It then tells every other rank
+// "I am waiting" on a communicator of its own, listens for a grace period for
+// theirs, and ends the job naming the ranks of the collective's group that did
+// not say so: stopped (SIGSTOP), stuck in compute, or lost. The lowest waiting
+// rank prints the message; the others end the job a grace period later if it
+// has not. Talking while the communication thread is inside MPI needs
+// MPI_THREAD_MULTIPLE; an MPI without it gets the timeout without the names.
 //
 // Every communicator uses MPI_ERRORS_RETURN; a failing call becomes a
 // dlplan::Error naming the call and the rank.
@@ -18,7 +26,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +39,9 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <sched.h>
+
 namespace dlplan::exec {
 namespace {
 
@@ -35,7 +49,11 @@ struct Group {
   MPI_Comm comm = MPI_COMM_NULL;
   int size = 1;
   int rank = 0;
+  int first = 0;  // world rank of the group's rank 0 (groups are contiguous)
 };
+
+using Clock = std::chrono::steady_clock;
+constexpr int kWaitingTag = 7;
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -49,7 +67,7 @@ class MpiCommunicator final : public Communicator {
       // rehearsal of a plan), where a busy-polling wait steals their time.
       // OpenMPI reads this before MPI_Init; a value the user set wins.
       setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-      if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+      if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         throw Error("MPI_Init_thread failed");
       owns_mpi_ = true;
     } else {
@@ -60,17 +78,26 @@ class MpiCommunicator final : public Communicator {
       throw Error("MPI provides thread level " + std::to_string(provided) +
                   ", the communication thread needs MPI_THREAD_SERIALIZED");
     }
+    multiple_ = provided >= MPI_THREAD_MULTIPLE;
     thread_ = std::make_unique<comm::CommThread>();
     thread_->run_sync([this] { setup(); });
+    watchdog_ = std::thread([this] { watch(); });
   }
 
   ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     if (thread_) {
       try {
         thread_->run_sync([this] {
           for (auto& g : groups_)
             if (g.comm != MPI_COMM_NULL && g.comm != world_) MPI_Comm_free(&g.comm);
           if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
+          if (waiting_ != MPI_COMM_NULL) MPI_Comm_free(&waiting_);
           if (bf16_sum_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_);
         });
       } catch (...) {
@@ -92,7 +119,10 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return "mpi"; }
 
   void barrier() override {
-    thread_->run_sync([this] { check_mpi(MPI_Barrier(world_), "MPI_Barrier"); });
+    thread_->run_sync([this] {
+      Watch w(*this, "MPI_Barrier", groups_.front());
+      check_mpi(MPI_Barrier(world_), "MPI_Barrier");
+    });
   }
 
   void all_gather_bytes(const void* in, void* out, int64_t bytes) override {
@@ -112,6 +142,7 @@ class MpiCommunicator final : public Communicator {
         copy.assign(src, src + bytes);  // MPI forbids aliased send and receive buffers
         send = copy.data();
       }
+      Watch w(*this, "MPI_Allgather", world_group());
       if (send == MPI_IN_PLACE)
         check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, dst, n, MPI_BYTE, world_),
                   "MPI_Allgather");
@@ -124,6 +155,7 @@ class MpiCommunicator final : public Communicator {
     check_buffer(data, count, "all_reduce_doubles");
     if (count == 0) return;
     thread_->run_sync([this, data, count] {
+      Watch w(*this, "MPI_Allreduce", world_group());
       for (int64_t off = 0; off < count; off += INT_MAX) {
         const int n = static_cast<int>(std::min<int64_t>(INT_MAX, count - off));
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, MPI_DOUBLE, MPI_SUM, world_),
@@ -147,10 +179,12 @@ class MpiCommunicator final : public Communicator {
     }
     Group g;
     thread_->run_sync([this, group_size, &g] {
+      Watch w(*this, "MPI_Comm_split", world_group());
       check_mpi(MPI_Comm_split(world_, rank_ / group_size, rank_, &g.comm), "MPI_Comm_split");
       check_mpi(MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
       check_mpi(MPI_Comm_size(g.comm, &g.size), "MPI_Comm_size");
       check_mpi(MPI_Comm_rank(g.comm, &g.rank), "MPI_Comm_rank");
+      g.first = rank_ - g.rank;
     });
     std::lock_guard<std::mutex> lock(mutex_);
     groups_.push_back(g);
@@ -181,6 +215,7 @@ class MpiCommunicator final : public Communicator {
     if (data.n == 0) return comm::completed_work();
     const Type t = type_of(data.dtype);
     return thread_->submit([this, data, g, t] {
+      Watch w(*this, "MPI_Allreduce", g);
       // MPI counts are int: large buffers go in chunks.
       for (int64_t off = 0; off < data.n; off += INT_MAX) {
         const Span part = data.sub(off, std::min<int64_t>(INT_MAX, data.n - off));
@@ -196,6 +231,7 @@ class MpiCommunicator final : public Communicator {
     if (data.n == 0) return comm::completed_work();
     const Type t = type_of(data.dtype);
     return thread_->submit([this, data, shard, g, t] {
+      Watch w(*this, "MPI_Reduce_scatter_block", g);
       // In place, MPI leaves the reduced block at the start of the buffer;
       // this rank's shard belongs at rank * shard.
       check_mpi(MPI_Reduce_scatter_block(MPI_IN_PLACE, data.data, shard, t.type, t.sum, g.comm),
@@ -212,6 +248,7 @@ class MpiCommunicator final : public Communicator {
     if (data.n == 0) return comm::completed_work();
     const Type t = type_of(data.dtype);
     return thread_->submit([this, data, shard, g, t] {
+      Watch w(*this, "MPI_Allgather", g);
       check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data, shard, t.type, g.comm), "MPI_Allgather");
     });
   }
@@ -221,6 +258,7 @@ class MpiCommunicator final : public Communicator {
     if (data.n == 0) return comm::completed_work();
     const Type t = type_of(data.dtype);
     return thread_->submit([this, data, root, g, t] {
+      Watch w(*this, "MPI_Bcast", g);
       for (int64_t off = 0; off < data.n; off += INT_MAX) {
         const Span part = data.sub(off, std::min<int64_t>(INT_MAX, data.n - off));
         check_mpi(MPI_Bcast(part.data, static_cast<int>(part.n), t.type, root, g.comm), "MPI_Bcast");
@@ -241,7 +279,9 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(node, &local_size_), "MPI_Comm_size");
     check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
-    groups_.push_back(Group{world_, size_, rank_});  // handle 0: the world
+    groups_.push_back(Group{world_, size_, rank_, 0});  // handle 0: the world
+    check_mpi(MPI_Comm_dup(world_, &waiting_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(waiting_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check_mpi(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
   }
 
@@ -290,7 +330,101 @@ class MpiCommunicator final : public Communicator {
     return static_cast<int>(shard);
   }
 
+  Group world_group() const { return Group{world_, size_, rank_, 0}; }
+
+  // The collective the communication thread is in, for the watchdog.
+  class Watch {
+   public:
+    Watch(MpiCommunicator& c, const char* call, const Group& g) : c_(c) {
+      std::lock_guard<std::mutex> lock(c_.watch_mu_);
+      c_.in_flight_ = InFlight{call, ++c_.sequence_, g.first, g.size, Clock::now(), true};
+    }
+    ~Watch() {
+      std::lock_guard<std::mutex> lock(c_.watch_mu_);
+      c_.in_flight_.active = false;
+    }
+    Watch(const Watch&) = delete;
+    Watch& operator=(const Watch&) = delete;
+
+   private:
+    MpiCommunicator& c_;
+  };
+  struct InFlight {
+    const char* call = "";
+    int64_t sequence = 0;
+    int group_first = 0, group_size = 1;
+    Clock::time_point since;
+    bool active = false;
+  };
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stopping_ || !in_flight_.active) continue;
+      const double timeout = comm_timeout_seconds();
+      const double age = std::chrono::duration<double>(Clock::now() - in_flight_.since).count();
+      if (age <= timeout) continue;
+      const InFlight f = in_flight_;
+      lock.unlock();
+      name_the_absent_and_abort(f, timeout);  // does not return
+    }
+  }
+
+  // On the watchdog thread: see the top of this file.
+  [[noreturn]] void name_the_absent_and_abort(const InFlight& f, double timeout) {
+    const std::string what = fmt::format("{} (collective #{}, {}) did not complete within {:g} s (--comm-timeout)", f.call,
+                                         f.sequence, comm_context(), timeout);
+    if (!multiple_) abort(what + ": a rank is stopped, stuck or lost (this MPI cannot tell which: no MPI_THREAD_MULTIPLE)");
+    const double grace = std::clamp(timeout / 2, 1.0, 30.0);
+    std::vector<char> waiting(static_cast<size_t>(size_), 0);
+    waiting[static_cast<size_t>(rank_)] = 1;
+    int me = rank_;
+    std::vector<MPI_Request> sends;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request q = MPI_REQUEST_NULL;
+      if (MPI_Isend(&me, 1, MPI_INT, r, kWaitingTag, waiting_, &q) == MPI_SUCCESS) sends.push_back(q);
+    }
+    const auto deadline = Clock::now() + std::chrono::duration<double>(grace);
+    while (Clock::now() < deadline) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kWaitingTag, waiting_, &flag, &st) == MPI_SUCCESS && flag) {
+        int who = -1;
+        if (MPI_Recv(&who, 1, MPI_INT, st.MPI_SOURCE, kWaitingTag, waiting_, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+            who >= 0 && who < size_)
+          waiting[static_cast<size_t>(who)] = 1;
+        continue;
+      }
+      int done = 0;
+      if (!sends.empty()) MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::vector<int> absent;
+    for (int r = f.group_first; r < f.group_first + f.group_size; ++r)
+      if (!waiting[static_cast<size_t>(r)]) absent.push_back(r);
+    std::string message = what;
+    if (absent.empty()) {
+      message += ": every rank of its group is waiting too (they issued different collectives)";
+    } else {
+      message += fmt::format(": rank{} {} did not arrive (stopped, stuck or lost)", absent.size() == 1 ? "" : "s",
+                             fmt::join(absent, ", "));
+    }
+    const int lowest = static_cast<int>(std::find(waiting.begin(), waiting.end(), 1) - waiting.begin());
+    if (rank_ != lowest) std::this_thread::sleep_for(std::chrono::duration<double>(grace));  // the lowest speaks
+    abort(message);
+  }
+
   bool owns_mpi_ = false;
+  bool multiple_ = false;  // MPI_THREAD_MULTIPLE: the watchdog may talk
+  std::thread watchdog_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  InFlight in_flight_;
+  int64_t sequence_ = 0;
+  MPI_Comm waiting_ = MPI_COMM_NULL;  // the watchdog's "I am waiting" messages
   std::unique_ptr<comm::CommThread> thread_;
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;

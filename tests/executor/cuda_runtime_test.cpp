@@ -92,19 +92,12 @@ TEST(CudaSizeClasses, SplitRules) {
   EXPECT_EQ(cuda_granted_fresh(40 * MiB), 40 * MiB);
 }
 
-TEST(CudaRuntimeConfig, NcclTimeoutFromEnvironment) {
-  {
-    ScopedEnv e("DLPLAN_NCCL_TIMEOUT_S", nullptr);
-    EXPECT_DOUBLE_EQ(nccl_timeout_seconds(), 60.0);
-  }
-  {
-    ScopedEnv e("DLPLAN_NCCL_TIMEOUT_S", "2.5");
-    EXPECT_DOUBLE_EQ(nccl_timeout_seconds(), 2.5);
-  }
-  for (const char* bad : {"0", "-3", "ten", "5s"}) {
-    ScopedEnv e("DLPLAN_NCCL_TIMEOUT_S", bad);
-    EXPECT_THROW(nccl_timeout_seconds(), Error) << bad;
-  }
+TEST(CudaRuntimeConfig, CommTimeoutIsOneSettingForMpiAndNccl) {
+  EXPECT_DOUBLE_EQ(comm_timeout_seconds(), kDefaultCommTimeoutSeconds);
+  set_comm_timeout_seconds(2.5);
+  EXPECT_DOUBLE_EQ(comm_timeout_seconds(), 2.5);
+  for (double bad : {0.0, -3.0}) EXPECT_THROW(set_comm_timeout_seconds(bad), Error) << bad;
+  set_comm_timeout_seconds(kDefaultCommTimeoutSeconds);
 }
 
 TEST(CudaRuntimeConfig, CommKindAndLocalRank) {

@@ -105,6 +105,17 @@ inline GpuCommKind parse_gpu_comm_kind(const std::string& s) {
   throw Error("unknown GPU communicator '" + s + "' (nccl or mpi)");
 }
 
+// Seconds a collective may wait for its peers before the job ends naming the
+// ranks that did not arrive (`train --comm-timeout`; the MPI and the NCCL
+// communicators read it at every wait). Default 300 s.
+constexpr double kDefaultCommTimeoutSeconds = 300;
+double comm_timeout_seconds();
+void set_comm_timeout_seconds(double seconds);  // > 0
+// Where the run is ("step 12", "saving the checkpoint of step 10"): timeout
+// messages name it. Process-wide, set by the trainer and the train command.
+std::string comm_context();
+void set_comm_context(const std::string& context);
+
 // A single-process world of size 1 (dlplan_exec_core).
 std::unique_ptr<Communicator> make_single_communicator();
 // The MPI world (dlplan_exec_mpi, built when MPI is found; MPI_Init_thread

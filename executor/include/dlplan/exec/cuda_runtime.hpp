@@ -132,18 +132,6 @@ class GpuCommunicator : public Communicator {
   virtual void* compute_stream() const = 0;
 };
 
-// Seconds a collective may stay unfinished before the NCCL watchdog aborts
-// the job: DLPLAN_NCCL_TIMEOUT_S (a positive number), default 60.
-inline double nccl_timeout_seconds() {
-  const char* v = std::getenv("DLPLAN_NCCL_TIMEOUT_S");
-  if (v == nullptr || *v == '\0') return 60.0;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s > 0))
-    throw Error(std::string("DLPLAN_NCCL_TIMEOUT_S='") + v + "' is not a positive number of seconds");
-  return s;
-}
-
 // A GPU communicator over `host`, which it takes over (the MPI communicator
 // from make_communicator, constructed first: it bootstraps NCCL and serves
 // the host-buffer calls), on the current device (select_cuda_device first),
@@ -152,7 +140,7 @@ inline double nccl_timeout_seconds() {
 //         0 reaches every rank through the host communicator; groups are
 //         ncclCommSplit of contiguous ranks; a watchdog thread polls
 //         ncclCommGetAsyncError and the pending collectives, and on an error
-//         or a collective unfinished after nccl_timeout_seconds() calls
+//         or a collective unfinished after comm_timeout_seconds() calls
 //         ncclCommAbort and ends the job through host.abort(), naming the
 //         rank and the collective. Needs one device per rank.
 //   mpi:  each collective copies the device buffer to pinned host memory,
