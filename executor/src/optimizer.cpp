@@ -75,4 +75,13 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
   return norm;
 }
 
+std::vector<std::pair<std::string, Tensor>> Optimizer::state(int u) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const auto i = static_cast<size_t>(u);
+  if (master_[i].defined()) out.emplace_back("master", master_[i]);
+  if (m_[i].defined()) out.emplace_back("exp_avg", m_[i]);
+  if (v_[i].defined()) out.emplace_back("exp_avg_sq", v_[i]);
+  return out;
+}
+
 }  // namespace dlplan::exec

@@ -166,6 +166,7 @@ int64_t Trainer::tokens_per_sample() const { return dlplan::tokens_per_sample(pl
 StepStats Trainer::step() {
   StepStats stats;
   stats.step = step_;
+  set_comm_context(fmt::format("step {}", step_ + 1));  // named by a collective that times out
   const auto start = Clock::now();
   const int A = static_cast<int>(plan_.training.grad_accum);
   // Every step runs the program from its start, persistent allocations
@@ -192,7 +193,7 @@ StepStats Trainer::step() {
   ++step_;
   // DESIGN.md: the set-up's and the first step's transients are not part of
   // the peak, so measurement restarts after the first step.
-  if (step_ == 1 && opt_.steps > 1) {
+  if (step_ == started_at_ + 1 && opt_.steps > step_) {
     alloc_.reset_peak();
     runner_->ledger().reset_peak();
   }

@@ -76,6 +76,8 @@ OrderedJson report_json(const RunReport& r) {
   if (r.plan.edited) j["plan_edited"] = true;
   j["world_size"] = r.world_size;
   j["seed"] = r.seed;
+  if (r.partial) j["partial"] = true;
+  if (r.first_step > 0) j["first_step"] = r.first_step;
   j["steps"] = r.loss.size();
   j["loss"] = OrderedJson::array();
   for (double l : r.loss) j["loss"].push_back(std::isfinite(l) ? OrderedJson(l) : OrderedJson());  // NaN: null
@@ -97,6 +99,8 @@ RunReport report_from_json(const OrderedJson& ordered, const std::string& src) {
   if (r.world_size != r.plan.cluster.world())
     d.fail(fmt::format("world_size = {} but the plan is for {} ranks", r.world_size, r.plan.cluster.world()));
   r.seed = d.unsigned_integer("seed");
+  if (d.has("partial")) r.partial = d.flag("partial");
+  if (d.has("first_step")) r.first_step = static_cast<int>(d.integer("first_step", 0, std::numeric_limits<int>::max()));
   const int64_t steps = d.integer("steps", 0, std::numeric_limits<int>::max());
   const auto& loss = d.raw("loss");
   if (!loss.is_array() || static_cast<int64_t>(loss.size()) != steps)

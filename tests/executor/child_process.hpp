@@ -60,11 +60,18 @@ inline std::vector<std::string> child_environment(const std::vector<std::string>
   return env;
 }
 
+// A signal for the child (not its group: mpiexec forwards it to the ranks)
+// once its stdout holds `when_stdout_has`.
+struct SignalWhen {
+  int signal = 0;
+  std::string when_stdout_has;
+};
+
 // Runs args[0] (an absolute path) in a process group of its own; past
 // `deadline` it gets SIGTERM (mpiexec forwards it to the ranks), then the
 // group SIGKILL, and `finished` stays false.
 inline ChildResult run_child(std::vector<std::string> args, const std::vector<std::string>& extra_env,
-                             std::chrono::seconds deadline) {
+                             std::chrono::seconds deadline, const SignalWhen& send = {}) {
   ChildResult res;
   char out_path[] = "/tmp/dlplan_child_out_XXXXXX", err_path[] = "/tmp/dlplan_child_err_XXXXXX";
   const int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
@@ -95,10 +102,15 @@ inline ChildResult run_child(std::vector<std::string> args, const std::vector<st
   EXPECT_EQ(rc, 0) << "posix_spawn " << args[0] << ": " << std::strerror(rc);
   if (rc == 0) {
     int status = 0;
+    bool sent = send.signal == 0;
     for (;;) {
       if (waitpid(pid, &status, WNOHANG) == pid) {
         res.finished = true;
         break;
+      }
+      if (!sent && slurp(out_path).find(send.when_stdout_has) != std::string::npos) {
+        kill(pid, send.signal);
+        sent = true;
       }
       if (std::chrono::steady_clock::now() - t0 > deadline) {
         kill(pid, SIGTERM);

@@ -8,7 +8,7 @@
 //
 // Every child runs in its own process group under a deadline
 // (child_process.hpp): past it the group is killed and the test fails.
-#include "child_process.hpp"
+#include "cli_job.hpp"
 #include "dlplan/plan_io.hpp"
 
 #include <gtest/gtest.h>
@@ -27,89 +27,7 @@
 
 namespace {
 
-using Json = nlohmann::json;
-
-constexpr auto kDeadline = std::chrono::seconds(30);
-
-using Job = dlplan::testing::ChildResult;
-using dlplan::testing::slurp;
-
-void spit(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> v;
-  std::istringstream s(text);
-  for (std::string l; std::getline(s, l);) v.push_back(l);
-  return v;
-}
-
-// The program's own stderr lines ("dlplan: ..."), without mpiexec's banners.
-std::vector<std::string> dlplan_lines(const std::string& text) {
-  std::vector<std::string> v;
-  for (auto& l : lines(text))
-    if (l.rfind("dlplan:", 0) == 0) v.push_back(l);
-  return v;
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "dlplan_train_cli_" + std::to_string(::getpid()) + "_" + name;
-}
-
-Job spawn(std::vector<std::string> args, const std::vector<std::string>& extra_env = {},
-          std::chrono::seconds deadline = kDeadline) {
-  return dlplan::testing::run_child(std::move(args), extra_env, deadline);
-}
-
-std::vector<std::string> dlplan_args(std::initializer_list<std::string> a) {
-  std::vector<std::string> v{DLPLAN_EXE};
-  v.insert(v.end(), a);
-  return v;
-}
-
-// `dlplan plan --gpu cpu` for `model` on `ranks`; returns the plan's path.
-std::string make_plan(const std::string& model, int ranks, int micro_batch, const std::string& name) {
-  const std::string path = temp_path(name);
-  const Job j = spawn(dlplan_args({"plan", "--model", model, "--gpu", "cpu", "--gpus", std::to_string(ranks),
-                                   "--micro-batch", std::to_string(micro_batch), "--out", path}));
-  EXPECT_TRUE(j.finished && j.exit_code == 0) << "dlplan plan failed:\n" << j.all();
-  return path;
-}
-
-Json read_json(const std::string& path) {
-  try {
-    return Json::parse(slurp(path));
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << path << " is not JSON: " << e.what();
-    return Json::object();
-  }
-}
-
-#if defined(DLPLAN_MPIEXEC)
-#define SKIP_WITHOUT_MPIEXEC()                                                                \
-  do {                                                                                        \
-    if (access(DLPLAN_MPIEXEC, X_OK) != 0) GTEST_SKIP() << "no mpiexec at " DLPLAN_MPIEXEC; \
-  } while (0)
-// `mpiexec -n ranks --oversubscribe dlplan train args...`
-Job mpi_train(int ranks, std::initializer_list<std::string> args, const std::vector<std::string>& env = {}) {
-  std::vector<std::string> v{DLPLAN_MPIEXEC, "-n", std::to_string(ranks), "--oversubscribe", DLPLAN_EXE, "train"};
-  v.insert(v.end(), args);
-  return spawn(v, env);
-}
-#else
-#define SKIP_WITHOUT_MPIEXEC() GTEST_SKIP() << "built without MPI (no mpiexec): multi-rank runs are not tested"
-Job mpi_train(int, std::initializer_list<std::string>, const std::vector<std::string>& = {}) { return {}; }
-#endif
-
-Job train(std::initializer_list<std::string> args, const std::vector<std::string>& env = {}) {
-  std::vector<std::string> v{DLPLAN_EXE, "train"};
-  v.insert(v.end(), args);
-  return spawn(v, env);
-}
+using namespace dlplan::testing::cli_job;
 
 // A failed set-up: a clean exit 1 and exactly one "dlplan: error: ..." line
 // holding every part (mpiexec's own banners aside).

@@ -94,6 +94,8 @@ struct RunReport {
   int world_size = 1;
   uint64_t seed = 0;
   std::vector<double> loss; // per step (a diverged step's loss is NaN, written null)
+  int first_step = 0;       // steps before these (a run resumed from a checkpoint)
+  bool partial = false;     // stopped by a signal before its last step
   Measured measured;
   Predicted predicted;      // the plan's
 };

@@ -21,6 +21,14 @@ class Optimizer {
   // when the gradients are sharded.
   double step(int step_index, int total_steps, Communicator& comm);
 
+  // This rank's state of unit u for checkpoints, by name: "master" (the fp32
+  // master weights; bf16 parameters only), "exp_avg" (m: AdamW, SGD with
+  // momentum), "exp_avg_sq" (v: AdamW). Each holds shard_size(u) fp32 values
+  // in the store's memory (the device's on a GPU).
+  std::vector<std::pair<std::string, Tensor>> state(int u) const;
+  int steps_taken() const { return t_; }      // Adam's bias-correction count
+  void set_steps_taken(int t) { t_ = t; }     // a resumed run continues it
+
  private:
   OptimizerConfig cfg_;
   ParamStore& store_;

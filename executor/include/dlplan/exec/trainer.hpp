@@ -73,6 +73,16 @@ class Trainer {
   int64_t runtime_bytes() const { return alloc_.memory().runtime_bytes(); }
   int64_t reserved_bytes() { return alloc_.memory().reserved_bytes(); }
   const ParamStore& params() const { return *store_; }
+  // For checkpoints (checkpoint.hpp): the state a resumed step needs.
+  ParamStore& store() { return *store_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const LoadedPlan& plan() const { return plan_; }
+  // Continue as if `steps` steps had run: data, dropout and the learning rate
+  // are keyed by the step, Adam's bias correction by the optimizer's count.
+  void resume_at(int steps) {
+    step_ = started_at_ = steps;
+    optimizer_->set_steps_taken(steps);
+  }
   const LedgerCheck& ledger_check() const { return ledger_check_; }
   // Every parameter, full (gathered from shards when sharded), in Model::params order.
   std::vector<float> full_parameters();
@@ -103,6 +113,7 @@ class Trainer {
   int syncbn_group_ = 0;
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
+  int started_at_ = 0;  // the step this process began at (resume_at)
   double syncbn_bytes_ = 0;  // sent by SyncBN's collectives this step
   std::vector<WorkHandle> pending_param_gathers_;
 };

@@ -1,0 +1,850 @@
+// Checkpoints: save, load (resharding), consolidated tensors, safetensors.
+// The format is described in checkpoint.hpp and docs/checkpoints.md.
+#include "dlplan/exec/checkpoint.hpp"
+
+#include "dlplan/exec/optimizer.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <cmath>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace dlplan::exec {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kLatest = "latest";
+constexpr int kSchemaVersion = 1;
+
+std::string why() { return std::strerror(errno); }
+
+std::string step_folder(int step) { return fmt::format("step-{:08d}", step); }
+std::string shard_name(int rank) { return fmt::format("shard-{:05d}.bin", rank); }
+
+// ---- files ---------------------------------------------------------------------
+
+class File {
+ public:
+  File(const std::string& path, int flags, mode_t mode = 0666) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0) throw Error(fmt::format("{}: cannot open ({})", path, why()));
+  }
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  void write(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw Error(fmt::format("{}: write failed ({})", path_, n < 0 ? why() : "nothing written"));
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+  }
+  void sync() {
+    if (::fsync(fd_) != 0) throw Error(fmt::format("{}: fsync failed ({})", path_, why()));
+  }
+  void close() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw Error(fmt::format("{}: close failed ({})", path_, why()));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+void sync_folder(const std::string& path) {
+  File dir(path, O_RDONLY | O_DIRECTORY);
+  dir.sync();
+}
+
+// A small file written whole, fsynced, then renamed over `path`.
+void replace_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    f.write(text.data(), text.size());
+    f.sync();
+    f.close();
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(fmt::format("{}: cannot rename into place ({})", path, why()));
+}
+
+std::vector<char> read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open ({})", path, why()));
+  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(fmt::format("{}: read failed", path));
+  return data;
+}
+
+uint32_t crc_of(const char* data, size_t bytes, uint32_t crc = 0) {
+  // zlib's CRC-32 (IEEE 802.3), in chunks its uInt length can hold.
+  uLong c = crc;
+  while (bytes > 0) {
+    const uInt n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(data), n);
+    data += n;
+    bytes -= n;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+// ---- identity ----------------------------------------------------------------------
+
+std::string model_hash(const PlanDocument& plan) {
+  // The model as planned (its IR, sequence length applied), keys sorted.
+  const Json ir = Json::parse(plan.document.at("model").at("ir").dump());
+  const std::string text = ir.dump();
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return fmt::format("fnv1a64:{:016x}", h);
+}
+
+// The range of unit u rank r saves: what it owns under ZeRO, else a 1/N share.
+std::pair<int64_t, int64_t> saved_range(const ParamStore& s, int u) {
+  if (s.sharded()) return {s.owned_begin(u), s.owned_begin(u) + s.owned_size(u)};
+  const int64_t P = s.unit_size(u), share = (P + s.world() - 1) / s.world();
+  return {std::min(P, s.rank() * share), std::min(P, (s.rank() + 1) * share)};
+}
+
+bool params_sharded(const ParamStore& s) { return sharding(s.strategy(), s.world()).params; }
+
+// ---- collective error handling -------------------------------------------------------
+
+// Every rank learns whether any failed, and which (the lowest) with its message
+// printed by that rank's caller: `detail` is non-empty on the failing rank.
+void agree(Communicator& comm, const std::string& local_error, const std::string& what) {
+  Communicator& host = comm.host();
+  // max of (size - rank): the lowest failing rank.
+  const double v = local_error.empty() ? 0.0 : static_cast<double>(comm.size() - comm.rank());
+  std::vector<double> all(static_cast<size_t>(host.size()));
+  host.all_gather_bytes(&v, all.data(), sizeof v);
+  const double worst = *std::max_element(all.begin(), all.end());
+  if (worst == 0) return;
+  const int rank = comm.size() - static_cast<int>(worst);
+  throw CheckpointError(fmt::format("{} failed on rank {}", what, rank), rank, rank == comm.rank() ? local_error : "");
+}
+
+// ---- manifest ----------------------------------------------------------------------
+
+struct Manifest {
+  std::string folder;  // the checkpoint's folder
+  Json j;
+  int step = 0;
+  int world = 0;
+  std::vector<std::string> states;
+};
+
+// The manifest's layout holds together, so that nothing read from it can
+// index outside what it describes: each unit's ranges tile [0, size) across
+// the shards, each shard's offsets follow from its ranges and its byte count
+// from both, parameters lie inside their unit, shard files are named as
+// dlplan names them (no other path is ever opened). Throws Error (or a JSON
+// exception for a missing or mistyped field).
+void validate_layout(Manifest& m) {
+  const int64_t states = static_cast<int64_t>(m.states.size());
+  if (states > 3 || std::set<std::string>(m.states.begin(), m.states.end()).size() != m.states.size())
+    throw Error("states must be \"params\" and up to two distinct optimizer moments");
+  const Json& units = m.j.at("units");
+  const Json& shards = m.j.at("shards");
+  if (!units.is_array() || !shards.is_array()) throw Error("units and shards must be arrays");
+  std::vector<int64_t> size;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].at("unit").get<int64_t>() != static_cast<int64_t>(u)) throw Error(fmt::format("units[{}] is not unit {}", u, u));
+    const auto P = units[u].at("size").get<int64_t>();
+    if (P < 0 || P > (int64_t{1} << 46)) throw Error(fmt::format("unit {}: size {} out of range", u, P));
+    size.push_back(P);
+    for (const Json& p : units[u].at("params")) {
+      const auto off = p.at("offset").get<int64_t>(), n = p.at("numel").get<int64_t>();
+      double elements = 1;
+      for (int64_t d : p.at("shape").get<Shape>()) elements *= d < 0 ? -1.0 : static_cast<double>(d);
+      if (off < 0 || n < 0 || off > P - n || elements != static_cast<double>(n))
+        throw Error(fmt::format("unit {}: parameter '{}' lies outside the unit or its shape is not its numel", u,
+                                p.at("name").get<std::string>()));
+    }
+  }
+  int64_t buffer_values = 0;
+  for (const Json& b : m.j.at("buffers")) {
+    const auto n = b.at("numel").get<int64_t>();
+    double elements = 1;
+    for (int64_t d : b.at("shape").get<Shape>()) elements *= d < 0 ? -1.0 : static_cast<double>(d);
+    if (n < 0 || n > (int64_t{1} << 40) || elements != static_cast<double>(n))
+      throw Error(fmt::format("buffer '{}': numel out of range or not its shape", b.at("name").get<std::string>()));
+    buffer_values += n;
+  }
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(size.size());
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const Json& s = shards[r];
+    if (s.at("rank").get<int64_t>() != static_cast<int64_t>(r) || s.at("file").get<std::string>() != shard_name(static_cast<int>(r)))
+      throw Error(fmt::format("shards[{}] must be rank {} in {}", r, r, shard_name(static_cast<int>(r))));
+    const Json& ranges = s.at("ranges");
+    if (ranges.size() != size.size()) throw Error(fmt::format("shard {} has {} ranges for {} units", r, ranges.size(), size.size()));
+    int64_t at = 0;
+    for (size_t u = 0; u < ranges.size(); ++u) {
+      const Json& q = ranges[u];
+      const auto b = q.at("begin").get<int64_t>(), e = q.at("end").get<int64_t>();
+      if (q.at("unit").get<int64_t>() != static_cast<int64_t>(u) || b < 0 || e < b || e > size[u] || q.at("offset").get<int64_t>() != at)
+        throw Error(fmt::format("shard {}: range {} is out of place", r, u));
+      covered[u].emplace_back(b, e);
+      at += (e - b) * states * 4;
+    }
+    if (s.at("buffers").at("count").get<int64_t>() != buffer_values || s.at("buffers").at("offset").get<int64_t>() != at ||
+        s.at("bytes").get<int64_t>() != at + buffer_values * 4)
+      throw Error(fmt::format("shard {}: its bytes and buffers do not follow from its ranges", r));
+  }
+  for (size_t u = 0; u < covered.size(); ++u) {
+    auto& c = covered[u];
+    std::sort(c.begin(), c.end());
+    int64_t next = 0;
+    for (const auto& [b, e] : c) {
+      if (b != next && e > b) throw Error(fmt::format("unit {}: the shards' ranges leave a gap or overlap at {}", u, next));
+      next = std::max(next, e);
+    }
+    if (next != size[u]) throw Error(fmt::format("unit {}: the shards cover {} of {} values", u, next, size[u]));
+  }
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string latest = (fs::path(dir) / kLatest).string();
+  std::ifstream in(latest);
+  if (!in) throw Error(fmt::format("{}: cannot read ({})", latest, why()));
+  std::string name;
+  std::getline(in, name);
+  if (name.empty() || name.find('/') != std::string::npos || name.rfind("step-", 0) != 0)
+    throw Error(fmt::format("{}: names '{}', not a checkpoint folder step-NNNNNNNN", latest, name));
+  Manifest m;
+  m.folder = (fs::path(dir) / name).string();
+  const std::string path = (fs::path(m.folder) / "manifest.json").string();
+  const std::vector<char> text = read_whole(path);
+  try {
+    m.j = Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
+  }
+  try {
+    if (m.j.value("kind", "") != "checkpoint") throw Error("\"kind\" is not \"checkpoint\"");
+    if (m.j.at("schema_version").get<int>() != kSchemaVersion)
+      throw Error(fmt::format("schema_version {} (this dlplan reads {})", m.j.at("schema_version").dump(), kSchemaVersion));
+    m.step = m.j.at("step").get<int>();
+    m.world = m.j.at("world_size").get<int>();
+    m.states = m.j.at("states").get<std::vector<std::string>>();
+    if (m.step < 0 || m.world < 1 || m.states.empty() || m.states[0] != "params")
+      throw Error("step, world_size or states out of range");
+    if (m.j.at("shards").size() != static_cast<size_t>(m.world))
+      throw Error(fmt::format("{} shards for a world of {}", m.j.at("shards").size(), m.world));
+    validate_layout(m);
+  } catch (const Json::exception& e) {
+    throw Error(fmt::format("{}: not a dlplan checkpoint manifest ({})", path, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: not a dlplan checkpoint manifest: {}", path, e.what()));
+  }
+  return m;
+}
+
+// One shard's file, read and checked against the manifest (size and CRC-32).
+std::vector<char> read_shard(const Manifest& m, const Json& shard) {
+  const std::string path = (fs::path(m.folder) / shard.at("file").get<std::string>()).string();
+  std::vector<char> data = read_whole(path);
+  const auto bytes = shard.at("bytes").get<int64_t>();
+  if (static_cast<int64_t>(data.size()) != bytes)
+    throw Error(fmt::format("{}: {} bytes, the manifest says {} (truncated or replaced)", path, data.size(), bytes));
+  const std::string crc = fmt::format("{:08x}", crc_of(data.data(), data.size()));
+  if (crc != shard.at("crc32").get<std::string>())
+    throw Error(fmt::format("{}: CRC-32 {} does not match the manifest's {} (the file is corrupted)", path, crc,
+                           shard.at("crc32").get<std::string>()));
+  return data;
+}
+
+// Copies, from every shard, the part of unit u's state `state` in [lo, hi)
+// into out (hi - lo values); throws when the shards do not cover it.
+class ShardReader {
+ public:
+  explicit ShardReader(const Manifest& m) : m_(m) {}
+
+  // Registers a request; fulfilled by run().
+  void want(int unit, int state, int64_t lo, int64_t hi, float* out) {
+    if (hi > lo) wants_.push_back({unit, state, lo, hi, out, 0});
+  }
+
+  void run() {
+    for (const Json& shard : m_.j.at("shards")) {
+      bool needed = false;  // read only the files something wants
+      for (const Json& r : shard.at("ranges"))
+        for (const Want& w : wants_)
+          needed |= r.at("unit").get<int>() == w.unit && r.at("begin").get<int64_t>() < w.hi &&
+                    r.at("end").get<int64_t>() > w.lo;
+      if (!needed) continue;
+      const std::vector<char> data = read_shard(m_, shard);
+      for (const Json& r : shard.at("ranges")) {
+        const int unit = r.at("unit").get<int>();
+        const int64_t begin = r.at("begin").get<int64_t>(), end = r.at("end").get<int64_t>();
+        const int64_t at = r.at("offset").get<int64_t>();
+        for (Want& w : wants_) {
+          if (w.unit != unit) continue;
+          const int64_t lo = std::max(begin, w.lo), hi = std::min(end, w.hi);
+          if (hi <= lo) continue;
+          const int64_t from = at + (static_cast<int64_t>(w.state) * (end - begin) + (lo - begin)) * 4;
+          if (from < 0 || from + (hi - lo) * 4 > static_cast<int64_t>(data.size()))
+            throw Error(fmt::format("{}: range of unit {} outside its shard file", m_.folder, unit));
+          std::memcpy(w.out + (lo - w.lo), data.data() + from, static_cast<size_t>(hi - lo) * 4);
+          w.filled += hi - lo;
+        }
+      }
+    }
+    for (const Want& w : wants_)
+      if (w.filled != w.hi - w.lo)
+        throw Error(fmt::format("{}: the shards hold {} of the {} values of unit {} [{}, {}) ({})", m_.folder, w.filled,
+                               w.hi - w.lo, w.unit, w.lo, w.hi, m_.states[static_cast<size_t>(w.state)]));
+  }
+
+ private:
+  struct Want {
+    int unit, state;
+    int64_t lo, hi;
+    float* out;
+    int64_t filled;
+  };
+  const Manifest& m_;
+  std::vector<Want> wants_;
+};
+
+// The manifest's model against the plan's: the same parameters, unit by unit.
+void check_model(const Manifest& m, const PlanDocument& plan, const CheckpointRun& run) {
+  const std::string where = (fs::path(m.folder) / "manifest.json").string();
+  const Json& id = m.j.at("plan");
+  if (id.at("model_hash").get<std::string>() != model_hash(plan)) {
+    std::string detail;
+    const Json& units = m.j.at("units");
+    for (const ParamInfo& p : plan.model.params) {
+      bool found = false;
+      for (const Json& u : units)
+        for (const Json& t : u.at("params"))
+          if (t.at("name").get<std::string>() == p.name) {
+            found = true;
+            if (t.at("numel").get<int64_t>() != p.numel && detail.empty())
+              detail = fmt::format(": its '{}' has {} elements, the plan's {}", p.name, t.at("numel").get<int64_t>(), p.numel);
+          }
+      if (!found && detail.empty()) detail = fmt::format(": it has no parameter '{}'", p.name);
+    }
+    throw Error(fmt::format("{}: a checkpoint of model '{}', not of this plan's model '{}' (the IR differs{})", where,
+                            id.value("model", "?"), plan.model.name, detail));
+  }
+  if (m.j.at("seed").get<uint64_t>() != run.seed)
+    throw Error(fmt::format("{}: trained with --seed {}; resume with the same seed (data and dropout follow it), not {}",
+                            where, m.j.at("seed").get<uint64_t>(), run.seed));
+  if (m.j.at("total_steps").get<int>() != run.total_steps)
+    throw Error(fmt::format("{}: the run was started with --steps {} (the learning-rate schedule's total); --steps {} "
+                            "would change the schedule: resume with --steps {}",
+                            where, m.j.at("total_steps").get<int>(), run.total_steps, m.j.at("total_steps").get<int>()));
+  if (m.step > run.total_steps)
+    throw Error(fmt::format("{}: at step {}, past --steps {}", where, m.step, run.total_steps));
+  const std::string optimizer = to_string(plan.training.optimizer.kind);
+  if (m.j.at("optimizer").get<std::string>() != optimizer)
+    throw Error(fmt::format("{}: saved with optimizer {}, the plan uses {}", where, m.j.at("optimizer").get<std::string>(),
+                            optimizer));
+}
+
+}  // namespace
+
+// ---- save ------------------------------------------------------------------------------
+
+std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm, const CheckpointRun& run) {
+  ParamStore& store = trainer.store();
+  Optimizer& opt = trainer.optimizer();
+  const PlanDocument& plan = trainer.plan();
+  DeviceOps& ops = store.ops();
+  const int step = trainer.steps_done();
+  const std::string name = step_folder(step);
+  const std::string tmp = (fs::path(dir) / (".tmp-" + name)).string();
+  const std::string final_folder = (fs::path(dir) / name).string();
+  const bool root = comm.rank() == 0;
+  const std::string what = fmt::format("saving the checkpoint of step {} into {}", step, dir);
+
+  std::string error;
+  if (root) {
+    try {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw Error(fmt::format("{}: cannot create the folder ({})", dir, ec.message()));
+      fs::remove_all(tmp, ec);  // a save interrupted earlier
+      if (!fs::create_directory(tmp, ec) || ec)
+        throw Error(fmt::format("{}: cannot create ({})", tmp, ec ? ec.message() : "exists"));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(comm, error, what);
+
+  // This rank's shard: for each unit its range of every state, fp32.
+  Json ranges = Json::array();
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  std::vector<std::string> states;
+  try {
+    const std::string path = (fs::path(tmp) / shard_name(comm.rank())).string();
+    File f(path, O_WRONLY | O_CREAT | O_TRUNC);
+    auto put = [&](const std::vector<float>& v) {
+      const size_t n = v.size() * sizeof(float);
+      f.write(v.data(), n);
+      crc = crc_of(reinterpret_cast<const char*>(v.data()), n, crc);
+      bytes += static_cast<int64_t>(n);
+    };
+    for (int u = 0; u < store.units(); ++u) {
+      const auto [lo, hi] = saved_range(store, u);
+      const int64_t ob = store.owned_begin(u), L = hi - lo;
+      const auto state = opt.state(u);
+      std::vector<std::pair<std::string, Tensor>> moments;
+      const Tensor* master = nullptr;
+      for (const auto& [k, t] : state) {
+        if (k == "master") master = &t;
+        else moments.emplace_back(k, t);
+      }
+      if (u == 0) {
+        states = {"params"};
+        for (const auto& [k, t] : moments) states.push_back(k);
+      }
+      ranges.push_back({{"unit", u}, {"begin", lo}, {"end", hi}, {"offset", bytes}});
+      std::vector<float> v(static_cast<size_t>(L));
+      if (L > 0) {
+        if (master) ops.download(v.data(), master->f() + (lo - ob), L * 4);
+        else ops.download_floats(v.data(), store.owned_params(u).sub(lo - ob, L));
+      }
+      put(v);
+      for (const auto& [k, t] : moments) {
+        if (L > 0) ops.download(v.data(), t.f() + (lo - ob), L * 4);
+        put(v);
+      }
+      if (run.kill_mid_save && u == store.units() / 2) {
+        // Test hook (DLPLAN_FAULT=R:S:kill-in-save): die here, half written.
+        f.sync();
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
+    }
+    if (run.fail_write) {  // test hook: a full disk, half-way
+      errno = ENOSPC;
+      throw Error(fmt::format("{}: write failed ({}; injected by DLPLAN_FAULT)", path, why()));
+    }
+    const std::vector<float> buffers = trainer.buffers();
+    ranges.push_back({{"buffers", static_cast<int64_t>(buffers.size())}, {"offset", bytes}});
+    put(buffers);
+    f.sync();
+    f.close();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  try {
+    agree(comm, error, what);
+  } catch (const CheckpointError&) {
+    std::error_code ec;
+    if (root) fs::remove_all(tmp, ec);  // the shards written; the previous checkpoint stays
+    throw;
+  }
+
+  // Rank 0 gathers each shard's size and CRC and writes the manifest.
+  struct Summary {
+    int64_t bytes;
+    uint32_t crc;
+    uint32_t pad;
+  };
+  const Summary mine{bytes, crc, 0};
+  std::vector<Summary> all(static_cast<size_t>(comm.size()));
+  comm.host().all_gather_bytes(&mine, all.data(), sizeof mine);
+  std::string manifest_text;  // rank 0's
+  {
+    // Ranges have the same shape on every rank (units, then buffers): gather
+    // them as fixed-size int64 records.
+    std::vector<int64_t> rec;
+    for (const Json& r : ranges)
+      if (r.contains("unit")) rec.insert(rec.end(), {r["begin"].get<int64_t>(), r["end"].get<int64_t>(), r["offset"].get<int64_t>()});
+      else rec.insert(rec.end(), {r["buffers"].get<int64_t>(), 0, r["offset"].get<int64_t>()});
+    std::vector<int64_t> every(rec.size() * static_cast<size_t>(comm.size()));
+    comm.host().all_gather_bytes(rec.data(), every.data(), static_cast<int64_t>(rec.size() * sizeof(int64_t)));
+    if (root) {
+      Json shards = Json::array();
+      for (int r = 0; r < comm.size(); ++r) {
+        Json rr = Json::array();
+        const int64_t* p = every.data() + static_cast<size_t>(r) * rec.size();
+        for (int u = 0; u < store.units(); ++u, p += 3)
+          rr.push_back({{"unit", u}, {"begin", p[0]}, {"end", p[1]}, {"offset", p[2]}});
+        Json shard = {{"rank", r},
+                      {"file", shard_name(r)},
+                      {"bytes", all[static_cast<size_t>(r)].bytes},
+                      {"crc32", fmt::format("{:08x}", all[static_cast<size_t>(r)].crc)},
+                      {"ranges", rr},
+                      {"buffers", {{"count", p[0]}, {"offset", p[2]}}}};
+        shards.push_back(shard);
+      }
+      Json units = Json::array();
+      for (int u = 0; u < store.units(); ++u) units.push_back({{"unit", u}, {"size", store.unit_size(u)}, {"params", Json::array()}});
+      for (size_t k = 0; k < plan.model.params.size(); ++k) {
+        const ParamInfo& p = plan.model.params[k];
+        const auto [u, off] = store.locate(static_cast<int>(k));
+        units[static_cast<size_t>(u)]["params"].push_back(
+            {{"name", p.name}, {"shape", p.shape.empty() ? Shape{p.numel} : p.shape}, {"numel", p.numel}, {"offset", off}});
+      }
+      Json buffers = Json::array();
+      for (const ParamInfo& b : plan.model.buffers)
+        buffers.push_back({{"name", b.name}, {"shape", b.shape.empty() ? Shape{b.numel} : b.shape}, {"numel", b.numel}});
+      Json manifest = {{"kind", "checkpoint"},
+                       {"schema_version", kSchemaVersion},
+                       {"step", step},
+                       {"total_steps", run.total_steps},
+                       {"seed", run.seed},
+                       {"world_size", comm.size()},
+                       {"strategy", to_string(plan.training.strategy)},
+                       {"precision", to_string(plan.training.precision)},
+                       {"optimizer", to_string(plan.training.optimizer.kind)},
+                       {"plan",
+                        {{"path", plan.path},
+                         {"content_hash", plan.document.value("content_hash", "")},
+                         {"model", plan.model.name},
+                         {"model_hash", model_hash(plan)}}},
+                       {"dtype", "f32"},
+                       {"states", states},
+                       {"units", units},
+                       {"buffers", buffers},
+                       {"shards", shards}};
+      manifest_text = manifest.dump(1);
+    }
+  }
+  error.clear();
+  if (root) {
+    try {
+      replace_file((fs::path(tmp) / "manifest.json").string(), manifest_text + "\n");
+      sync_folder(tmp);
+      std::error_code ec;
+      if (fs::exists(final_folder, ec)) fs::remove_all(final_folder, ec);  // this step saved before (a rerun)
+      if (std::rename(tmp.c_str(), final_folder.c_str()) != 0)
+        throw Error(fmt::format("{}: cannot rename to {} ({})", tmp, final_folder, why()));
+      sync_folder(dir);
+      replace_file((fs::path(dir) / kLatest).string(), name + "\n");
+      sync_folder(dir);
+    } catch (const std::exception& e) {
+      error = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  }
+  agree(comm, error, what);
+  return final_folder;
+}
+
+// ---- load ------------------------------------------------------------------------------
+
+int load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm, const CheckpointRun& run) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / kLatest, ec)) return -1;
+  ParamStore& store = trainer.store();
+  Optimizer& opt = trainer.optimizer();
+  DeviceOps& ops = store.ops();
+  int step = -1;
+  std::string error;
+  try {
+    const Manifest m = read_manifest(dir);
+    check_model(m, trainer.plan(), run);
+    ShardReader reader(m);
+    const bool full = !params_sharded(store);
+    std::vector<std::vector<float>> params(static_cast<size_t>(store.units()));
+    std::vector<std::vector<std::vector<float>>> moments(static_cast<size_t>(store.units()));
+    for (int u = 0; u < store.units(); ++u) {
+      const int64_t ob = store.owned_begin(u), os = store.owned_size(u);
+      const int64_t lo = full ? 0 : ob, hi = full ? store.unit_size(u) : ob + os;
+      auto& p = params[static_cast<size_t>(u)];
+      p.resize(static_cast<size_t>(hi - lo));
+      reader.want(u, 0, lo, hi, p.data());
+      const auto state = opt.state(u);
+      int k = 0;
+      for (const auto& [name, t] : state) {
+        if (name == "master") continue;
+        ++k;
+        const auto it = std::find(m.states.begin(), m.states.end(), name);
+        if (it == m.states.end())
+          throw Error(fmt::format("{}/manifest.json: holds no optimizer state '{}'", m.folder, name));
+        auto& v = moments[static_cast<size_t>(u)].emplace_back(static_cast<size_t>(os));
+        reader.want(u, static_cast<int>(it - m.states.begin()), ob, ob + os, v.data());
+      }
+      if (k + 1 != static_cast<int>(m.states.size()))
+        throw Error(fmt::format("{}/manifest.json: states {} do not match the optimizer's", m.folder, Json(m.states).dump()));
+    }
+    reader.run();
+    // Buffers (BN running statistics): this rank's own at the same world
+    // size, else rank 0's.
+    const Json& shard = m.j.at("shards").at(static_cast<size_t>(m.world == comm.size() ? comm.rank() : 0));
+    const std::vector<float> own = trainer.buffers();
+    if (shard.at("buffers").at("count").get<size_t>() != own.size())
+      throw Error(fmt::format("{}/manifest.json: {} buffer values, the model has {}", m.folder,
+                              shard.at("buffers").at("count").get<size_t>(), own.size()));
+    std::vector<float> buffers(own.size());
+    if (!own.empty()) {
+      const std::vector<char> data = read_shard(m, shard);
+      const auto at = shard.at("buffers").at("offset").get<int64_t>();
+      if (at < 0 || at + static_cast<int64_t>(own.size() * 4) > static_cast<int64_t>(data.size()))
+        throw Error(fmt::format("{}: buffers outside the shard file", m.folder));
+      std::memcpy(buffers.data(), data.data() + at, own.size() * 4);
+    }
+
+    // Into the trainer: parameters (rounded to bf16 under bf16-mixed), the
+    // fp32 master copy of the owned slice, the moments, the buffers.
+    for (int u = 0; u < store.units(); ++u) {
+      const int64_t ob = store.owned_begin(u), os = store.owned_size(u);
+      const auto& p = params[static_cast<size_t>(u)];
+      ops.upload_floats(store.params(u).span().sub(0, static_cast<int64_t>(p.size())), p.data());
+      const float* owned = p.data() + (full ? ob : 0);
+      int k = 0;
+      for (const auto& [name, t] : opt.state(u)) {
+        if (name == "master") {
+          if (os > 0) ops.upload(t.f(), owned, os * 4);
+        } else {
+          if (os > 0) ops.upload(t.f(), moments[static_cast<size_t>(u)][static_cast<size_t>(k)].data(), os * 4);
+          ++k;
+        }
+      }
+    }
+    size_t at = 0;
+    const Model& model = trainer.plan().model;
+    for (size_t i = 0; i < model.nodes.size(); ++i)
+      for (const Tensor& t : store.buffer_views(static_cast<int>(i))) {
+        ops.upload(t.f(), buffers.data() + at, t.bytes());
+        at += static_cast<size_t>(t.numel());
+      }
+    ops.synchronize();
+    step = m.step;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(comm, error, fmt::format("loading the checkpoint in {}", dir));
+  trainer.resume_at(step);
+  return step;
+}
+
+// ---- consolidated ------------------------------------------------------------------------
+
+std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, int* step) {
+  const Manifest m = read_manifest(dir);
+  // The shard files are what the manifest says before anything is allocated
+  // for them (their checksums are checked as they are read).
+  for (const Json& s : m.j.at("shards")) {
+    const std::string path = (fs::path(m.folder) / s.at("file").get<std::string>()).string();
+    std::error_code ec;
+    const auto bytes = fs::file_size(path, ec);
+    if (ec) throw Error(fmt::format("{}: cannot open ({})", path, ec.message()));
+    if (static_cast<int64_t>(bytes) != s.at("bytes").get<int64_t>())
+      throw Error(fmt::format("{}: {} bytes, the manifest says {} (truncated or replaced)", path, bytes, s.at("bytes").get<int64_t>()));
+  }
+  ShardReader reader(m);
+  std::vector<NamedTensor> out;
+  std::vector<std::pair<int, int64_t>> where;
+  try {
+    for (const Json& u : m.j.at("units"))
+      for (const Json& p : u.at("params")) {
+        NamedTensor t;
+        t.name = p.at("name").get<std::string>();
+        t.shape = p.at("shape").get<Shape>();
+        const auto n = p.at("numel").get<int64_t>();
+        if (n < 0 || numel(t.shape) != n) throw Error(fmt::format("parameter '{}': shape and numel disagree", t.name));
+        t.values.resize(static_cast<size_t>(n));
+        out.push_back(std::move(t));
+        where.emplace_back(u.at("unit").get<int>(), p.at("offset").get<int64_t>());
+      }
+  } catch (const Json::exception& e) {
+    throw Error(fmt::format("{}/manifest.json: bad units ({})", m.folder, e.what()));
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    reader.want(where[i].first, 0, where[i].second, where[i].second + static_cast<int64_t>(out[i].values.size()),
+                out[i].values.data());
+  reader.run();
+  // BN running statistics: rank 0's.
+  const Json& shard = m.j.at("shards").at(0);
+  const auto count = shard.at("buffers").at("count").get<int64_t>();
+  if (count > 0) {
+    const std::vector<char> data = read_shard(m, shard);
+    int64_t at = shard.at("buffers").at("offset").get<int64_t>();
+    int64_t total = 0;
+    for (const Json& b : m.j.at("buffers")) total += b.at("numel").get<int64_t>();
+    if (total != count || at < 0 || at + count * 4 > static_cast<int64_t>(data.size()))
+      throw Error(fmt::format("{}/manifest.json: buffers do not match shard 0", m.folder));
+    for (const Json& b : m.j.at("buffers")) {
+      NamedTensor t;
+      t.name = b.at("name").get<std::string>();
+      t.shape = b.at("shape").get<Shape>();
+      t.values.resize(static_cast<size_t>(b.at("numel").get<int64_t>()));
+      std::memcpy(t.values.data(), data.data() + at, t.values.size() * 4);
+      at += static_cast<int64_t>(t.values.size()) * 4;
+      out.push_back(std::move(t));
+    }
+  }
+  if (step) *step = m.step;
+  return out;
+}
+
+// ---- safetensors ---------------------------------------------------------------------------
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::vector<std::pair<std::string, std::string>>& metadata) {
+  Json header = Json::object();
+  Json meta = Json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  header["__metadata__"] = meta;
+  int64_t at = 0;
+  for (const NamedTensor& t : tensors) {
+    const int64_t bytes = static_cast<int64_t>(t.values.size()) * 4;
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  const std::string tmp = path + ".tmp";
+  try {
+    File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
+    f.write(len, 8);
+    f.write(text.data(), text.size());
+    for (const NamedTensor& t : tensors) f.write(t.values.data(), t.values.size() * 4);  // little-endian host
+    f.sync();
+    f.close();
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string e = why();
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot rename into place ({})", path, e));
+  }
+}
+
+std::vector<NamedTensor> read_safetensors(const std::string& path) {
+  const std::vector<char> data = read_whole(path);
+  auto bad = [&](const std::string& why_not) { return Error(fmt::format("{}: not a safetensors file: {}", path, why_not)); };
+  if (data.size() < 8) throw bad("shorter than its 8-byte header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(data[static_cast<size_t>(i)]);
+  if (n > data.size() - 8) throw bad(fmt::format("header length {} beyond the file's {} bytes", n, data.size()));
+  Json header;
+  try {
+    header = Json::parse(data.begin() + 8, data.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  } catch (const Json::parse_error& e) {
+    throw bad(fmt::format("header is not JSON ({})", e.what()));
+  }
+  if (!header.is_object()) throw bad("header is not a JSON object");
+  const size_t base = 8 + n;
+  std::vector<NamedTensor> out;
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    try {
+      NamedTensor t;
+      t.name = name;
+      t.shape = v.at("shape").get<Shape>();
+      const std::string dtype = v.at("dtype").get<std::string>();
+      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+      double elements = 1;  // in double first: a hostile shape must not overflow
+      for (int64_t d : t.shape) elements *= d < 0 ? -1.0 : static_cast<double>(d);
+      if (elements < 0 || elements > static_cast<double>(data.size()))
+        throw bad(fmt::format("tensor '{}': shape {} does not fit in the file", name, to_string(t.shape)));
+      const int64_t count = numel(t.shape);
+      const int size = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
+      if (size == 0) throw bad(fmt::format("tensor '{}' is {}; dlplan reads F32, BF16 and F16", name, dtype));
+      if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != static_cast<uint64_t>(count) * size ||
+          base + off[1] > data.size())
+        throw bad(fmt::format("tensor '{}': data_offsets do not match its shape or lie outside the file", name));
+      t.values.resize(static_cast<size_t>(count));
+      const char* p = data.data() + base + off[0];
+      for (int64_t i = 0; i < count; ++i) {
+        if (size == 4) {
+          std::memcpy(&t.values[static_cast<size_t>(i)], p + i * 4, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, p + i * 2, 2);
+          uint32_t bits;
+          if (dtype == "BF16") {
+            bits = static_cast<uint32_t>(h) << 16;
+          } else {  // IEEE half to float
+            const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+            if (exp == 0) {
+              const float f = std::ldexp(static_cast<float>(man), -24);
+              std::memcpy(&bits, &f, 4);
+              bits |= sign;
+            } else if (exp == 31) {
+              bits = sign | 0x7f800000u | (man << 13);
+            } else {
+              bits = sign | ((exp + 112) << 23) | (man << 13);
+            }
+          }
+          std::memcpy(&t.values[static_cast<size_t>(i)], &bits, 4);
+        }
+      }
+      out.push_back(std::move(t));
+    } catch (const Json::exception& e) {
+      throw bad(fmt::format("tensor '{}': {}", name, e.what()));
+    }
+  }
+  return out;
+}
+
+void set_parameters(Trainer& trainer, const std::vector<NamedTensor>& tensors, const std::string& source) {
+  ParamStore& store = trainer.store();
+  DeviceOps& ops = store.ops();
+  const Model& model = trainer.plan().model;
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  std::set<std::string> used;
+  const bool full = !params_sharded(store);
+  std::vector<std::vector<float>> units(static_cast<size_t>(store.units()));
+  for (int u = 0; u < store.units(); ++u) units[static_cast<size_t>(u)].assign(static_cast<size_t>(store.unit_size(u)), 0.0f);
+  for (size_t k = 0; k < model.params.size(); ++k) {
+    const ParamInfo& p = model.params[k];
+    const auto it = by_name.find(p.name);
+    if (it == by_name.end()) throw Error(fmt::format("{}: has no tensor '{}' (a parameter of model '{}')", source, p.name, model.name));
+    const Shape want = p.shape.empty() ? Shape{p.numel} : p.shape;
+    if (it->second->shape != want)
+      throw Error(fmt::format("{}: tensor '{}' has shape {}, model '{}' expects {}", source, p.name,
+                              to_string(it->second->shape), model.name, to_string(want)));
+    const auto [u, off] = store.locate(static_cast<int>(k));
+    std::copy(it->second->values.begin(), it->second->values.end(), units[static_cast<size_t>(u)].begin() + off);
+    used.insert(p.name);
+  }
+  for (const ParamInfo& b : model.buffers) used.insert(b.name);  // running statistics may be present; not loaded
+  for (const NamedTensor& t : tensors)
+    if (!used.count(t.name))
+      throw Error(fmt::format("{}: tensor '{}' is no parameter of model '{}' (weights of another model?)", source, t.name, model.name));
+  Optimizer& opt = trainer.optimizer();
+  for (int u = 0; u < store.units(); ++u) {
+    const auto& v = units[static_cast<size_t>(u)];
+    const int64_t ob = store.owned_begin(u), os = store.owned_size(u);
+    if (full) ops.upload_floats(store.params(u).span().sub(0, store.unit_size(u)), v.data());
+    else if (os > 0) ops.upload_floats(store.owned_params(u), v.data() + ob);
+    for (const auto& [name, t] : opt.state(u))
+      if (name == "master" && os > 0) ops.upload(t.f(), v.data() + ob, os * 4);
+  }
+  ops.synchronize();
+}
+
+}  // namespace dlplan::exec
