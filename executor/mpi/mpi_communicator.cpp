@@ -202,6 +202,13 @@ class MpiCommunicator final : public Communicator {
     std::fflush(stderr);
     // Called directly, not through the thread: the thread may be blocked in a
     // collective that will never complete (a dead or diverged peer).
+    // MPI_Abort itself can block when mpiexec is already ending the job (a
+    // peer died and it is waiting out its sigkill timeout): this rank then
+    // leaves on its own a few seconds later, with the same exit status.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      std::_Exit(1);
+    }).detach();
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);

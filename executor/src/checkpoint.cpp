@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -36,6 +37,30 @@ std::string why() { return std::strerror(errno); }
 
 std::string step_folder(int step) { return fmt::format("step-{:08d}", step); }
 std::string shard_name(int rank) { return fmt::format("shard-{:05d}.bin", rank); }
+
+// ---- numbers read from files ------------------------------------------------------
+// nlohmann's get<int>() converts a float by a plain cast (undefined past the
+// type's range: a fuzz finding); every count, offset and shape read from a
+// manifest or a safetensors header comes through these instead.
+int64_t int_of(const Json& v) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) throw Error(fmt::format("{} is too large", v.dump()));
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (!v.is_number_integer()) throw Error(fmt::format("{} is not an integer", v.dump()));
+  return v.get<int64_t>();
+}
+int int32_of(const Json& v) {
+  const int64_t i = int_of(v);
+  if (i < INT_MIN || i > INT_MAX) throw Error(fmt::format("{} is out of range", i));
+  return static_cast<int>(i);
+}
+Shape shape_of(const Json& v) {
+  if (!v.is_array()) throw Error(fmt::format("shape {} is not an array", v.dump()));
+  Shape s;
+  for (const Json& d : v) s.push_back(int_of(d));
+  return s;
+}
 
 // ---- files ---------------------------------------------------------------------
 
@@ -176,14 +201,14 @@ void validate_layout(Manifest& m) {
   if (!units.is_array() || !shards.is_array()) throw Error("units and shards must be arrays");
   std::vector<int64_t> size;
   for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].at("unit").get<int64_t>() != static_cast<int64_t>(u)) throw Error(fmt::format("units[{}] is not unit {}", u, u));
-    const auto P = units[u].at("size").get<int64_t>();
+    if (int_of(units[u].at("unit")) != static_cast<int64_t>(u)) throw Error(fmt::format("units[{}] is not unit {}", u, u));
+    const auto P = int_of(units[u].at("size"));
     if (P < 0 || P > (int64_t{1} << 46)) throw Error(fmt::format("unit {}: size {} out of range", u, P));
     size.push_back(P);
     for (const Json& p : units[u].at("params")) {
-      const auto off = p.at("offset").get<int64_t>(), n = p.at("numel").get<int64_t>();
+      const auto off = int_of(p.at("offset")), n = int_of(p.at("numel"));
       double elements = 1;
-      for (int64_t d : p.at("shape").get<Shape>()) elements *= d < 0 ? -1.0 : static_cast<double>(d);
+      for (int64_t d : shape_of(p.at("shape"))) elements *= d < 0 ? -1.0 : static_cast<double>(d);
       if (off < 0 || n < 0 || off > P - n || elements != static_cast<double>(n))
         throw Error(fmt::format("unit {}: parameter '{}' lies outside the unit or its shape is not its numel", u,
                                 p.at("name").get<std::string>()));
@@ -191,9 +216,9 @@ void validate_layout(Manifest& m) {
   }
   int64_t buffer_values = 0;
   for (const Json& b : m.j.at("buffers")) {
-    const auto n = b.at("numel").get<int64_t>();
+    const auto n = int_of(b.at("numel"));
     double elements = 1;
-    for (int64_t d : b.at("shape").get<Shape>()) elements *= d < 0 ? -1.0 : static_cast<double>(d);
+    for (int64_t d : shape_of(b.at("shape"))) elements *= d < 0 ? -1.0 : static_cast<double>(d);
     if (n < 0 || n > (int64_t{1} << 40) || elements != static_cast<double>(n))
       throw Error(fmt::format("buffer '{}': numel out of range or not its shape", b.at("name").get<std::string>()));
     buffer_values += n;
@@ -201,21 +226,21 @@ void validate_layout(Manifest& m) {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(size.size());
   for (size_t r = 0; r < shards.size(); ++r) {
     const Json& s = shards[r];
-    if (s.at("rank").get<int64_t>() != static_cast<int64_t>(r) || s.at("file").get<std::string>() != shard_name(static_cast<int>(r)))
+    if (int_of(s.at("rank")) != static_cast<int64_t>(r) || s.at("file").get<std::string>() != shard_name(static_cast<int>(r)))
       throw Error(fmt::format("shards[{}] must be rank {} in {}", r, r, shard_name(static_cast<int>(r))));
     const Json& ranges = s.at("ranges");
     if (ranges.size() != size.size()) throw Error(fmt::format("shard {} has {} ranges for {} units", r, ranges.size(), size.size()));
     int64_t at = 0;
     for (size_t u = 0; u < ranges.size(); ++u) {
       const Json& q = ranges[u];
-      const auto b = q.at("begin").get<int64_t>(), e = q.at("end").get<int64_t>();
-      if (q.at("unit").get<int64_t>() != static_cast<int64_t>(u) || b < 0 || e < b || e > size[u] || q.at("offset").get<int64_t>() != at)
+      const auto b = int_of(q.at("begin")), e = int_of(q.at("end"));
+      if (int_of(q.at("unit")) != static_cast<int64_t>(u) || b < 0 || e < b || e > size[u] || int_of(q.at("offset")) != at)
         throw Error(fmt::format("shard {}: range {} is out of place", r, u));
       covered[u].emplace_back(b, e);
       at += (e - b) * states * 4;
     }
-    if (s.at("buffers").at("count").get<int64_t>() != buffer_values || s.at("buffers").at("offset").get<int64_t>() != at ||
-        s.at("bytes").get<int64_t>() != at + buffer_values * 4)
+    if (int_of(s.at("buffers").at("count")) != buffer_values || int_of(s.at("buffers").at("offset")) != at ||
+        int_of(s.at("bytes")) != at + buffer_values * 4)
       throw Error(fmt::format("shard {}: its bytes and buffers do not follow from its ranges", r));
   }
   for (size_t u = 0; u < covered.size(); ++u) {
@@ -244,15 +269,15 @@ Manifest read_manifest(const std::string& dir) {
   const std::vector<char> text = read_whole(path);
   try {
     m.j = Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
   try {
     if (m.j.value("kind", "") != "checkpoint") throw Error("\"kind\" is not \"checkpoint\"");
-    if (m.j.at("schema_version").get<int>() != kSchemaVersion)
+    if (int32_of(m.j.at("schema_version")) != kSchemaVersion)
       throw Error(fmt::format("schema_version {} (this dlplan reads {})", m.j.at("schema_version").dump(), kSchemaVersion));
-    m.step = m.j.at("step").get<int>();
-    m.world = m.j.at("world_size").get<int>();
+    m.step = int32_of(m.j.at("step"));
+    m.world = int32_of(m.j.at("world_size"));
     m.states = m.j.at("states").get<std::vector<std::string>>();
     if (m.step < 0 || m.world < 1 || m.states.empty() || m.states[0] != "params")
       throw Error("step, world_size or states out of range");
@@ -271,7 +296,7 @@ Manifest read_manifest(const std::string& dir) {
 std::vector<char> read_shard(const Manifest& m, const Json& shard) {
   const std::string path = (fs::path(m.folder) / shard.at("file").get<std::string>()).string();
   std::vector<char> data = read_whole(path);
-  const auto bytes = shard.at("bytes").get<int64_t>();
+  const auto bytes = int_of(shard.at("bytes"));
   if (static_cast<int64_t>(data.size()) != bytes)
     throw Error(fmt::format("{}: {} bytes, the manifest says {} (truncated or replaced)", path, data.size(), bytes));
   const std::string crc = fmt::format("{:08x}", crc_of(data.data(), data.size()));
@@ -297,14 +322,14 @@ class ShardReader {
       bool needed = false;  // read only the files something wants
       for (const Json& r : shard.at("ranges"))
         for (const Want& w : wants_)
-          needed |= r.at("unit").get<int>() == w.unit && r.at("begin").get<int64_t>() < w.hi &&
-                    r.at("end").get<int64_t>() > w.lo;
+          needed |= int32_of(r.at("unit")) == w.unit && int_of(r.at("begin")) < w.hi &&
+                    int_of(r.at("end")) > w.lo;
       if (!needed) continue;
       const std::vector<char> data = read_shard(m_, shard);
       for (const Json& r : shard.at("ranges")) {
-        const int unit = r.at("unit").get<int>();
-        const int64_t begin = r.at("begin").get<int64_t>(), end = r.at("end").get<int64_t>();
-        const int64_t at = r.at("offset").get<int64_t>();
+        const int unit = int32_of(r.at("unit"));
+        const int64_t begin = int_of(r.at("begin")), end = int_of(r.at("end"));
+        const int64_t at = int_of(r.at("offset"));
         for (Want& w : wants_) {
           if (w.unit != unit) continue;
           const int64_t lo = std::max(begin, w.lo), hi = std::min(end, w.hi);
@@ -347,21 +372,21 @@ void check_model(const Manifest& m, const PlanDocument& plan, const CheckpointRu
         for (const Json& t : u.at("params"))
           if (t.at("name").get<std::string>() == p.name) {
             found = true;
-            if (t.at("numel").get<int64_t>() != p.numel && detail.empty())
-              detail = fmt::format(": its '{}' has {} elements, the plan's {}", p.name, t.at("numel").get<int64_t>(), p.numel);
+            if (int_of(t.at("numel")) != p.numel && detail.empty())
+              detail = fmt::format(": its '{}' has {} elements, the plan's {}", p.name, int_of(t.at("numel")), p.numel);
           }
       if (!found && detail.empty()) detail = fmt::format(": it has no parameter '{}'", p.name);
     }
     throw Error(fmt::format("{}: a checkpoint of model '{}', not of this plan's model '{}' (the IR differs{})", where,
                             id.value("model", "?"), plan.model.name, detail));
   }
-  if (m.j.at("seed").get<uint64_t>() != run.seed)
+  if (static_cast<uint64_t>(int_of(m.j.at("seed"))) != run.seed)
     throw Error(fmt::format("{}: trained with --seed {}; resume with the same seed (data and dropout follow it), not {}",
-                            where, m.j.at("seed").get<uint64_t>(), run.seed));
-  if (m.j.at("total_steps").get<int>() != run.total_steps)
+                            where, static_cast<uint64_t>(int_of(m.j.at("seed"))), run.seed));
+  if (int32_of(m.j.at("total_steps")) != run.total_steps)
     throw Error(fmt::format("{}: the run was started with --steps {} (the learning-rate schedule's total); --steps {} "
                             "would change the schedule: resume with --steps {}",
-                            where, m.j.at("total_steps").get<int>(), run.total_steps, m.j.at("total_steps").get<int>()));
+                            where, int32_of(m.j.at("total_steps")), run.total_steps, int32_of(m.j.at("total_steps"))));
   if (m.step > run.total_steps)
     throw Error(fmt::format("{}: at step {}, past --steps {}", where, m.step, run.total_steps));
   const std::string optimizer = to_string(plan.training.optimizer.kind);
@@ -598,13 +623,13 @@ int load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm
     // size, else rank 0's.
     const Json& shard = m.j.at("shards").at(static_cast<size_t>(m.world == comm.size() ? comm.rank() : 0));
     const std::vector<float> own = trainer.buffers();
-    if (shard.at("buffers").at("count").get<size_t>() != own.size())
+    if (static_cast<size_t>(int_of(shard.at("buffers").at("count"))) != own.size())
       throw Error(fmt::format("{}/manifest.json: {} buffer values, the model has {}", m.folder,
-                              shard.at("buffers").at("count").get<size_t>(), own.size()));
+                              static_cast<size_t>(int_of(shard.at("buffers").at("count"))), own.size()));
     std::vector<float> buffers(own.size());
     if (!own.empty()) {
       const std::vector<char> data = read_shard(m, shard);
-      const auto at = shard.at("buffers").at("offset").get<int64_t>();
+      const auto at = int_of(shard.at("buffers").at("offset"));
       if (at < 0 || at + static_cast<int64_t>(own.size() * 4) > static_cast<int64_t>(data.size()))
         throw Error(fmt::format("{}: buffers outside the shard file", m.folder));
       std::memcpy(buffers.data(), data.data() + at, own.size() * 4);
@@ -655,8 +680,8 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, int* st
     std::error_code ec;
     const auto bytes = fs::file_size(path, ec);
     if (ec) throw Error(fmt::format("{}: cannot open ({})", path, ec.message()));
-    if (static_cast<int64_t>(bytes) != s.at("bytes").get<int64_t>())
-      throw Error(fmt::format("{}: {} bytes, the manifest says {} (truncated or replaced)", path, bytes, s.at("bytes").get<int64_t>()));
+    if (static_cast<int64_t>(bytes) != int_of(s.at("bytes")))
+      throw Error(fmt::format("{}: {} bytes, the manifest says {} (truncated or replaced)", path, bytes, int_of(s.at("bytes"))));
   }
   ShardReader reader(m);
   std::vector<NamedTensor> out;
@@ -666,12 +691,12 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, int* st
       for (const Json& p : u.at("params")) {
         NamedTensor t;
         t.name = p.at("name").get<std::string>();
-        t.shape = p.at("shape").get<Shape>();
-        const auto n = p.at("numel").get<int64_t>();
+        t.shape = shape_of(p.at("shape"));
+        const auto n = int_of(p.at("numel"));
         if (n < 0 || numel(t.shape) != n) throw Error(fmt::format("parameter '{}': shape and numel disagree", t.name));
         t.values.resize(static_cast<size_t>(n));
         out.push_back(std::move(t));
-        where.emplace_back(u.at("unit").get<int>(), p.at("offset").get<int64_t>());
+        where.emplace_back(int32_of(u.at("unit")), int_of(p.at("offset")));
       }
   } catch (const Json::exception& e) {
     throw Error(fmt::format("{}/manifest.json: bad units ({})", m.folder, e.what()));
@@ -682,19 +707,19 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, int* st
   reader.run();
   // BN running statistics: rank 0's.
   const Json& shard = m.j.at("shards").at(0);
-  const auto count = shard.at("buffers").at("count").get<int64_t>();
+  const auto count = int_of(shard.at("buffers").at("count"));
   if (count > 0) {
     const std::vector<char> data = read_shard(m, shard);
-    int64_t at = shard.at("buffers").at("offset").get<int64_t>();
+    int64_t at = int_of(shard.at("buffers").at("offset"));
     int64_t total = 0;
-    for (const Json& b : m.j.at("buffers")) total += b.at("numel").get<int64_t>();
+    for (const Json& b : m.j.at("buffers")) total += int_of(b.at("numel"));
     if (total != count || at < 0 || at + count * 4 > static_cast<int64_t>(data.size()))
       throw Error(fmt::format("{}/manifest.json: buffers do not match shard 0", m.folder));
     for (const Json& b : m.j.at("buffers")) {
       NamedTensor t;
       t.name = b.at("name").get<std::string>();
-      t.shape = b.at("shape").get<Shape>();
-      t.values.resize(static_cast<size_t>(b.at("numel").get<int64_t>()));
+      t.shape = shape_of(b.at("shape"));
+      t.values.resize(static_cast<size_t>(int_of(b.at("numel"))));
       std::memcpy(t.values.data(), data.data() + at, t.values.size() * 4);
       at += static_cast<int64_t>(t.values.size()) * 4;
       out.push_back(std::move(t));
@@ -751,7 +776,7 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
   Json header;
   try {
     header = Json::parse(data.begin() + 8, data.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     throw bad(fmt::format("header is not JSON ({})", e.what()));
   }
   if (!header.is_object()) throw bad("header is not a JSON object");
@@ -762,9 +787,16 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
     try {
       NamedTensor t;
       t.name = name;
-      t.shape = v.at("shape").get<Shape>();
+      t.shape = shape_of(v.at("shape"));
       const std::string dtype = v.at("dtype").get<std::string>();
-      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+      const Json& offsets = v.at("data_offsets");
+      if (!offsets.is_array() || offsets.size() != 2) throw bad(fmt::format("tensor '{}': data_offsets is not [begin, end]", name));
+      std::vector<uint64_t> off;
+      for (const Json& o : offsets) {
+        const int64_t at = int_of(o);
+        if (at < 0) throw bad(fmt::format("tensor '{}': a negative data offset", name));
+        off.push_back(static_cast<uint64_t>(at));
+      }
       double elements = 1;  // in double first: a hostile shape must not overflow
       for (int64_t d : t.shape) elements *= d < 0 ? -1.0 : static_cast<double>(d);
       if (elements < 0 || elements > static_cast<double>(data.size()))
@@ -803,6 +835,9 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
       }
       out.push_back(std::move(t));
     } catch (const Json::exception& e) {
+      throw bad(fmt::format("tensor '{}': {}", name, e.what()));
+    } catch (const Error& e) {  // int_of / shape_of: add the file and the tensor
+      if (std::string_view(e.what()).rfind(path, 0) == 0) throw;
       throw bad(fmt::format("tensor '{}': {}", name, e.what()));
     }
   }

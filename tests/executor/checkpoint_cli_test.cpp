@@ -268,6 +268,27 @@ TEST_F(Checkpoints, StuckRankEndsTheJobWithinTheTimeoutNamingIt) {
 // shared memory cannot live under one), an injected ENOSPC on one of two
 // ranks. Either way the save fails with a message, the previous checkpoint
 // stays as it was, no half-written folder is left, and the run stops cleanly.
+TEST_F(Checkpoints, KilledRankWhoseSigtermArrivesFirstDoesNotSave) {
+  // kill -9 of rank 1 with mpiexec's sigkill timeout raised (as for
+  // preemption): the survivor's collective waits for the dead peer, so it
+  // never reaches an agreed stop; at --comm-timeout it names the rank that did
+  // not arrive and ends without saving. (mpiexec itself lingers about twice
+  // its sigkill timeout before it exits.)
+  const std::string p = plan("tiny-gpt", 2, 2, "zero3");
+  const std::string d = dir("killed_sigterm");
+  const Job j = run(2, p, d, {"--steps", "8", "--save-every", "3", "--comm-timeout", "2"},
+                    {"DLPLAN_FAULT=1:5:kill", "OMPI_MCA_odls_base_sigkill_timeout=6"});
+  ASSERT_TRUE(j.finished) << j.all();
+  EXPECT_NE(j.exit_code, 0);
+  EXPECT_TRUE(contains(j.err, "dlplan: rank 0: ")) << j.all();
+  EXPECT_TRUE(contains(j.err, "rank 1 did not arrive")) << j.all();
+  EXPECT_TRUE(contains(j.err, "step 5")) << j.all();
+  EXPECT_EQ(latest(d), "step-00000003\n") << "a checkpoint after the peer was lost";
+  EXPECT_FALSE(fs::exists(d + "/.tmp-step-00000004"));
+  EXPECT_LT(j.seconds, 25.0);
+  std::printf("[ info ] rank killed, SIGTERM first: job ended in %.1f s, exit %d\n", j.seconds, j.exit_code);
+}
+
 TEST_F(Checkpoints, FullDiskFailsTheSaveKeepsThePreviousAndStopsCleanly) {
   for (int ranks : {1, 2}) {
     SCOPED_TRACE(std::to_string(ranks) + " rank(s)");

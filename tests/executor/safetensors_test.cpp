@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -98,13 +99,18 @@ TEST(Safetensors, BadFilesAreRefusedNamingTheFile) {
                        Bad{std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}", "beyond the file"},
                        Bad{with_header("{not json", ""), "header is not JSON"},
                        Bad{with_header("[1,2]", ""), "not a JSON object"},
+                       Bad{with_header(R"({"x":3e3333})", ""), "header is not JSON"},  // fuzz finding: number overflow
                        Bad{with_header(R"({"x":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", ok_data), "is I64"},
                        Bad{with_header(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", ok_data),
                            "data_offsets do not match its shape"},
                        Bad{with_header(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", ok_data),
                            "outside the file"},
                        Bad{with_header(R"({"x":{"dtype":"F32","shape":"four","data_offsets":[0,16]}})", ok_data),
-                           "tensor 'x'"}}) {
+                           "tensor 'x'"},
+                       Bad{with_header(R"({"x":{"dtype":"F32","shape":[1e300],"data_offsets":[0,4]}})", ok_data),
+                           "tensor 'x': 1e+300 is not an integer"},
+                       Bad{with_header(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0.5,4]}})", ok_data),
+                           "tensor 'x': 0.5 is not an integer"}}) {
     spit(path, b.bytes);
     const std::string e = error_of(path);
     EXPECT_NE(e.find(path + ": not a safetensors file"), std::string::npos) << e;
@@ -112,6 +118,29 @@ TEST(Safetensors, BadFilesAreRefusedNamingTheFile) {
   }
   std::remove(path.c_str());
   EXPECT_NE(error_of(temp("missing.safetensors")).find("cannot open"), std::string::npos);
+}
+
+// Fuzz finding (fuzz/checkpoint.cpp): a manifest whose number overflows a
+// double was nlohmann's out_of_range, escaping as an internal error.
+TEST(CheckpointManifest, UnreadableNumbersAreAnErrorNamingTheManifest) {
+  const std::string dir = temp("manifest_dir");
+  std::filesystem::create_directories(dir + "/step-00000001");
+  spit(dir + "/latest", "step-00000001\n");
+  // Fuzz findings: a number past a double; a float where an int belongs
+  // (nlohmann's get<int>() casts it, undefined past int's range).
+  for (const std::string text : {R"({"buffers":3e333333333313333333333333333})", R"({"kind":"checkpoint")", "[]",
+                                 R"({"kind":"checkpoint","schema_version":1,"step":3.3e65,"world_size":1,"states":["params"]})",
+                                 R"({"kind":"checkpoint","schema_version":1,"step":1,"world_size":1,"states":["params"],)"
+                                 R"("units":[{"unit":0,"size":1e30,"params":[]}],"buffers":[],"shards":[{}]})"}) {
+    spit(dir + "/step-00000001/manifest.json", text);
+    try {
+      dlplan::exec::read_checkpoint_tensors(dir);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const dlplan::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + "/step-00000001/manifest.json: "), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

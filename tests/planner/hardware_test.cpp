@@ -262,6 +262,19 @@ TEST(ClusterFile, CatalogKindWithOverrides) {
   EXPECT_EQ(c.device.bf16_flops, base.bf16_flops);  // untouched fields come from the catalog
 }
 
+TEST(ClusterFile, StorageBandwidthIsReadCheckedAndWrittenBack) {
+  const Cluster c = load_cluster_file(write_temp("storage.json", R"({"gpu": "h100", "storage_bytes_per_s": 2.5e9})"));
+  EXPECT_EQ(c.storage_bytes_per_s, 2.5e9);
+  EXPECT_EQ(cluster_from_json(nlohmann::json(cluster_to_json(c)), "round trip").storage_bytes_per_s, 2.5e9);
+  EXPECT_FALSE(cluster_to_json(Cluster{find_device("h100-80g"), 1, 8, 0}).contains("storage_bytes_per_s")) << "the default is not written";
+  for (const char* bad : {R"({"gpu": "h100", "storage_bytes_per_s": 0})", R"({"gpu": "h100", "storage_bytes_per_s": "fast"})",
+                          R"({"gpu": "h100", "storage_bytes_per_s": 1e20})"}) {
+    const std::string path = write_temp("storage_bad.json", bad);
+    const std::string msg = error_of([&] { load_cluster_file(path); });
+    EXPECT_NE(msg.find(path + ": storage_bytes_per_s"), std::string::npos) << msg;
+  }
+}
+
 TEST(ClusterFile, UnknownFieldNamesFileAndField) {
   const std::string path = write_temp(
       "unknown_field.json", R"({"gpu": "a100", "device": {"memory_gb": 80}, "nodes": 1})");
