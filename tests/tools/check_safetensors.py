@@ -32,7 +32,8 @@ try:
     import safetensors
     import safetensors.numpy
 except ImportError as e:
-    print(f"SKIP: {sys.executable} cannot import safetensors ({e}); scripts/setup installs it into build/pydeps")
+    print(f"SKIP: {sys.executable} cannot import safetensors ({e}); scripts/setup installs it from PyPI into "
+          f"<build>/pydeps and says why when it cannot (see <build>/pip.log)")
     sys.exit(77)
 
 try:
