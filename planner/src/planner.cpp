@@ -179,9 +179,9 @@ std::vector<std::string> recommendation_lines(const Planning& p) {
   out.emplace_back();
   if (const StrategyResult* c = p.chosen()) {
     const CheckpointCost k = checkpoint_cost(p.request.model, p.request.cluster, c->training);
-    out.push_back(fmt::format("Checkpoint (train --checkpoint-dir): {} per rank, {} in all; {} to save at {}/s per node{}",
+    out.push_back(fmt::format("Checkpoint (train --checkpoint-dir): {} per rank, {} in all; {} to save at {:g} GB/s per node{}",
                               format_bytes(static_cast<double>(k.bytes_per_rank)), format_bytes(static_cast<double>(k.bytes_total)),
-                              format_seconds(k.seconds), format_bytes(k.storage_bytes_per_s),
+                              format_seconds(k.seconds), k.storage_bytes_per_s / 1e9,
                               p.request.cluster.storage_bytes_per_s > 0 ? "" : " (default; storage_bytes_per_s in a --cluster file)"));
     out.emplace_back();
   }
