@@ -37,6 +37,7 @@
 #include "dlplan/exec/device.hpp"
 #include "dlplan/exec/report.hpp"
 #include "dlplan/exec/trainer.hpp"
+#include "dlplan/format.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/output_file.hpp"
 #include "dlplan/plan_io.hpp"
@@ -44,6 +45,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -349,8 +351,10 @@ Runner add_train_command(CLI::App& app) {
           const bool here = fault && fault->rank == comm->rank() && fault->step == s + 1;
           ckpt.kill_mid_save = here && fault->kind == Fault::Kind::kill_in_save;
           ckpt.fail_write = here && fault->kind == Fault::Kind::full_disk;
+          const auto t0 = std::chrono::steady_clock::now();
           saved = exec::save_checkpoint(f->checkpoint_dir, *trainer, *comm, ckpt);
-          if (root) info(fmt::format("saved {}", saved));
+          const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (root) info(fmt::format("saved {} in {}", saved, format_seconds(took)));
         }
         if (stop_signal) break;
       }

@@ -3,14 +3,17 @@
 #include "dlplan/exec/checkpoint.hpp"
 
 #include "dlplan/exec/optimizer.hpp"
+#include "dlplan/output_file.hpp"
+#include "dlplan/plan_io.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -18,7 +21,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <cmath>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -105,18 +107,6 @@ void sync_folder(const std::string& path) {
   dir.sync();
 }
 
-// A small file written whole, fsynced, then renamed over `path`.
-void replace_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    f.write(text.data(), text.size());
-    f.sync();
-    f.close();
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(fmt::format("{}: cannot rename into place ({})", path, why()));
-}
-
 std::vector<char> read_whole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("{}: cannot open ({})", path, why()));
@@ -140,15 +130,9 @@ uint32_t crc_of(const char* data, size_t bytes, uint32_t crc = 0) {
 // ---- identity ----------------------------------------------------------------------
 
 std::string model_hash(const PlanDocument& plan) {
-  // The model as planned (its IR, sequence length applied), keys sorted.
-  const Json ir = Json::parse(plan.document.at("model").at("ir").dump());
-  const std::string text = ir.dump();
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return fmt::format("fnv1a64:{:016x}", h);
+  // The model as planned (its IR, sequence length applied), keys sorted,
+  // hashed as plans are (FNV-1a 64 of the sorted dump).
+  return plan_content_hash(Json(plan.document.at("model").at("ir")));
 }
 
 // The range of unit u rank r saves: what it owns under ZeRO, else a 1/N share.
@@ -317,9 +301,17 @@ class ShardReader {
     if (hi > lo) wants_.push_back({unit, state, lo, hi, out, 0});
   }
 
+  // And one shard's BatchNorm running statistics (the manifest's count of them).
+  void want_buffers(int rank, std::vector<float>& out) {
+    buffers_rank_ = rank;
+    buffers_ = &out;
+  }
+
+  // Reads each shard file something wants once, checking its size and CRC-32.
   void run() {
     for (const Json& shard : m_.j.at("shards")) {
-      bool needed = false;  // read only the files something wants
+      const int rank = int32_of(shard.at("rank"));
+      bool needed = buffers_ && rank == buffers_rank_;  // read only the files something wants
       for (const Json& r : shard.at("ranges"))
         for (const Want& w : wants_)
           needed |= int32_of(r.at("unit")) == w.unit && int_of(r.at("begin")) < w.hi &&
@@ -341,6 +333,11 @@ class ShardReader {
           w.filled += hi - lo;
         }
       }
+      if (buffers_ && rank == buffers_rank_) {  // the layout was validated: count and offset lie in the file
+        const Json& b = shard.at("buffers");
+        buffers_->resize(static_cast<size_t>(int_of(b.at("count"))));
+        if (!buffers_->empty()) std::memcpy(buffers_->data(), data.data() + int_of(b.at("offset")), buffers_->size() * 4);
+      }
     }
     for (const Want& w : wants_)
       if (w.filled != w.hi - w.lo)
@@ -357,6 +354,8 @@ class ShardReader {
   };
   const Manifest& m_;
   std::vector<Want> wants_;
+  int buffers_rank_ = -1;
+  std::vector<float>* buffers_ = nullptr;
 };
 
 // The manifest's model against the plan's: the same parameters, unit by unit.
@@ -426,11 +425,16 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
   }
   agree(comm, error, what);
 
-  // This rank's shard: for each unit its range of every state, fp32.
-  Json ranges = Json::array();
+  // This rank's shard: for each unit its range of every state, fp32. What
+  // rank 0 needs for the manifest, as int64 records of the same length on
+  // every rank: (begin, end, byte offset) per unit, then the buffers' count
+  // and offset, the file's size and its CRC-32.
+  std::vector<int64_t> record;
   uint32_t crc = 0;
   int64_t bytes = 0;
-  std::vector<std::string> states;
+  std::vector<std::string> states = {"params"};
+  for (const auto& [k, t] : opt.state(0))
+    if (k != "master") states.push_back(k);
   try {
     const std::string path = (fs::path(tmp) / shard_name(comm.rank())).string();
     File f(path, O_WRONLY | O_CREAT | O_TRUNC);
@@ -450,11 +454,7 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
         if (k == "master") master = &t;
         else moments.emplace_back(k, t);
       }
-      if (u == 0) {
-        states = {"params"};
-        for (const auto& [k, t] : moments) states.push_back(k);
-      }
-      ranges.push_back({{"unit", u}, {"begin", lo}, {"end", hi}, {"offset", bytes}});
+      record.insert(record.end(), {lo, hi, bytes});
       std::vector<float> v(static_cast<size_t>(L));
       if (L > 0) {
         if (master) ops.download(v.data(), master->f() + (lo - ob), L * 4);
@@ -477,10 +477,11 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
       throw Error(fmt::format("{}: write failed ({}; injected by DLPLAN_FAULT)", path, why()));
     }
     const std::vector<float> buffers = trainer.buffers();
-    ranges.push_back({{"buffers", static_cast<int64_t>(buffers.size())}, {"offset", bytes}});
+    record.insert(record.end(), {static_cast<int64_t>(buffers.size()), bytes});
     put(buffers);
     f.sync();
     f.close();
+    record.insert(record.end(), {bytes, static_cast<int64_t>(crc)});
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -492,39 +493,26 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
     throw;
   }
 
-  // Rank 0 gathers each shard's size and CRC and writes the manifest.
-  struct Summary {
-    int64_t bytes;
-    uint32_t crc;
-    uint32_t pad;
-  };
-  const Summary mine{bytes, crc, 0};
-  std::vector<Summary> all(static_cast<size_t>(comm.size()));
-  comm.host().all_gather_bytes(&mine, all.data(), sizeof mine);
+  // Rank 0 gathers every rank's record and writes the manifest.
   std::string manifest_text;  // rank 0's
   {
-    // Ranges have the same shape on every rank (units, then buffers): gather
-    // them as fixed-size int64 records.
-    std::vector<int64_t> rec;
-    for (const Json& r : ranges)
-      if (r.contains("unit")) rec.insert(rec.end(), {r["begin"].get<int64_t>(), r["end"].get<int64_t>(), r["offset"].get<int64_t>()});
-      else rec.insert(rec.end(), {r["buffers"].get<int64_t>(), 0, r["offset"].get<int64_t>()});
-    std::vector<int64_t> every(rec.size() * static_cast<size_t>(comm.size()));
-    comm.host().all_gather_bytes(rec.data(), every.data(), static_cast<int64_t>(rec.size() * sizeof(int64_t)));
+    const size_t n = static_cast<size_t>(store.units()) * 3 + 4;
+    record.resize(n);  // a rank that failed above has thrown already
+    std::vector<int64_t> every(n * static_cast<size_t>(comm.size()));
+    comm.host().all_gather_bytes(record.data(), every.data(), static_cast<int64_t>(n * sizeof(int64_t)));
     if (root) {
       Json shards = Json::array();
       for (int r = 0; r < comm.size(); ++r) {
         Json rr = Json::array();
-        const int64_t* p = every.data() + static_cast<size_t>(r) * rec.size();
+        const int64_t* p = every.data() + static_cast<size_t>(r) * n;
         for (int u = 0; u < store.units(); ++u, p += 3)
           rr.push_back({{"unit", u}, {"begin", p[0]}, {"end", p[1]}, {"offset", p[2]}});
-        Json shard = {{"rank", r},
-                      {"file", shard_name(r)},
-                      {"bytes", all[static_cast<size_t>(r)].bytes},
-                      {"crc32", fmt::format("{:08x}", all[static_cast<size_t>(r)].crc)},
-                      {"ranges", rr},
-                      {"buffers", {{"count", p[0]}, {"offset", p[2]}}}};
-        shards.push_back(shard);
+        shards.push_back({{"rank", r},
+                          {"file", shard_name(r)},
+                          {"bytes", p[2]},
+                          {"crc32", fmt::format("{:08x}", static_cast<uint32_t>(p[3]))},
+                          {"ranges", rr},
+                          {"buffers", {{"count", p[0]}, {"offset", p[1]}}}});
       }
       Json units = Json::array();
       for (int u = 0; u < store.units(); ++u) units.push_back({{"unit", u}, {"size", store.unit_size(u)}, {"params", Json::array()}});
@@ -562,14 +550,14 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
   error.clear();
   if (root) {
     try {
-      replace_file((fs::path(tmp) / "manifest.json").string(), manifest_text + "\n");
+      write_output_file((fs::path(tmp) / "manifest.json").string(), manifest_text + "\n");
       sync_folder(tmp);
       std::error_code ec;
       if (fs::exists(final_folder, ec)) fs::remove_all(final_folder, ec);  // this step saved before (a rerun)
       if (std::rename(tmp.c_str(), final_folder.c_str()) != 0)
         throw Error(fmt::format("{}: cannot rename to {} ({})", tmp, final_folder, why()));
       sync_folder(dir);
-      replace_file((fs::path(dir) / kLatest).string(), name + "\n");
+      write_output_file((fs::path(dir) / kLatest).string(), name + "\n");
       sync_folder(dir);
     } catch (const std::exception& e) {
       error = e.what();
@@ -618,22 +606,15 @@ int load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm
       if (k + 1 != static_cast<int>(m.states.size()))
         throw Error(fmt::format("{}/manifest.json: states {} do not match the optimizer's", m.folder, Json(m.states).dump()));
     }
-    reader.run();
     // Buffers (BN running statistics): this rank's own at the same world
     // size, else rank 0's.
-    const Json& shard = m.j.at("shards").at(static_cast<size_t>(m.world == comm.size() ? comm.rank() : 0));
-    const std::vector<float> own = trainer.buffers();
-    if (static_cast<size_t>(int_of(shard.at("buffers").at("count"))) != own.size())
-      throw Error(fmt::format("{}/manifest.json: {} buffer values, the model has {}", m.folder,
-                              static_cast<size_t>(int_of(shard.at("buffers").at("count"))), own.size()));
-    std::vector<float> buffers(own.size());
-    if (!own.empty()) {
-      const std::vector<char> data = read_shard(m, shard);
-      const auto at = int_of(shard.at("buffers").at("offset"));
-      if (at < 0 || at + static_cast<int64_t>(own.size() * 4) > static_cast<int64_t>(data.size()))
-        throw Error(fmt::format("{}: buffers outside the shard file", m.folder));
-      std::memcpy(buffers.data(), data.data() + at, own.size() * 4);
-    }
+    std::vector<float> buffers;
+    reader.want_buffers(m.world == comm.size() ? comm.rank() : 0, buffers);
+    reader.run();
+    int64_t expected = 0;
+    for (const ParamInfo& b : trainer.plan().model.buffers) expected += b.numel;
+    if (static_cast<int64_t>(buffers.size()) != expected)
+      throw Error(fmt::format("{}/manifest.json: {} buffer values, the model has {}", m.folder, buffers.size(), expected));
 
     // Into the trainer: parameters (rounded to bf16 under bf16-mixed), the
     // fp32 master copy of the owned slice, the moments, the buffers.
@@ -704,26 +685,18 @@ std::vector<NamedTensor> read_checkpoint_tensors(const std::string& dir, int* st
   for (size_t i = 0; i < out.size(); ++i)
     reader.want(where[i].first, 0, where[i].second, where[i].second + static_cast<int64_t>(out[i].values.size()),
                 out[i].values.data());
+  std::vector<float> buffers;  // BN running statistics: rank 0's
+  reader.want_buffers(0, buffers);
   reader.run();
-  // BN running statistics: rank 0's.
-  const Json& shard = m.j.at("shards").at(0);
-  const auto count = int_of(shard.at("buffers").at("count"));
-  if (count > 0) {
-    const std::vector<char> data = read_shard(m, shard);
-    int64_t at = int_of(shard.at("buffers").at("offset"));
-    int64_t total = 0;
-    for (const Json& b : m.j.at("buffers")) total += int_of(b.at("numel"));
-    if (total != count || at < 0 || at + count * 4 > static_cast<int64_t>(data.size()))
-      throw Error(fmt::format("{}/manifest.json: buffers do not match shard 0", m.folder));
-    for (const Json& b : m.j.at("buffers")) {
-      NamedTensor t;
-      t.name = b.at("name").get<std::string>();
-      t.shape = shape_of(b.at("shape"));
-      t.values.resize(static_cast<size_t>(int_of(b.at("numel"))));
-      std::memcpy(t.values.data(), data.data() + at, t.values.size() * 4);
-      at += static_cast<int64_t>(t.values.size()) * 4;
-      out.push_back(std::move(t));
-    }
+  size_t at = 0;  // the layout was validated: the manifest's buffers are rank 0's count
+  for (const Json& b : m.j.at("buffers")) {
+    NamedTensor t;
+    t.name = b.at("name").get<std::string>();
+    t.shape = shape_of(b.at("shape"));
+    t.values.assign(buffers.begin() + static_cast<std::ptrdiff_t>(at),
+                    buffers.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(int_of(b.at("numel")))));
+    at += t.values.size();
+    out.push_back(std::move(t));
   }
   if (step) *step = m.step;
   return out;

@@ -92,6 +92,7 @@ struct Case {
   const char* strategy;
   int ranks;
   const char* precision;
+  const char* model = "tiny-gpt";  // tiny-cnn: each rank's BatchNorm running statistics travel too
 };
 
 class ResumeAfterKill : public Checkpoints, public ::testing::WithParamInterface<Case> {};
@@ -101,7 +102,7 @@ TEST_P(ResumeAfterKill, IsBitExact) {
   // job), --resume, 3 more: the same losses and the same final parameters and
   // optimizer state, byte for byte.
   const Case c = GetParam();
-  const std::string p = plan("tiny-gpt", c.ranks, 2, c.strategy, c.precision);
+  const std::string p = plan(c.model, c.ranks, 2, c.strategy, c.precision);
   const std::string a = dir("straight"), b = dir("killed");
   const Job straight = run(c.ranks, p, a, {"--steps", "6", "--save-every", "3"});
   ASSERT_TRUE(straight.finished && straight.exit_code == 0) << straight.all();
@@ -124,9 +125,11 @@ TEST_P(ResumeAfterKill, IsBitExact) {
 INSTANTIATE_TEST_SUITE_P(EveryStrategy, ResumeAfterKill,
                          ::testing::Values(Case{"ddp", 2, "fp32"}, Case{"zero1", 2, "fp32"},
                                            Case{"zero2", 2, "bf16-mixed"}, Case{"zero3", 2, "fp32"},
-                                           Case{"zero3", 4, "bf16-mixed"}, Case{"zero1", 4, "fp32"}),
+                                           Case{"zero3", 4, "bf16-mixed"}, Case{"zero1", 4, "fp32"},
+                                           Case{"ddp", 2, "fp32", "tiny-cnn"}),
                          [](const auto& info) {
-                           return std::string(info.param.strategy) + "_" + std::to_string(info.param.ranks) + "_" +
+                           return std::string(info.param.model == std::string("tiny-cnn") ? "cnn_" : "") +
+                                  info.param.strategy + "_" + std::to_string(info.param.ranks) + "_" +
                                   (std::string(info.param.precision) == "fp32" ? "fp32" : "bf16");
                          });
 
@@ -386,12 +389,17 @@ TEST_F(Checkpoints, PlannedCheckpointBytesAreTheFilesWritten) {
     int ranks;
     const char* strategy;
     const char* optimizer;
+    const char* precision;
   };
-  for (const Setup& c : {Setup{"tiny-gpt", 2, "zero3", "adamw"}, Setup{"tiny-cnn", 4, "ddp", "sgd-momentum"},
-                         Setup{"tiny-mlp", 4, "zero1", "sgd"}, Setup{"tiny-vit", 1, "ddp", "adamw"}}) {
-    SCOPED_TRACE(std::string(c.model) + " " + c.strategy + " " + c.optimizer);
+  // Every knob the size depends on: model (BatchNorm buffers in tiny-cnn),
+  // ranks, strategy, optimizer (its moments) and precision (bf16 parameters,
+  // fp32 master weights saved).
+  for (const Setup& c : {Setup{"tiny-gpt", 2, "zero3", "adamw", "fp32"}, Setup{"tiny-cnn", 4, "ddp", "sgd-momentum", "fp32"},
+                         Setup{"tiny-mlp", 4, "zero1", "sgd", "fp32"}, Setup{"tiny-vit", 1, "ddp", "adamw", "fp32"},
+                         Setup{"tiny-gpt", 4, "zero2", "adamw", "bf16-mixed"}, Setup{"tiny-cnn", 2, "zero3", "adamw", "bf16-mixed"}}) {
+    SCOPED_TRACE(std::string(c.model) + " " + c.strategy + " " + c.optimizer + " " + c.precision);
     const std::string p = make_plan(c.model, c.ranks, 2, std::string("cost_") + c.model + ".json",
-                                    {"--strategy", c.strategy, "--optimizer", c.optimizer});
+                                    {"--strategy", c.strategy, "--optimizer", c.optimizer, "--precision", c.precision});
     cleanup_.push_back(p);
     const Json k = read_json(p).at("checkpoint");
     const std::string d = dir("cost");
