@@ -24,7 +24,7 @@ struct PlanFlags {
   RequestFlags request;
   std::string micro_batch = "1", format = "table", out, timeline;
   int64_t gpus = 0, nodes = 0, global_batch = 0, grad_accum = 0, seq_len = 0, syncbn_group = 0, prefetch = 0,
-          warmup_steps = 0;
+          warmup_steps = 0, shard_group = 0;
   double bucket_mb = 0, lr = 0, min_lr = 0, clip_norm = 0, weight_decay = 0, eps = 0, momentum = 0;
   std::vector<double> betas;
 };
@@ -44,6 +44,7 @@ RequestFlags request_flags(PlanFlags& f, const CLI::App& app) {
   given(app, "--seq-len", f.seq_len, r.seq_len);
   given(app, "--syncbn-group", f.syncbn_group, r.syncbn_group);
   given(app, "--prefetch", f.prefetch, r.prefetch);
+  given(app, "--shard-group", f.shard_group, r.shard_group);
   given(app, "--warmup-steps", f.warmup_steps, r.warmup_steps);
   given(app, "--bucket-mb", f.bucket_mb, r.bucket_mb);
   given(app, "--lr", f.lr, r.lr);
@@ -87,7 +88,9 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--momentum", f->momentum, "SGD momentum with sgd-momentum (default 0.9)");
   app.add_option("--checkpointing", r.checkpointing, "Activation checkpointing: none or units")->capture_default_str();
   app.add_option("--attention", r.attention, "Attention: math (keeps probabilities) or flash")->capture_default_str();
-  app.add_option("--strategy", r.strategy, "Force one strategy: ddp, zero1, zero2, zero3");
+  app.add_option("--strategy", r.strategy, "Force one strategy: ddp, zero1, zero2, zero3, hsdp2, hsdp3");
+  app.add_option("--shard-group", f->shard_group,
+                 "hsdp2 / hsdp3: ranks per shard group, contiguous (default: one node)");
   app.add_option("--syncbn", r.syncbn, "SyncBatchNorm: auto, on or off")->capture_default_str();
   app.add_option("--syncbn-group", f->syncbn_group, "Ranks per SyncBN group (default: the advice's, or all)");
   app.add_option("--bucket-mb", f->bucket_mb, "DDP / ZeRO-1 gradient bucket size, MiB (default 25)");

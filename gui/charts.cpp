@@ -28,7 +28,15 @@ namespace {
 // One colour per memory category (+ runtime), shared by every chart.
 const QColor kCategoryColors[] = {QColor(0x4e79a7), QColor(0xf28e2b), QColor(0xe15759), QColor(0x76b7b2),
                                   QColor(0x59a14f), QColor(0xedc948), QColor(0xb07aa1), QColor(0xbab0ac)};
-const QColor kStrategyColors[] = {QColor(0x4e79a7), QColor(0xf28e2b), QColor(0x59a14f), QColor(0xe15759)};
+const QColor kStrategyColors[] = {QColor(0x4e79a7), QColor(0xf28e2b), QColor(0x59a14f),
+                                  QColor(0xe15759), QColor(0x76b7b2), QColor(0xb07aa1)};
+static_assert(std::size(kStrategyColors) == kAllStrategies.size(), "one colour per strategy");
+
+// The strategy of results row `row` ("" when there is none).
+QString strategyOfRow(const Results* r, int row) {
+  if (!r || row < 0 || static_cast<size_t>(row) >= r->planning.results.size()) return {};
+  return QString::fromStdString(to_string(r->planning.results[static_cast<size_t>(row)].strategy));
+}
 
 QChartView* makeView(QChart* chart, QWidget* parent) {
   chart->setAnimationOptions(QChart::NoAnimation);
@@ -160,7 +168,7 @@ QChartView* makeTimelineChart(TimelineModel* model, QWidget* parent) {
     fitY(y, maxY(uppers.back()));
     const Simulation* s = model->simulation();
     chart->setTitle(s ? QObject::tr("Memory over the step (%1), GiB")
-                            .arg(QString::fromStdString(to_string(kAllStrategies[static_cast<size_t>(model->strategyRow()) % 4])))
+                            .arg(strategyOfRow(model->results(), model->strategyRow()))
                       : QObject::tr("Memory over the step, GiB"));
   };
   QObject::connect(model, &QAbstractItemModel::modelReset, chart, refresh);
@@ -181,7 +189,7 @@ QChartView* makeSweepChart(SweepModel* model, bool memory, QWidget* parent) {
   chart->addAxis(x, Qt::AlignBottom);
   chart->addAxis(y, Qt::AlignLeft);
   std::vector<QLineSeries*> lines;
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < SweepModel::kStrategies; ++s) {
     auto* line = new QLineSeries(chart);
     line->setName(QString::fromStdString(to_string(kAllStrategies[static_cast<size_t>(s)])));
     line->setPointsVisible(true);
@@ -302,7 +310,7 @@ void GanttWidget::paintEvent(QPaintEvent*) {
   QFont bold = p.font();
   bold.setBold(true);
   p.setFont(bold);
-  const QString strategy = results_ && row_ >= 0 ? QString::fromStdString(to_string(kAllStrategies[static_cast<size_t>(row_) % 4])) : QString();
+  const QString strategy = strategyOfRow(results_.get(), row_);
   p.drawText(QRect(0, 2, this->width(), fm.height() + 4), Qt::AlignHCenter,
              s ? tr("%1 step: %2 ms, exposed comm %3 ms")
                      .arg(strategy).arg(s->step_seconds * 1e3, 0, 'f', 1).arg(s->exposed_seconds * 1e3, 0, 'f', 1)

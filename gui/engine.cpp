@@ -60,6 +60,9 @@ RequestFlags Engine::flags(const Inputs& in) {
   if (in.forced) f.strategy = to_string(*in.forced);
   f.bucket_mb = in.bucket_mb;
   f.prefetch = in.prefetch;
+  // The shard group only where hybrid sharding is planned (a forced ZeRO
+  // strategy refuses --shard-group).
+  if (in.shard_group > 0 && (!in.forced || hybrid(*in.forced))) f.shard_group = in.shard_group;
   f.lr = in.lr;
   f.explain = in.explain;
   return f;
@@ -109,13 +112,19 @@ Sweep Engine::sweep(const Inputs& in) {
     r.cluster.nodes = g / r.cluster.gpus_per_node;
     try {
       const Planning p = plan(r);
-      for (size_t i = 0; i < p.results.size() && i < 4; ++i) {
-        const auto& row = p.results[i];
+      auto put = [&pt](size_t i, const StrategyResult& row) {
         pt.peak[i] = row.walk.peak;
         pt.total[i] = row.walk.peak + row.runtime_bytes;
         pt.step_seconds[i] = row.step_seconds;
         pt.fits[i] = row.fits;
-      }
+      };
+      for (const auto& row : p.results) put(static_cast<size_t>(row.strategy), row);
+      // Where the shard group is the whole world (one node), hybrid sharding
+      // is ZeRO-2 / ZeRO-3 itself and the planner shows no row of its own.
+      for (Strategy h : {Strategy::hsdp2, Strategy::hsdp3})
+        if (std::none_of(p.results.begin(), p.results.end(), [h](const StrategyResult& x) { return x.strategy == h; }))
+          for (const auto& row : p.results)
+            if (row.strategy == within_group(h)) put(static_cast<size_t>(h), row);
       pt.ok = true;
     } catch (const Error& e) {
       pt.message = e.what();

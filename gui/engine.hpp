@@ -43,6 +43,7 @@ struct Inputs {
   std::string syncbn = "auto";
   double bucket_mb = 25.0;           // DDP / ZeRO-1 gradient buckets, MiB
   int prefetch = 1;                  // ZeRO-3 units gathered ahead
+  int shard_group = 0;               // hsdp2 / hsdp3: ranks per shard group; 0: one node
   double lr = kDefaultLr;            // written into a saved plan
   std::optional<Strategy> forced;    // --strategy
   std::optional<Strategy> show;      // the row the timeline, Gantt and tensors show (default: recommended, else the last)
@@ -68,10 +69,11 @@ struct Results {
 // Peak memory and step time against the GPU count, every strategy.
 struct SweepPoint {
   int gpus = 0;
-  std::array<int64_t, 4> peak{};        // walk peak per strategy (ddp..zero3)
-  std::array<int64_t, 4> total{};       // peak + runtime
-  std::array<double, 4> step_seconds{};
-  std::array<bool, 4> fits{};
+  // Per strategy, in kAllStrategies' order (ddp..hsdp3).
+  std::array<int64_t, kAllStrategies.size()> peak{};  // walk peak
+  std::array<int64_t, kAllStrategies.size()> total{}; // peak + runtime
+  std::array<double, kAllStrategies.size()> step_seconds{};
+  std::array<bool, kAllStrategies.size()> fits{};
   bool ok = false;                      // false: the planner refused this size (message)
   std::string message;
 };

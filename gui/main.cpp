@@ -52,7 +52,7 @@ void describe(QCommandLineParser& p) {
   opt("checkpointing", "none or units", "C");
   opt("attention", "math or flash", "A");
   opt("syncbn", "auto, on or off", "S");
-  opt("strategy", "Force one strategy: ddp, zero1, zero2, zero3", "S");
+  opt("strategy", "Force one strategy: ddp, zero1, zero2, zero3, hsdp2, hsdp3", "S");
   opt("bucket-mb", "DDP / ZeRO-1 gradient bucket size, MiB (default 25)", "MB");
   opt("prefetch", "ZeRO-3 units gathered ahead (default 1)", "U");
   opt("screenshot", "Render the window after the first recompute to this PNG and exit", "FILE");

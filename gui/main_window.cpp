@@ -228,7 +228,9 @@ QWidget* MainWindow::buildInputs() {
   checkpointing_ = combo({QStringLiteral("none"), QStringLiteral("units")}, box);
   attention_ = combo({QStringLiteral("math"), QStringLiteral("flash")}, box);
   syncbn_ = combo({QStringLiteral("auto"), QStringLiteral("on"), QStringLiteral("off")}, box);
-  strategy_ = combo({tr("recommend"), QStringLiteral("ddp"), QStringLiteral("zero1"), QStringLiteral("zero2"), QStringLiteral("zero3")}, box);
+  QStringList strategies{tr("recommend")};
+  for (Strategy s : kAllStrategies) strategies << QString::fromStdString(to_string(s));
+  strategy_ = combo(strategies, box);
   f->addRow(tr("Precision"), precision_);
   f->addRow(tr("Optimizer"), optimizer_);
   f->addRow(tr("Checkpointing"), checkpointing_);
@@ -250,11 +252,16 @@ QWidget* MainWindow::buildInputs() {
   lr_->setToolTip(tr("Peak learning rate written into a saved plan (--lr)"));
   f->addRow(tr("Bucket"), bucketMb_);
   f->addRow(tr("Prefetch"), prefetch_);
+  shardGroup_ = new QSpinBox(box);
+  shardGroup_->setRange(0, 1 << 20);
+  shardGroup_->setSpecialValueText(tr("one node"));
+  shardGroup_->setToolTip(tr("hsdp2 / hsdp3: ranks per shard group, contiguous (--shard-group; 0: one node)"));
+  f->addRow(tr("Shard group"), shardGroup_);
   f->addRow(tr("Learning rate"), lr_);
 
   for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, syncbn_, strategy_})
     connect(c, &QComboBox::currentIndexChanged, this, &MainWindow::inputsEdited);
-  for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_})
+  for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_, shardGroup_})
     connect(s, &QSpinBox::valueChanged, this, &MainWindow::inputsEdited);
   for (QDoubleSpinBox* s : {bucketMb_, lr_})
     connect(s, &QDoubleSpinBox::valueChanged, this, &MainWindow::inputsEdited);
@@ -303,6 +310,7 @@ void MainWindow::fillControls(const Inputs& in) {
   seqLen_->setValue(static_cast<int>(in.seq_len));
   bucketMb_->setValue(in.bucket_mb);
   prefetch_->setValue(in.prefetch);
+  shardGroup_->setValue(in.shard_group);
   lr_->setValue(in.lr);
   precision_->setCurrentIndex(in.precision.empty() ? 0 : precision_->findText(qs(in.precision)));
   setComboText(optimizer_, qs(in.optimizer));
@@ -333,6 +341,7 @@ void MainWindow::readControls() {
   in.seq_len = seqLen_->value();
   in.bucket_mb = bucketMb_->value();
   in.prefetch = prefetch_->value();
+  in.shard_group = shardGroup_->value();
   in.lr = lr_->value();
   in.precision = precision_->currentIndex() == 0 ? std::string() : precision_->currentText().toStdString();
   in.optimizer = optimizer_->currentText().toStdString();

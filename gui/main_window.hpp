@@ -107,7 +107,7 @@ class MainWindow : public QMainWindow {
             *optimizer_ = nullptr, *checkpointing_ = nullptr, *attention_ = nullptr, *syncbn_ = nullptr,
             *strategy_ = nullptr;
   QSpinBox *nodes_ = nullptr, *gpusPerNode_ = nullptr, *batch_ = nullptr, *gradAccum_ = nullptr, *seqLen_ = nullptr,
-           *prefetch_ = nullptr, *steps_ = nullptr;
+           *prefetch_ = nullptr, *shardGroup_ = nullptr, *steps_ = nullptr;
   QDoubleSpinBox *bucketMb_ = nullptr, *lr_ = nullptr;
   QLabel *clusterLabel_ = nullptr, *status_ = nullptr, *runStatus_ = nullptr;
   QPushButton *clusterButton_ = nullptr, *runButton_ = nullptr, *cancelButton_ = nullptr;

@@ -56,6 +56,7 @@ class TimelineModel : public QAbstractTableModel {
   void setSimulation(std::shared_ptr<const Results> r);  // of r->shown
   const Simulation* simulation() const;
   int strategyRow() const { return row_; }
+  const Results* results() const { return results_.get(); }
 
   int rowCount(const QModelIndex& parent = {}) const override;
   int columnCount(const QModelIndex& parent = {}) const override;
@@ -73,7 +74,8 @@ class SweepModel : public QAbstractTableModel {
   Q_OBJECT
 
  public:
-  enum { Gpus = 0, FirstPeak = 1, FirstStep = 5, Capacity = 9, ColumnCount = 10 };
+  static constexpr int kStrategies = static_cast<int>(kAllStrategies.size());
+  enum { Gpus = 0, FirstPeak = 1, FirstStep = 1 + kStrategies, Capacity = 1 + 2 * kStrategies, ColumnCount = Capacity + 1 };
   using QAbstractTableModel::QAbstractTableModel;
   void setSweep(std::shared_ptr<const Sweep> s);
   const Sweep* sweep() const { return sweep_.get(); }

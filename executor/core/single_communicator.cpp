@@ -42,6 +42,11 @@ class SingleCommunicator final : public Communicator {
     if (group_ == 0) group_ = 1;
     return group_;
   }
+  int make_strided_groups(int stride) override {
+    if (stride != 1)
+      throw Error("make_strided_groups: a stride of " + std::to_string(stride) + " does not divide the world size 1");
+    return make_groups(1);
+  }
   int group_size(int group) const override {
     check_group(group);
     return 1;

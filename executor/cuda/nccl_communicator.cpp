@@ -133,6 +133,7 @@ class StagedCommunicator final : public GpuCommunicator {
   void all_reduce_doubles(double* data, int64_t count) override { host_->all_reduce_doubles(data, count); }
   double busy_seconds() const override { return thread_->busy_seconds(); }
   int make_groups(int group_size) override { return host_->make_groups(group_size); }
+  int make_strided_groups(int stride) override { return host_->make_strided_groups(stride); }
   int group_size(int group) const override { return host_->group_size(group); }
   int group_rank(int group) const override { return host_->group_rank(group); }
   [[noreturn]] void abort(const std::string& message) override {
@@ -375,25 +376,15 @@ class NcclCommunicator final : public GpuCommunicator {
     if (group_size < 1 || n % group_size != 0)
       throw Error("make_groups: a group size of " + std::to_string(group_size) + " does not divide the world size " +
                   std::to_string(n));
-    {
-      std::lock_guard<std::mutex> lock(groups_mu_);
-      if (auto it = by_size_.find(group_size); it != by_size_.end()) return it->second;
-    }
-    NcclGroup g;
-    {
-      std::lock_guard<std::mutex> lock(issue_mu_);
-      DeviceGuard guard(device_);
-      const ncclComm_t world = groups_[0].comm;
-      const int r = rank();
-      nccl_or_fail(ncclCommSplit(world, r / group_size, r, &g.comm, nullptr), "ncclCommSplit", world);
-      nccl_or_fail(ncclCommCount(g.comm, &g.size), "ncclCommCount", g.comm);
-      nccl_or_fail(ncclCommUserRank(g.comm, &g.rank), "ncclCommUserRank", g.comm);
-    }
-    std::lock_guard<std::mutex> lock(groups_mu_);
-    groups_.push_back(g);
-    const int handle = static_cast<int>(groups_.size()) - 1;
-    by_size_[group_size] = handle;
-    return handle;
+    return split(by_size_, group_size, rank() / group_size);
+  }
+  // Hybrid sharding's replica groups: the ranks equal modulo `stride`.
+  int make_strided_groups(int stride) override {
+    const int n = size();
+    if (stride < 1 || n % stride != 0)
+      throw Error("make_strided_groups: a stride of " + std::to_string(stride) + " does not divide the world size " +
+                  std::to_string(n));
+    return split(by_stride_, stride, rank() % stride);
   }
   int group_size(int group) const override { return lookup(group).size; }
   int group_rank(int group) const override { return lookup(group).rank; }
@@ -592,7 +583,30 @@ class NcclCommunicator final : public GpuCommunicator {
   int64_t seq_ = 0;
   mutable std::mutex groups_mu_;
   std::vector<NcclGroup> groups_;  // 0: the world
-  std::map<int, int> by_size_;
+  std::map<int, int> by_size_, by_stride_;
+
+  // ncclCommSplit of the world by `color` (every rank calls it, with the same
+  // `key` kind, in the same order), cached under `key` in `cache`.
+  int split(std::map<int, int>& cache, int key, int color) {
+    {
+      std::lock_guard<std::mutex> lock(groups_mu_);
+      if (auto it = cache.find(key); it != cache.end()) return it->second;
+    }
+    NcclGroup g;
+    {
+      std::lock_guard<std::mutex> lock(issue_mu_);
+      DeviceGuard guard(device_);
+      const ncclComm_t world = groups_[0].comm;
+      nccl_or_fail(ncclCommSplit(world, color, rank(), &g.comm, nullptr), "ncclCommSplit", world);
+      nccl_or_fail(ncclCommCount(g.comm, &g.size), "ncclCommCount", g.comm);
+      nccl_or_fail(ncclCommUserRank(g.comm, &g.rank), "ncclCommUserRank", g.comm);
+    }
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    groups_.push_back(g);
+    const int handle = static_cast<int>(groups_.size()) - 1;
+    cache[key] = handle;
+    return handle;
+  }
 
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;

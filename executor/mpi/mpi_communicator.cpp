@@ -49,7 +49,8 @@ struct Group {
   MPI_Comm comm = MPI_COMM_NULL;
   int size = 1;
   int rank = 0;
-  int first = 0;  // world rank of the group's rank 0 (groups are contiguous)
+  int first = 0;   // world rank of the group's rank 0
+  int stride = 1;  // world ranks first, first + stride, ... (1: contiguous)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -190,6 +191,32 @@ class MpiCommunicator final : public Communicator {
     groups_.push_back(g);
     const int handle = static_cast<int>(groups_.size()) - 1;
     by_size_[group_size] = handle;
+    return handle;
+  }
+
+  int make_strided_groups(int stride) override {
+    if (stride < 1 || size_ % stride != 0)
+      throw Error("make_strided_groups: a stride of " + std::to_string(stride) + " does not divide the world size " +
+                  std::to_string(size_));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = by_stride_.find(stride);
+      if (it != by_stride_.end()) return it->second;
+    }
+    Group g;
+    thread_->run_sync([this, stride, &g] {
+      Watch w(*this, "MPI_Comm_split", world_group());
+      check_mpi(MPI_Comm_split(world_, rank_ % stride, rank_, &g.comm), "MPI_Comm_split");
+      check_mpi(MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+      check_mpi(MPI_Comm_size(g.comm, &g.size), "MPI_Comm_size");
+      check_mpi(MPI_Comm_rank(g.comm, &g.rank), "MPI_Comm_rank");
+      g.first = rank_ % stride;
+      g.stride = stride;
+    });
+    std::lock_guard<std::mutex> lock(mutex_);
+    groups_.push_back(g);
+    const int handle = static_cast<int>(groups_.size()) - 1;
+    by_stride_[stride] = handle;
     return handle;
   }
 
@@ -344,7 +371,7 @@ class MpiCommunicator final : public Communicator {
    public:
     Watch(MpiCommunicator& c, const char* call, const Group& g) : c_(c) {
       std::lock_guard<std::mutex> lock(c_.watch_mu_);
-      c_.in_flight_ = InFlight{call, ++c_.sequence_, g.first, g.size, Clock::now(), true};
+      c_.in_flight_ = InFlight{call, ++c_.sequence_, g.first, g.size, g.stride, Clock::now(), true};
     }
     ~Watch() {
       std::lock_guard<std::mutex> lock(c_.watch_mu_);
@@ -359,7 +386,7 @@ class MpiCommunicator final : public Communicator {
   struct InFlight {
     const char* call = "";
     int64_t sequence = 0;
-    int group_first = 0, group_size = 1;
+    int group_first = 0, group_size = 1, group_stride = 1;
     Clock::time_point since;
     bool active = false;
   };
@@ -409,8 +436,10 @@ class MpiCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     std::vector<int> absent;
-    for (int r = f.group_first; r < f.group_first + f.group_size; ++r)
+    for (int k = 0; k < f.group_size; ++k) {
+      const int r = f.group_first + k * f.group_stride;
       if (!waiting[static_cast<size_t>(r)]) absent.push_back(r);
+    }
     std::string message = what;
     if (absent.empty()) {
       message += ": every rank of its group is waiting too (they issued different collectives)";
@@ -438,7 +467,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   mutable std::mutex mutex_;
   std::vector<Group> groups_;
-  std::map<int, int> by_size_;
+  std::map<int, int> by_size_, by_stride_;
 };
 
 

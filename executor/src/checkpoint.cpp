@@ -135,8 +135,11 @@ std::string model_hash(const PlanDocument& plan) {
   return plan_content_hash(Json(plan.document.at("model").at("ir")));
 }
 
-// The range of unit u rank r saves: what it owns under ZeRO, else a 1/N share.
+// The range of unit u rank r saves: what it owns under ZeRO, else a 1/N
+// share. Hybrid sharding's first group saves every shard; the replicas in
+// the other groups hold the same values and save none.
 std::pair<int64_t, int64_t> saved_range(const ParamStore& s, int u) {
+  if (s.sharded() && s.replica() > 0) return {s.owned_begin(u), s.owned_begin(u)};
   if (s.sharded()) return {s.owned_begin(u), s.owned_begin(u) + s.owned_size(u)};
   const int64_t P = s.unit_size(u), share = (P + s.world() - 1) / s.world();
   return {std::min(P, s.rank() * share), std::min(P, (s.rank() + 1) * share)};

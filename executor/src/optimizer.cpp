@@ -38,7 +38,10 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
   double sq = 0;
   for (int u = 0; u < store_.units(); ++u) sq = ops.sum_of_squares(store_.owned_grads(u), sq);
   if (store_.sharded()) {
+    // Each shard is held by the comm.size() / store_.world() replicas of
+    // hybrid sharding (one under ZeRO): summed once.
     comm.all_reduce_doubles(&sq, 1);
+    sq /= comm.size() / store_.world();
   } else if (comm.size() > 1) {
     // Replicated gradients: every rank computed the same sum, up to rounding
     // on a backend whose reductions are not bit-reproducible. One value for

@@ -1,8 +1,11 @@
 #include "dlplan/exec/param_store.hpp"
 
+#include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/ops.hpp"
 #include "dlplan/step_program.hpp"
+
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
@@ -49,13 +52,16 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
       ops_(ops ? ops : own_ops_.get()),
       strategy_(t.strategy),
       dtype_(storage_dtype(t.precision)),
-      world_(world),
-      rank_(rank),
-      sharded_(sharding(t.strategy, world).optimizer) {
+      world_(static_cast<int>(shard_world(t, world))),
+      rank_(rank % world_),
+      replica_(rank / world_),
+      sharded_(sharding(t.strategy, world_).optimizer) {
+  if (world % world_ != 0)
+    throw Error(fmt::format("shard group of {} ranks does not divide the world of {}", world_, world));
   size_ = unit_parameter_counts(m);
   const size_t U = size_.size();
   padded_.resize(U);
-  for (size_t u = 0; u < U; ++u) padded_[u] = sharded_ ? pad_to(size_[u], world) : size_[u];
+  for (size_t u = 0; u < U; ++u) padded_[u] = sharded_ ? pad_to(size_[u], world_) : size_[u];
 
   // Flat layout: unit u's parameters in Model::params order.
   std::vector<int64_t> fill(U, 0);

@@ -126,6 +126,13 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     }
   backend_.prepare(plan.model, t.micro_batch, t.syncbn ? static_cast<int>(t.syncbn_group) : 1);
   store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed, ops_.get());
+  // Hybrid sharding (DESIGN.md, "Strategies"): ZeRO inside contiguous groups
+  // of G ranks, each gradient shard then all-reduced across the groups.
+  if (const int G = store_->world(); hybrid(t.strategy) && G < comm.size()) {
+    shard_group_ = comm.make_groups(G);
+    replica_group_ = comm.make_strided_groups(G);
+    host_shard_group_ = comm.host().make_groups(G);
+  }
   optimizer_ = std::make_unique<Optimizer>(t.optimizer, *store_, alloc_);
   data_ = make_data_source(opt.data, plan.model, opt.seed);
   if (t.syncbn && t.syncbn_group > 1) {
@@ -332,21 +339,25 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       }
       case CommPurpose::unit_reduce_scatter: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
-        work[static_cast<size_t>(c)] = comm_.reduce_scatter(buf.span().sub(0, store_->unit_padded(ev.unit)));
+        work[static_cast<size_t>(c)] =
+            comm_.reduce_scatter(buf.span().sub(0, store_->unit_padded(ev.unit)), t.strategy == Strategy::zero1 ? 0 : shard_group_);
         break;
       }
+      case CommPurpose::shard_all_reduce:  // in place: the reduced (and accumulated) shard
+        work[static_cast<size_t>(c)] = comm_.all_reduce(store_->grads(ev.unit).span(), replica_group_);
+        break;
       case CommPurpose::unit_gather:
       case CommPurpose::root_gather: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
         const int u = ev.purpose == CommPurpose::root_gather ? 0 : ev.unit;
         const int64_t shard = store_->shard_size(u);
         ops_->copy(buf.span().sub(store_->shard_offset(u), shard), store_->params(u).span().sub(0, shard));
-        work[static_cast<size_t>(c)] = comm_.all_gather(buf.span().sub(0, store_->unit_padded(u)));
+        work[static_cast<size_t>(c)] = comm_.all_gather(buf.span().sub(0, store_->unit_padded(u)), shard_group_);
         break;
       }
       case CommPurpose::param_all_gather:
         pending_param_gathers_.push_back(
-            comm_.all_gather(store_->params(ev.unit).span().sub(0, store_->unit_padded(ev.unit))));
+            comm_.all_gather(store_->params(ev.unit).span().sub(0, store_->unit_padded(ev.unit)), shard_group_));
         break;
       case CommPurpose::syncbn:
         break;  // issued inside the BN op
@@ -446,7 +457,8 @@ void Trainer::check_ledger(const Instr& mark) {
 std::vector<float> Trainer::full_parameters() {
   // The snapshot is on the host: gathered through the host communicator.
   Communicator& host = comm_.host();  // the snapshot is on the host
-  return store_->snapshot_full_params([&host](float* p, int64_t n) { host.all_gather(p, n)->wait(); });
+  const int group = host_shard_group_;  // ZeRO-3 shards: over the shard group
+  return store_->snapshot_full_params([&host, group](float* p, int64_t n) { host.all_gather(p, n, group)->wait(); });
 }
 
 std::vector<float> Trainer::buffers() const {

@@ -98,7 +98,7 @@ double ring_bytes_sent(Collective op, double S, int n) {
 }  // namespace
 
 CollectiveCost collective_cost(const Cluster& cluster, Collective op, double bytes,
-                               int group_size) {
+                               int group_size, int stride) {
   const int n = group_size;
   const int g = cluster.gpus_per_node;
   const DeviceSpec& d = cluster.device;
@@ -111,6 +111,9 @@ CollectiveCost collective_cost(const Cluster& cluster, Collective op, double byt
   if (g < 1 || cluster.nodes < 1)
     throw Error("cluster: nodes and gpus_per_node must be positive (got " +
                 std::to_string(cluster.nodes) + " x " + std::to_string(g) + ")");
+  if (stride < 1 || (stride > 1 && static_cast<int64_t>(n) * stride > cluster.world()))
+    throw Error("collective " + to_string(op) + " over " + std::to_string(n) + " ranks " + std::to_string(stride) +
+                " apart: the cluster has only " + std::to_string(cluster.world()));
   if (n > cluster.world())
     throw Error("collective " + to_string(op) + " over " + std::to_string(n) +
                 " ranks: the cluster has only " + std::to_string(cluster.world()) + " (" +
@@ -125,10 +128,13 @@ CollectiveCost collective_cost(const Cluster& cluster, Collective op, double byt
   const double S = bytes;
   out.bytes_sent = ring_bytes_sent(op, S, n);
 
-  const Level intra{std::min(n, g), d.link_bytes_per_s * d.link_efficiency,
+  // The group's ranks per node: contiguous groups fill a node; a strided
+  // group has g / stride of each node (one when stride >= g).
+  const int local = stride == 1 ? std::min(n, g) : (g % stride == 0 ? std::min(n, g / stride) : 1);
+  const Level intra{local, d.link_bytes_per_s * d.link_efficiency,
                     d.link_hop_latency_s};
 
-  if (n <= g) {
+  if (n <= local) {
     // ---- One node: flat ring (or tree for all-reduce) over the local links.
     double t = 0;
     std::string algo = "ring";
@@ -161,13 +167,13 @@ CollectiveCost collective_cost(const Cluster& cluster, Collective op, double byt
   // (GPU i of every node talks to GPU i of the others: rail-aligned), then
   // intra-node all-gather. Phases are summed (not overlapped), and one base
   // latency is charged for the whole collective (NCCL launches one kernel).
-  if (n % g != 0)
+  if (n % local != 0)
     throw Error("collective " + to_string(op) + " over " + std::to_string(n) +
                 " ranks spans nodes of " + std::to_string(g) +
                 " GPUs: the group size must then be a multiple of gpus_per_node");
-  const int k = n / g;
+  const int k = n / local;
   const Level inter{k, d.net_bytes_per_s * d.net_efficiency, d.net_hop_latency_s};
-  const double shard = S / g;  // what each GPU (and its NIC) carries across nodes
+  const double shard = S / local;  // what each GPU (and its NIC) carries across nodes
 
   double t = 0;
   std::string algo = "hierarchical-ring";
@@ -207,7 +213,7 @@ CollectiveCost collective_cost(const Cluster& cluster, Collective op, double byt
   // the ring's bandwidth is the slower of the NVLink ring and the g NICs of a
   // node together; every step waits for a network hop. NCCL's tuner picks the
   // faster algorithm for the size (tuning.cc), and so do we.
-  const Level flat{n, std::min(intra.bw, g * inter.bw), d.net_hop_latency_s};
+  const Level flat{n, std::min(intra.bw, local * inter.bw), d.net_hop_latency_s};
   double flat_t = -1;
   switch (op) {
     case Collective::AllReduce: flat_t = flat.ring_ar(S); break;

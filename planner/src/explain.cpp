@@ -54,30 +54,36 @@ ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
   const auto& at = r.walk.at_peak;
   auto cat = [&](Category c) { return at[static_cast<size_t>(c)]; };
   out.bytes = cat(Category::params) + cat(Category::grads) + cat(Category::optimizer) +
-              (r.strategy == Strategy::zero3 ? cat(Category::gathered) : 0);
+              (within_group(r.strategy) == Strategy::zero3 ? cat(Category::gathered) : 0);
   const auto& t = r.training;
   if (t.precision != Precision::bf16_mixed || t.optimizer.kind != OptimizerKind::adamw) return out;  // the formulas' setting
 
   const double psi = static_cast<double>(p.request.model.parameter_count());
-  const double N = p.request.cluster.world(), K = optimizer_bytes_per_param(t.precision, t.optimizer.kind);
+  // Hybrid sharding is its ZeRO stage over the shard group: N is then G.
+  const Strategy s = within_group(r.strategy);
+  const double N = static_cast<double>(shard_world(t, p.request.cluster.world()));
+  const double K = optimizer_bytes_per_param(t.precision, t.optimizer.kind);
   StateEstimate paper{"ZeRO paper (Rajbhandari et al. 2020, Fig. 1)", "", 0, {}};
-  switch (r.strategy) {
+  switch (s) {
     case Strategy::ddp: paper.formula = "(2+2+K)Ψ"; paper.bytes = (4 + K) * psi; break;
     case Strategy::zero1: paper.formula = "4Ψ + KΨ/N"; paper.bytes = 4 * psi + K * psi / N; break;
     case Strategy::zero2: paper.formula = "2Ψ + (2+K)Ψ/N"; paper.bytes = 2 * psi + (2 + K) * psi / N; break;
     case Strategy::zero3: paper.formula = "(2+2+K)Ψ/N"; paper.bytes = (4 + K) * psi / N; break;
+    case Strategy::hsdp2:
+    case Strategy::hsdp3: break;  // not reached: within_group() maps them to zero2 / zero3
   }
   paper.formula += fmt::format(" with K = {}", K);
-  if (r.strategy == Strategy::zero3)
+  if (hybrid(r.strategy)) paper.formula += fmt::format(" and N = the shard group, {}", N);
+  if (s == Strategy::zero3)
     paper.differences.push_back(fmt::format(
         "dlplan adds the units gathered at the peak ({}: the unit computing, {} prefetched, and the root unit kept "
         "whole), which the formula leaves out",
         gib(static_cast<double>(cat(Category::gathered))), t.prefetch));
   out.estimates.push_back(std::move(paper));
-  if (r.strategy == Strategy::ddp) return out;
+  if (s == Strategy::ddp) return out;
 
   StateEstimate ds;
-  if (r.strategy == Strategy::zero3) {
+  if (s == Strategy::zero3) {
     const auto [layer, name] = largest_layer(p.request.model);
     ds.source = "DeepSpeed estimate_zero3_model_states_mem_needs (no offload)";
     ds.formula = fmt::format("4·L + 18Ψ/N, L = {} parameters ('{}')", format_count(layer), name);
@@ -93,7 +99,7 @@ ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
     ds.source = "DeepSpeed estimate_zero2_model_states_mem_needs (no offload; stages 1 and 2)";
     ds.formula = "4Ψ + 16Ψ/N";
     ds.bytes = 4 * psi + 16 * psi / N;
-    if (r.strategy == Strategy::zero2)
+    if (s == Strategy::zero2)
       ds.differences.push_back(fmt::format(
           "it counts the fp16 gradients at full size on every GPU (2Ψ) where ZeRO-2 keeps only its shard (2Ψ/N; the "
           "buckets in flight are in 'comm'): +{}",
@@ -101,7 +107,7 @@ ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
     ds.differences.push_back(fmt::format(
         "it counts an fp32 copy of the gradient shard that DeepSpeed's optimizer step makes (4Ψ/N), where dlplan's "
         "optimizer reads the {} gradients in place: +{}",
-        r.strategy == Strategy::zero2 ? "sharded" : "reduced", gib(4 * psi / N)));
+        s == Strategy::zero2 ? "sharded" : "reduced", gib(4 * psi / N)));
   }
   out.estimates.push_back(std::move(ds));
   return out;
@@ -130,7 +136,7 @@ std::vector<std::string> explain_lines(const Planning& p) {
   const ModelStates ms = compare_model_states(p, r);
   out.emplace_back();
   out.push_back(fmt::format("Model states of {} per GPU (params + grads + optimizer{} at the peak): {}",
-                            to_string(r.strategy), r.strategy == Strategy::zero3 ? " + gathered" : "",
+                            to_string(r.strategy), within_group(r.strategy) == Strategy::zero3 ? " + gathered" : "",
                             format_bytes(static_cast<double>(ms.bytes))));
   if (ms.estimates.empty())
     out.push_back("  (the ZeRO paper's and DeepSpeed's formulas assume bf16/fp16 mixed precision with Adam)");

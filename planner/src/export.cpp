@@ -52,8 +52,9 @@ std::string steps_note(const ExportOptions& opt) {
 }
 
 [[noreturn]] void unknown_strategy(Strategy s, const char* target) {
-  throw Error(fmt::format("export: strategy {} has no {} equivalent (ddp, zero1, zero2 and zero3 do)",
-                          static_cast<int>(s), target));
+  throw Error(fmt::format("export: strategy {} has no {} equivalent (ddp, zero1, zero2 and zero3 do{})",
+                          to_string(s), target,
+                          std::string(target) == "DeepSpeed" ? "; hsdp3 is MiCS" : "; hsdp2 and hsdp3 are HYBRID_SHARD"));
 }
 
 // ---- DeepSpeed (https://www.deepspeed.ai/docs/config-json/) ---------------------
@@ -64,6 +65,8 @@ int zero_stage(Strategy s) {
     case Strategy::zero1: return 1;
     case Strategy::zero2: return 2;
     case Strategy::zero3: return 3;
+    case Strategy::hsdp3: return 3;  // with mics_shard_size (ds_zero)
+    case Strategy::hsdp2: break;     // DeepSpeed's MiCS shards parameters too: no ZeRO-2 flavour
   }
   unknown_strategy(s, "DeepSpeed");
 }
@@ -112,7 +115,14 @@ OrderedJson ds_zero(const PlanDocument& p) {
   z["contiguous_gradients"] = true;
   z["reduce_bucket_size"] = bucket_elements(t);
   z["allgather_bucket_size"] = bucket_elements(t);
-  if (t.strategy == Strategy::zero3) {
+  if (t.strategy == Strategy::hsdp3) {
+    // MiCS (Zhang et al. 2022; DeepSpeed >= 0.9): ZeRO-3 inside groups of
+    // mics_shard_size ranks, replicas across them; hierarchical all-gather
+    // off, as dlplan gathers inside the group with one collective.
+    z["mics_shard_size"] = shard_world(t, p.cluster.world());
+    z["mics_hierarchical_params_gather"] = false;
+  }
+  if (within_group(t.strategy) == Strategy::zero3) {
     // dlplan's ZeRO-3 keeps gathered the unit computing, `prefetch` units
     // ahead of it, and the root unit: DeepSpeed's prefetch bucket holds the
     // units ahead, its live-parameter cap the whole gathered set.
@@ -141,7 +151,11 @@ std::vector<std::string> ds_comments(const PlanDocument& p, const ExportOptions&
                           "{} MiB x 1048576 / {} bytes per {} gradient = {} elements",
                           t.bucket_mb, grad_bytes(t.precision), to_string(storage_dtype(t.precision)),
                           bucket_elements(t)));
-  if (t.strategy == Strategy::zero3)
+  if (t.strategy == Strategy::hsdp3)
+    c.push_back(fmt::format("hsdp3 is MiCS: ZeRO-3 inside groups of mics_shard_size = {} contiguous ranks, the "
+                            "gradient shards all-reduced across the {} groups (DeepSpeed >= 0.9)",
+                            shard_world(t, p.cluster.world()), p.cluster.world() / shard_world(t, p.cluster.world())));
+  if (within_group(t.strategy) == Strategy::zero3)
     c.push_back(fmt::format("stage3_prefetch_bucket_size = prefetch {} x the largest unit's {} parameters; "
                             "stage3_max_live_parameters = (1 + prefetch) units + the root unit's {} parameters "
                             "(what dlplan counts gathered at the peak)",
@@ -190,11 +204,51 @@ const char* sharding_name(Strategy s) {
     case Strategy::zero1: return "DistributedDataParallel + ZeroRedundancyOptimizer";
     case Strategy::zero2: return "FSDP ShardingStrategy.SHARD_GRAD_OP";
     case Strategy::zero3: return "FSDP ShardingStrategy.FULL_SHARD";
+    case Strategy::hsdp2: return "FSDP ShardingStrategy._HYBRID_SHARD_ZERO2 (PyTorch >= 2.1)";
+    case Strategy::hsdp3: return "FSDP ShardingStrategy.HYBRID_SHARD (PyTorch >= 2.0)";
   }
   unknown_strategy(s, "PyTorch");
 }
 
-bool uses_fsdp(Strategy s) { return s == Strategy::zero2 || s == Strategy::zero3; }
+const char* fsdp_sharding_strategy(Strategy s) {
+  switch (s) {
+    case Strategy::zero2: return "SHARD_GRAD_OP";
+    case Strategy::zero3: return "FULL_SHARD";
+    case Strategy::hsdp2: return "_HYBRID_SHARD_ZERO2";
+    case Strategy::hsdp3: return "HYBRID_SHARD";
+    default: break;
+  }
+  unknown_strategy(s, "FSDP");
+}
+
+bool uses_fsdp(Strategy s) { return within_group(s) == Strategy::zero2 || within_group(s) == Strategy::zero3; }
+
+// Hybrid sharding with a shard group other than one node: FSDP takes the
+// (shard, replicate) process groups; every rank creates every group, as
+// torch.distributed.new_group requires.
+std::string py_hybrid_groups(const PlanDocument& p) {
+  const TrainingConfig& t = p.training;
+  if (!hybrid(t.strategy) || shard_world(t, p.cluster.world()) == p.cluster.gpus_per_node) return "";
+  return fmt::format("        process_group=_hybrid_groups({}),\n", shard_world(t, p.cluster.world()));
+}
+
+const char* kPyHybridGroups = R"py(
+
+def _hybrid_groups(shard_group):
+    """(shard, replicate) process groups: contiguous groups of shard_group
+    ranks, and the ranks holding the same shard across them."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shard = replicate = None
+    for first in range(0, world, shard_group):
+        g = dist.new_group(list(range(first, first + shard_group)))
+        if first <= rank < first + shard_group:
+            shard = g
+    for offset in range(shard_group):
+        g = dist.new_group(list(range(offset, world, shard_group)))
+        if rank % shard_group == offset:
+            replicate = g
+    return shard, replicate
+)py";
 
 
 // Replaces every @KEY@ of `text` (the Python templates below use no other @).
@@ -359,7 +413,7 @@ def wrap(model, block_types=None):
 @SYNCBN@    model = FSDP(
         model,
         sharding_strategy=ShardingStrategy.@STRATEGY@,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=set(block_types)),
+@PROCESS_GROUP@        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=set(block_types)),
 @MIXED@        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
         forward_prefetch=FORWARD_PREFETCH,
         limit_all_gathers=True,
@@ -571,9 +625,11 @@ std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
   s += fsdp_constants(p, opt);
   s += subst(kPyCommon, {{"@UNITS@", unit_names(p.model)}});
   if (t.syncbn) s += kPySyncBn;
+  if (!py_hybrid_groups(p).empty()) s += kPyHybridGroups;
   s += subst(fsdp ? kPyWrapFsdp : kPyWrapDdp,
              {{"@SHARDING@", sharding_name(t.strategy)},
-              {"@STRATEGY@", t.strategy == Strategy::zero3 ? "FULL_SHARD" : "SHARD_GRAD_OP"},
+              {"@STRATEGY@", fsdp ? fsdp_sharding_strategy(t.strategy) : ""},
+              {"@PROCESS_GROUP@", py_hybrid_groups(p)},
               {"@SYNCBN@", syncbn},
               {"@MIXED@", bf16 ? "        mixed_precision=MixedPrecision(\n"
                                  "            param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, "

@@ -93,7 +93,7 @@ std::vector<StrategyResult> evaluate_max_micro_batch(const PlanRequest& req) {
   const int64_t N = req.cluster.world();
   const int64_t per_rank = req.global_batch > 0 ? req.global_batch / N : 0;
   std::vector<StrategyResult> rows;
-  for (Strategy s : kAllStrategies) {
+  for (Strategy s : strategies_to_compare(req.cluster, req.training, req.forced)) {
     TrainingConfig t = req.training;
     t.strategy = s;
     t.micro_batch = std::max<int64_t>(1, largest_fitting_micro_batch(req.model, req.cluster, t, per_rank));

@@ -12,7 +12,7 @@ namespace dlplan::detail {
 
 // One row per strategy in `which` (in the order given), all else as `base`.
 std::vector<StrategyResult> evaluate_all(const Model& m, const Cluster& c, const TrainingConfig& base, bool explain,
-                                         const std::vector<Strategy>& which = {kAllStrategies.begin(), kAllStrategies.end()});
+                                         const std::vector<Strategy>& which);
 
 // Among the rows that fit (in order of simplicity), the fastest; within 5% of
 // it, the simplest. With per_sample, time per sample decides (rows whose

@@ -33,6 +33,10 @@ void check_training_limits(const Model& m, const Cluster& c, const TrainingConfi
   in_range("--micro-batch", "micro_batch", t.micro_batch, 1, kMaxMicroBatch);
   in_range("--grad-accum", "grad_accum", t.grad_accum, 1, kMaxGradAccum);
   in_range("--prefetch", "prefetch", t.prefetch, 0, kMaxPrefetch);
+  in_range("--shard-group", "shard_group", t.shard_group, 0, c.world());
+  if (t.shard_group > 0 && c.world() % t.shard_group != 0)
+    throw Error(fmt::format("{}{} = {} does not divide the world of {} ranks", at, name("--shard-group", "shard_group"),
+                            t.shard_group, c.world()));
   if (!(t.bucket_mb > 0 && t.bucket_mb <= kMaxBucketMb))  // NaN fails too
     throw Error(fmt::format("{}{} = {} is outside (0, {}]", at, name("--bucket-mb", "bucket_mb"), t.bucket_mb, kMaxBucketMb));
   const double global = static_cast<double>(t.micro_batch) * static_cast<double>(t.grad_accum) * c.world();

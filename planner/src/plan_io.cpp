@@ -121,6 +121,7 @@ OrderedJson plan_json(const Planning& p, const StrategyResult& r) {
   j["model"] = {{"name", req.model.name}, {"params", req.model.parameter_count()}, {"ir", req.model.ir}};
   j["cluster"] = cluster_to_json(req.cluster);
   j["strategy"] = to_string(t.strategy);
+  if (hybrid(t.strategy)) j["shard_group"] = shard_world(t, req.cluster.world());
   j["syncbn"] = {{"enabled", t.syncbn}, {"group_size", t.syncbn ? t.syncbn_group : 1}};
   j["micro_batch"] = t.micro_batch;
   j["grad_accum"] = t.grad_accum;

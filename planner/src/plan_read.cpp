@@ -64,6 +64,11 @@ OptimizerConfig read_optimizer(const Object& o) {
 TrainingConfig read_training(const Object& d, int world) {
   TrainingConfig t;
   t.strategy = d.choice("strategy", parse_strategy);
+  if (hybrid(t.strategy)) {
+    t.shard_group = static_cast<int>(d.integer("shard_group", 1, world));
+    if (world % t.shard_group != 0)
+      d.fail(fmt::format("shard_group = {} does not divide the world of {} ranks", t.shard_group, world));
+  }
   t.precision = d.choice("precision", parse_precision);
   t.checkpointing = d.choice("checkpointing", parse_checkpointing);
   t.attention = d.choice("attention", parse_attention);

@@ -32,6 +32,17 @@ const StrategyResult* Planning::chosen() const {
   return nullptr;
 }
 
+std::vector<Strategy> strategies_to_compare(const Cluster& c, const TrainingConfig& t, std::optional<Strategy> forced) {
+  std::vector<Strategy> out;
+  TrainingConfig h = t;
+  h.strategy = Strategy::hsdp2;
+  const int64_t G = shard_world(h, c.world());
+  const bool hybrid_differs = G > 1 && G < c.world();
+  for (Strategy s : kAllStrategies)
+    if (!hybrid(s) || hybrid_differs || forced == s) out.push_back(s);
+  return out;
+}
+
 void validate(const PlanRequest& r) {
   const auto& d = r.cluster.device;
   const auto& t = r.training;
@@ -48,7 +59,11 @@ void validate(const PlanRequest& r) {
 
 namespace {
 
-size_t row_of(Strategy s) { return static_cast<size_t>(s); }
+const StrategyResult& row_of(const std::vector<StrategyResult>& rows, Strategy s) {
+  for (const auto& r : rows)
+    if (r.strategy == s) return r;
+  throw Error(fmt::format("internal: no row for strategy {}", to_string(s)));
+}
 
 std::string need_sentence(const StrategyResult& r) {
   return fmt::format("{} needs {} (peak {} + runtime {} + {:.0f}% margin) of {}", to_string(r.strategy),
@@ -88,7 +103,7 @@ void say_changes(const PlanRequest& req, Recommendation& rec) {
 Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResult>& rows, const TrainingConfig& base) {
   Recommendation rec;
   if (req.forced) {
-    const auto& r = rows[row_of(*req.forced)];
+    const auto& r = row_of(rows, *req.forced);
     rec.strategy = r.strategy;
     rec.reasons.push_back(fmt::format("{} was chosen with --strategy.", to_string(r.strategy)));
     if (!r.fits) {
@@ -105,12 +120,12 @@ Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResul
       if (r.walk.peak < least->walk.peak) least = &r;
     rec.reasons.push_back(fmt::format("No strategy fits: even {}.", need_sentence(*least)));
     if (!req.max_micro_batch) {
-      rec.changes = detail::suggest_changes(req, base, rows, {kAllStrategies.begin(), kAllStrategies.end()});
+      rec.changes = detail::suggest_changes(req, base, rows, strategies_to_compare(req.cluster, base));
       say_changes(req, rec);
     }
     return rec;
   }
-  const auto& best = rows[row_of(*rec.strategy)];
+  const auto& best = row_of(rows, *rec.strategy);
   const StrategyResult* fastest = &best;
   int fitting = 0;
   for (const auto& r : rows) {
@@ -136,7 +151,8 @@ Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResul
                                       fitting == 1 ? "y" : "ies", format_seconds(per(best))));
   else
     rec.reasons.push_back(fmt::format(
-        "Its {} ({}) is within 5% of the fastest ({}, {}), and it is simpler: DDP, then ZeRO-1, 2, 3.", unit,
+        "Its {} ({}) is within 5% of the fastest ({}, {}), and it is simpler: DDP, then ZeRO-1, 2, 3, then hybrid "
+        "sharding (hsdp2, hsdp3).", unit,
         format_seconds(per(best)), to_string(fastest->strategy), format_seconds(per(*fastest))));
   for (const auto& r : rows)
     if (!r.fits && r.strategy < best.strategy)
@@ -157,7 +173,8 @@ Planning plan(const PlanRequest& req) {
     p.syncbn = advise_syncbn(req.model, req.cluster, base, req.syncbn, req.syncbn_threshold);
     base.syncbn = p.syncbn.enabled;
     base.syncbn_group = p.syncbn.enabled ? p.syncbn.group_size : 0;
-    p.results = detail::evaluate_all(req.model, req.cluster, base, req.explain);
+    p.results = detail::evaluate_all(req.model, req.cluster, base, req.explain,
+                                     strategies_to_compare(req.cluster, base, req.forced));
   }
   p.recommendation = recommend(req, p.results, base);
   if (req.max_micro_batch) {  // the SyncBN advice of the chosen row's micro-batch

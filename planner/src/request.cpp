@@ -235,6 +235,18 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   t.bucket_mb = checked<double>(f.bucket_mb, t.bucket_mb, "--bucket-mb", 1.0 / 1024, kMaxBucketMb, fmt::format("positive (at most {:g})", kMaxBucketMb).c_str());
   t.prefetch = static_cast<int>(checked<int64_t>(f.prefetch, t.prefetch, "--prefetch", 0, kMaxPrefetch, fmt::format("between 0 and {}", kMaxPrefetch).c_str()));
   if (f.syncbn_group) t.syncbn_group = static_cast<int>(positive(f.syncbn_group, 0, "--syncbn-group", kMaxGpus));
+  // Hybrid sharding's group: one node unless given (DESIGN.md, "Strategies").
+  if (f.shard_group && r.forced && !hybrid(*r.forced))
+    throw UsageError(fmt::format("--shard-group applies to hsdp2 and hsdp3, not {}", to_string(*r.forced)));
+  t.shard_group = static_cast<int>(f.shard_group ? positive(f.shard_group, 0, "--shard-group", kMaxGpus)
+                                                 : r.cluster.gpus_per_node);
+  if (N % t.shard_group != 0)
+    throw UsageError(fmt::format("--shard-group {} does not divide the {} GPUs", t.shard_group, N));
+  if (r.forced && hybrid(*r.forced) && t.shard_group < 2)
+    throw UsageError(fmt::format("{} shards inside groups of 2 or more ranks; the shard group is {} ({}: set "
+                                 "--shard-group)",
+                                 to_string(*r.forced), t.shard_group,
+                                 f.shard_group ? "--shard-group" : "one node of 1 GPU"));
   r.explain = f.explain;
   validate(r);
   try {  // the limits every reader enforces (limits.hpp), here as usage errors

@@ -57,7 +57,7 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
   std::vector<double> cost(prog.comm.size()), sent(prog.comm.size());
   for (size_t k = 0; k < prog.comm.size(); ++k) {
     const CommEvent& ev = prog.comm[k];
-    const CollectiveCost cc = collective_cost(c, ev.op, ev.bytes, ev.group);
+    const CollectiveCost cc = collective_cost(c, ev.op, ev.bytes, ev.group, ev.stride);
     cost[k] = cc.seconds;
     sent[k] = cc.bytes_sent;
   }

@@ -55,7 +55,7 @@ std::vector<int64_t> unit_parameter_counts(const Model& m) {
 }
 
 CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg) {
-  const int64_t N = world;
+  const int64_t N = shard_world(cfg, world);  // hsdp: the shard group
   int64_t full = 0, padded = 0, shard = 0;
   for (int64_t p : unit_parameter_counts(m)) {
     full += p;
@@ -67,11 +67,13 @@ CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg)
   CategoryBytes s{};
   // ZeRO-1/2 keep full parameters in padded flat buffers, so that the updated
   // shards are all-gathered in place.
-  switch (cfg.strategy) {
+  switch (within_group(cfg.strategy)) {
     case Strategy::ddp: s[0] = full * pb; s[1] = full * gb; s[2] = full * ob; break;
     case Strategy::zero1: s[0] = padded * pb; s[1] = full * gb; s[2] = shard * ob; break;
     case Strategy::zero2: s[0] = padded * pb; s[1] = shard * gb; s[2] = shard * ob; break;
     case Strategy::zero3: s[0] = shard * pb; s[1] = shard * gb; s[2] = shard * ob; break;
+    case Strategy::hsdp2:
+    case Strategy::hsdp3: break;  // not reached: within_group() maps them to zero2 / zero3
   }
   if (N == 1) s[0] = full * pb, s[1] = full * gb, s[2] = full * ob;
   s[0] += m.buffer_count() * 4;  // fp32 running statistics, replicated
@@ -79,7 +81,7 @@ CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg)
 }
 
 std::vector<StateTensor> model_state_tensors(const Model& m, int world, const TrainingConfig& cfg) {
-  const int64_t N = world;
+  const int64_t N = shard_world(cfg, world);  // hsdp: the shard group
   const Sharding sh = sharding(cfg.strategy, N);
   const bool sharded = sh.optimizer, shard_params = sh.params, shard_grads = sh.grads;
   const int64_t pb = param_bytes(cfg.precision), gb = grad_bytes(cfg.precision);
@@ -111,7 +113,8 @@ namespace {
 class Emitter {
  public:
   Emitter(const Model& m, const Cluster& cl, const TrainingConfig& cfg, bool names, StepProgram& out)
-      : m_(m), cl_(cl), cfg_(cfg), names_(names), out_(out), N_(cl.world()), b_(cfg.micro_batch) {
+      : m_(m), cl_(cl), cfg_(cfg), names_(names), out_(out), N_(cl.world()), S_(shard_world(cfg, cl.world())),
+        b_(cfg.micro_batch) {
     DeclOptions dopt;
     dopt.flash_attention = cfg.attention == AttentionImpl::flash;
     for (const auto& n : m.nodes) out_.decls.push_back(declare(m, n, dopt));
@@ -330,6 +333,25 @@ class Emitter {
     inflight_.pop_front();
     wait(c, when);
     free_slot(slot, when);
+    if (out_.comm[static_cast<size_t>(c)].purpose == CommPurpose::unit_reduce_scatter) all_reduce_across_groups(c);
+  }
+  // Hybrid sharding: once a unit's gradient shard is reduced in its group
+  // (and, with accumulation, summed over the micro-batches), it is
+  // all-reduced in place with the same shard of the other N/G groups: ranks
+  // r, r+G, r+2G, ... (PyTorch FSDP HYBRID_SHARD; DeepSpeed MiCS). The
+  // optimizer waits for all of them.
+  void all_reduce_across_groups(int reduce_scatter) {
+    if (!hybrid(cfg_.strategy) || N_ / S_ <= 1) return;
+    const CommEvent& rs = out_.comm[static_cast<size_t>(reduce_scatter)];
+    const int u = rs.unit;
+    CommEvent ev{.name = unit_label(u) + " all-reduce across groups",
+                 .op = Collective::AllReduce,
+                 .purpose = CommPurpose::shard_all_reduce,
+                 .bytes = static_cast<double>(pad_to(unit_params_[static_cast<size_t>(u)], S_) / S_ * gbytes_),
+                 .group = static_cast<int>(N_ / S_),
+                 .stride = static_cast<int>(S_),
+                 .unit = u};
+    replica_inflight_.push_back(issue(ev, When::last_micro));
   }
   void make_room(When when) {
     while (inflight_.size() >= 2) wait_oldest(when);
@@ -337,7 +359,6 @@ class Emitter {
   void issue_grad(CommEvent ev, int slot, When when) {
     make_room(when);
     ev.slot = slot;
-    ev.group = static_cast<int>(N_);
     int c = issue(std::move(ev), when);
     inflight_.push_back({c, slot});
   }
@@ -358,8 +379,8 @@ class Emitter {
       alloc(Role::gemm_workspace, Category::workspace, cl_.device.gemm_workspace_bytes, When::first_micro);
       name_last("GEMM workspace", "cuBLAS");
     }
-    if (sharding(cfg_.strategy, N_).params && unit_params_[0] > 0) {
-      const int64_t bytes = pad_to(unit_params_[0], N_) * pbytes_;
+    if (sharding(cfg_.strategy, S_).params && unit_params_[0] > 0) {
+      const int64_t bytes = pad_to(unit_params_[0], S_) * pbytes_;
       root_gathered_ = alloc(Role::gathered, Category::gathered, bytes, When::first_micro);
       last().unit = 0;
       name_last("root unit parameters", "zero3");
@@ -367,7 +388,7 @@ class Emitter {
                    .op = Collective::AllGather,
                    .purpose = CommPurpose::root_gather,
                    .bytes = static_cast<double>(bytes),
-                   .group = static_cast<int>(N_),
+                   .group = static_cast<int>(S_),
                    .unit = 0,
                    .slot = root_gathered_};
       int c = issue(ev, When::first_micro);
@@ -506,13 +527,13 @@ class Emitter {
   // ZeRO-3: gather the unit at `pos` of `order` and the `prefetch` after it;
   // compute waits for the one it is about to run.
   void gather_units(const std::vector<int>& order, size_t pos, const char* dir) {
-    if (!sharding(cfg_.strategy, N_).params) return;
+    if (!sharding(cfg_.strategy, S_).params) return;
     const size_t ahead = static_cast<size_t>(std::max(cfg_.prefetch, 0));
     for (size_t k = pos; k < order.size() && k <= pos + ahead; ++k) {
       const int u = order[k];
       auto& slot = gathered_.try_emplace(u, -1).first->second;
       if (slot >= 0 || unit_params_[static_cast<size_t>(u)] == 0) continue;
-      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], N_) * pbytes_;
+      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], S_) * pbytes_;
       slot = alloc(Role::gathered, Category::gathered, bytes);
       last().unit = u;
       name_last(unit_name(u) + " parameters", "zero3");
@@ -520,7 +541,7 @@ class Emitter {
                    .op = Collective::AllGather,
                    .purpose = CommPurpose::unit_gather,
                    .bytes = static_cast<double>(bytes),
-                   .group = static_cast<int>(N_),
+                   .group = static_cast<int>(S_),
                    .unit = u,
                    .slot = slot,
                    .per_step = static_cast<int>(cfg_.grad_accum)};
@@ -621,7 +642,7 @@ class Emitter {
   // ZeRO-2/3: a unit's full gradient is staged in comm from its first
   // contribution (zeroed: contributions accumulate).
   void stage_unit_gradients(int i) {
-    if ((cfg_.strategy != Strategy::zero2 && cfg_.strategy != Strategy::zero3) || N_ == 1) return;
+    if (!sharding(cfg_.strategy, S_).grads) return;
     auto it = contributes_.find(i);
     if (it == contributes_.end()) return;
     for (int k : it->second) {
@@ -629,7 +650,7 @@ class Emitter {
       if (unit_staging_[static_cast<size_t>(u)] >= 0 || unit_staged_.count(u)) continue;
       unit_staged_.insert(u);
       unit_staging_[static_cast<size_t>(u)] =
-          alloc(Role::staging, Category::comm, pad_to(unit_params_[static_cast<size_t>(u)], N_) * gbytes_);
+          alloc(Role::staging, Category::comm, pad_to(unit_params_[static_cast<size_t>(u)], S_) * gbytes_);
       last().unit = u;
       name_last(unit_label(u) + " gradients", "reduce-scatter staging");
     }
@@ -658,18 +679,18 @@ class Emitter {
       }
       return;
     }
-    if (cfg_.strategy != Strategy::zero2 && cfg_.strategy != Strategy::zero3) return;
+    if (!sharding(cfg_.strategy, S_).grads) return;
     auto it = params_done_at_.find(i);
     if (it == params_done_at_.end()) return;
     for (int k : it->second) {
       const int u = m_.params[static_cast<size_t>(k)].unit;
       if (--unit_params_left_[static_cast<size_t>(u)] != 0) continue;
-      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], N_) * gbytes_;
+      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], S_) * gbytes_;
       CommEvent ev{.name = unit_label(u) + " reduce-scatter",
                    .op = Collective::ReduceScatter,
                    .purpose = CommPurpose::unit_reduce_scatter,
                    .bytes = static_cast<double>(bytes),
-                   .group = static_cast<int>(N_),
+                   .group = static_cast<int>(S_),
                    .unit = u,
                    .per_step = static_cast<int>(cfg_.grad_accum)};
       issue_grad(ev, unit_staging_[static_cast<size_t>(u)], When::every);
@@ -703,17 +724,19 @@ class Emitter {
     }
     while (!inflight_.empty()) {
       // ZeRO-2/3 reduce-scatter every micro-batch (DESIGN.md), ddp and zero1 once a step.
-      wait_oldest(sharding(cfg_.strategy, N_).grads ? When::every : When::last_micro);
+      wait_oldest(sharding(cfg_.strategy, S_).grads ? When::every : When::last_micro);
     }
+    for (int c : replica_inflight_) wait(c, When::last_micro);
+    replica_inflight_.clear();
     free_slot(root_gathered_, When::last_micro);
     for (auto& s : batch_slots_) free_slot(s);
   }
 
   void optimizer() {
-    const Sharding sh = sharding(cfg_.strategy, N_);
+    const Sharding sh = sharding(cfg_.strategy, S_);
     const bool sharded = sh.optimizer;
     double shard = 0;
-    for (int64_t p : unit_params_) shard += sharded ? static_cast<double>(pad_to(p, N_) / N_) : static_cast<double>(p);
+    for (int64_t p : unit_params_) shard += sharded ? static_cast<double>(pad_to(p, S_) / S_) : static_cast<double>(p);
     // Bytes touched per parameter by a fused update: read grad, master/param
     // and moments, write them back.
     const double per_param = 2.0 * optimizer_bytes_per_param(cfg_.precision, cfg_.optimizer.kind) + gbytes_ + 2.0 * pbytes_;
@@ -724,8 +747,8 @@ class Emitter {
           CommEvent ev{.name = unit_label(static_cast<int>(u)) + " parameter all-gather",
                        .op = Collective::AllGather,
                        .purpose = CommPurpose::param_all_gather,
-                       .bytes = static_cast<double>(pad_to(unit_params_[u], N_) * pbytes_),
-                       .group = static_cast<int>(N_),
+                       .bytes = static_cast<double>(pad_to(unit_params_[u], S_) * pbytes_),
+                       .group = static_cast<int>(S_),
                        .unit = static_cast<int>(u)};
           issue(ev, When::last_micro);
         }
@@ -737,7 +760,9 @@ class Emitter {
   const TrainingConfig& cfg_;
   const bool names_;
   StepProgram& out_;
-  const int64_t N_, b_;
+  const int64_t N_;  // data-parallel ranks
+  const int64_t S_;  // ranks the states are sharded over: N_, or hsdp's shard group
+  const int64_t b_;
   int64_t act_ = 2, pbytes_ = 2, gbytes_ = 2;
 
   std::vector<int> unit_first_, unit_last_, units_fwd_, units_bwd_;
@@ -754,6 +779,7 @@ class Emitter {
   std::map<int, int> gathered_, pending_gather_;
   int root_gathered_ = -1;
   std::deque<std::pair<int, int>> inflight_;  // (comm event, staging slot)
+  std::vector<int> replica_inflight_;         // hsdp: all-reduces across groups, waited before the optimizer
 };
 
 }  // namespace

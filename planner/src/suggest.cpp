@@ -92,9 +92,9 @@ std::vector<SuggestedChange> suggest_changes(const PlanRequest& req, const Train
 
   // ---- one change on these GPUs ----
   if (can_flash) add(same, plan_of(with("flash attention (--attention flash)", flash)));
-  if (allowed.size() == 1)  // --strategy: a higher ZeRO stage
+  if (allowed.size() == 1)  // --strategy: a higher ZeRO stage (hsdp2: hsdp3)
     for (Strategy s : kAllStrategies)
-      if (s > allowed.front())
+      if (s > allowed.front() && hybrid(s) == hybrid(allowed.front()))
         add(same, plan_of(with(fmt::format("{} instead (--strategy {})", to_string(s), to_string(s)),
                                [s](Candidate& c) { c.strategies = {s}; })));
   if (can_checkpoint) add(same, plan_of(with("activation checkpointing (--checkpointing units)", checkpoint)));

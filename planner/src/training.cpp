@@ -32,6 +32,8 @@ std::string to_string(Strategy s) {
     case Strategy::zero1: return "zero1";
     case Strategy::zero2: return "zero2";
     case Strategy::zero3: return "zero3";
+    case Strategy::hsdp2: return "hsdp2";
+    case Strategy::hsdp3: return "hsdp3";
   }
   return "?";
 }
@@ -49,7 +51,8 @@ std::string to_string(AttentionImpl a) { return a == AttentionImpl::math ? "math
 
 Strategy parse_strategy(std::string_view s) {
   return parse_enum<Strategy>(s, "strategy", {{"ddp", Strategy::ddp}, {"zero1", Strategy::zero1},
-                                              {"zero2", Strategy::zero2}, {"zero3", Strategy::zero3}});
+                                              {"zero2", Strategy::zero2}, {"zero3", Strategy::zero3},
+                                              {"hsdp2", Strategy::hsdp2}, {"hsdp3", Strategy::hsdp3}});
 }
 Precision parse_precision(std::string_view s) {
   return parse_enum<Precision>(s, "precision", {{"fp32", Precision::fp32}, {"bf16-mixed", Precision::bf16_mixed}});
@@ -70,9 +73,22 @@ int grad_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int activation_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 DType storage_dtype(Precision p) { return p == Precision::fp32 ? DType::f32 : DType::bf16; }
 
+bool hybrid(Strategy s) { return s == Strategy::hsdp2 || s == Strategy::hsdp3; }
+
+Strategy within_group(Strategy s) {
+  if (s == Strategy::hsdp2) return Strategy::zero2;
+  if (s == Strategy::hsdp3) return Strategy::zero3;
+  return s;
+}
+
+int64_t shard_world(const TrainingConfig& t, int64_t world) {
+  return hybrid(t.strategy) && t.shard_group > 0 ? std::min<int64_t>(t.shard_group, world) : world;
+}
+
 Sharding sharding(Strategy s, int64_t world) {
   Sharding sh;
   if (world <= 1) return sh;
+  s = within_group(s);
   sh.optimizer = s != Strategy::ddp;
   sh.grads = s == Strategy::zero2 || s == Strategy::zero3;
   sh.params = s == Strategy::zero3;

@@ -28,7 +28,12 @@ struct CollectiveCost {
 // `bytes` is the collective's full buffer size S (all-reduce: the buffer;
 // reduce-scatter: the input, N shards; all-gather: the output, N shards).
 // Returns zero cost for group size 1.
+// `stride` > 1: the group is the ranks equal modulo `stride` (hybrid
+// sharding's replicas of one shard: ranks r, r+G, r+2G, ...); every rank of a
+// node is then in such a collective at once, each over its own NIC (rail).
+// It holds gpus_per_node / stride ranks of a node when stride divides
+// gpus_per_node, else one.
 CollectiveCost collective_cost(const Cluster& cluster, Collective op,
-                               double bytes, int group_size);
+                               double bytes, int group_size, int stride = 1);
 
 }  // namespace dlplan

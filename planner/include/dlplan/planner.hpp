@@ -52,6 +52,13 @@ struct PlanRequest {
   int64_t model_context = 0;
 };
 
+// The strategies a planning compares, in DESIGN.md's order of simplicity:
+// ddp, zero1, zero2, zero3, then hsdp2 and hsdp3 where hybrid sharding
+// differs from ZeRO (a shard group of 2 or more ranks, fewer than all), and
+// `forced` whatever it is.
+std::vector<Strategy> strategies_to_compare(const Cluster& c, const TrainingConfig& t,
+                                            std::optional<Strategy> forced = std::nullopt);
+
 struct CommSummary {
   double bytes = 0;            // sent per GPU per step
   double seconds = 0;          // communication busy time

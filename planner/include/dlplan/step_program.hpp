@@ -83,7 +83,15 @@ struct ComputeEvent {
 };
 
 // What a collective is for, so that the executor knows its buffers.
-enum class CommPurpose { bucket_all_reduce, unit_reduce_scatter, unit_gather, root_gather, param_all_gather, syncbn };
+enum class CommPurpose {
+  bucket_all_reduce,
+  unit_reduce_scatter,
+  unit_gather,
+  root_gather,
+  param_all_gather,
+  syncbn,
+  shard_all_reduce,  // hsdp: a unit's gradient shard, across the shard groups
+};
 
 struct CommEvent {
   std::string name;       // "bucket 3 all-reduce", "h.2 all-gather (forward)", ...
@@ -91,6 +99,7 @@ struct CommEvent {
   CommPurpose purpose = CommPurpose::bucket_all_reduce;
   double bytes = 0;       // the collective's buffer size S (padding included)
   int group = 1;          // ranks taking part
+  int stride = 1;         // 1: contiguous ranks; G: ranks equal modulo G (hsdp's replicas of one shard)
   int unit = -1;          // unit_* / param_all_gather
   int bucket = -1;        // bucket_all_reduce
   int slot = -1;          // the staging / gathered buffer's slot

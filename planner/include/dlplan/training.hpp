@@ -11,14 +11,22 @@
 
 namespace dlplan {
 
-enum class Strategy { ddp, zero1, zero2, zero3 };
+// In DESIGN.md's order of simplicity (ties go to the earlier one).
+enum class Strategy { ddp, zero1, zero2, zero3, hsdp2, hsdp3 };
 enum class Precision { fp32, bf16_mixed };
 enum class OptimizerKind { adamw, sgd, sgd_momentum };
 enum class Checkpointing { none, units };
 enum class AttentionImpl { math, flash };
 
-inline constexpr std::array<Strategy, 4> kAllStrategies = {Strategy::ddp, Strategy::zero1, Strategy::zero2,
-                                                           Strategy::zero3};
+inline constexpr std::array<Strategy, 6> kAllStrategies = {Strategy::ddp,   Strategy::zero1, Strategy::zero2,
+                                                           Strategy::zero3, Strategy::hsdp2, Strategy::hsdp3};
+
+// Hybrid sharding (DESIGN.md, "Strategies"): ZeRO-2 (hsdp2) or ZeRO-3 (hsdp3)
+// inside each group of `shard_group` contiguous ranks, replicas across groups.
+bool hybrid(Strategy s);
+// The ZeRO strategy a rank runs inside its shard group: hsdp2 -> zero2,
+// hsdp3 -> zero3, any other strategy itself.
+Strategy within_group(Strategy s);
 
 std::string to_string(Strategy s);
 std::string to_string(Precision p);
@@ -56,7 +64,12 @@ struct TrainingConfig {
   int prefetch = 1;            // ZeRO-3 units gathered ahead of the one computing
   bool syncbn = false;
   int syncbn_group = 0;        // ranks per SyncBN group; 0: all ranks
+  int shard_group = 0;         // hsdp2 / hsdp3: ranks per shard group; 0: all ranks (the request sets one node)
 };
+
+// Ranks the model states are sharded over: the shard group under hsdp2 /
+// hsdp3, else the whole data-parallel world.
+int64_t shard_world(const TrainingConfig& t, int64_t world);
 
 // Bytes per element of what the strategy keeps (DESIGN.md, "Strategies"):
 // bf16-mixed keeps bf16 params and grads, fp32 master + moments (ZeRO's K = 12
@@ -68,9 +81,10 @@ int activation_bytes(Precision p);
 // f32, or bf16 under bf16-mixed (DESIGN.md: fp32 master weights and moments).
 DType storage_dtype(Precision p);
 
-// What a strategy keeps sharded over `world` ranks (DESIGN.md, "Strategies"):
-// nothing under ddp or on one rank; ZeRO-1 the optimizer state, ZeRO-2 the
-// gradients too, ZeRO-3 the parameters too.
+// What a strategy keeps sharded over `world` ranks, its shard world
+// (DESIGN.md, "Strategies"): nothing under ddp or on one rank; ZeRO-1 the
+// optimizer state, ZeRO-2 (hsdp2) the gradients too, ZeRO-3 (hsdp3) the
+// parameters too.
 struct Sharding {
   bool optimizer = false, grads = false, params = false;
 };

@@ -149,6 +149,21 @@ void test_groups(Communicator& c) {
   test_reduce_scatter(c, g, r % 2, 2, r - r % 2);
   test_all_gather(c, g, r % 2, 2);
   test_broadcast(c, g, r % 2, 2);
+
+  // Strided groups (hybrid sharding's replicas): ranks equal modulo 2, so
+  // {0, 2, ...} and {1, 3, ...}; rank r is member r / 2 of group r % 2.
+  check_throws([&] { c.make_strided_groups(0); }, "make_strided_groups(0)");
+  if (n % 3 != 0) check_throws([&] { c.make_strided_groups(3); }, "make_strided_groups(3) at size " + std::to_string(n));
+  const int s = c.make_strided_groups(2);
+  check(s != g && s != 0, "make_strided_groups(2) is neither the pairs nor the world");
+  check(c.make_strided_groups(2) == s, "make_strided_groups(2) again returns the same handle");
+  check(c.group_size(s) == n / 2 && c.group_rank(s) == r / 2, "strided group size n/2 and rank r/2");
+  float y = static_cast<float>(r);
+  c.all_reduce(&y, 1, s)->wait();
+  float want = 0;  // sum of the ranks of parity r % 2
+  for (int q = r % 2; q < n; q += 2) want += static_cast<float>(q);
+  check(y == want, at("strided all_reduce(rank)", 0, y, want));
+  if (n >= 4) check(y != x, "control: the strided sum differs from the pair sum at size " + std::to_string(n));
 }
 
 void test_bytes_and_doubles(Communicator& c) {

@@ -181,6 +181,16 @@ void run_suite(GpuCommunicator& c, const std::string& tag) {
                  [&](int64_t) { return gs; });
     // Control: the world sum differs from the group's when there are more than 2 ranks.
     if (n > 2) check(gs != S, tag + " control: group sum differs from the world sum");
+    // Strided groups (hybrid sharding's replicas): the ranks of one parity.
+    const int s = c.make_strided_groups(2);
+    check(c.make_strided_groups(2) == s && s != g, tag + " make_strided_groups caches its own handle");
+    check(c.group_size(s) == n / 2 && c.group_rank(s) == r / 2, tag + " strided group size and rank");
+    DeviceBuffer e(*mem, 10);
+    e.put(std::vector<float>(10, static_cast<float>(r + 1)));
+    c.all_reduce(e.d, 10, s)->wait();
+    double want = 0;
+    for (int q = r % 2; q < n; q += 2) want += q + 1;
+    expect_range(tag + " strided all_reduce", e.get(), 0, 10, [&](int64_t) { return want; });
   }
   // Bad calls throw on every rank before any traffic.
   {

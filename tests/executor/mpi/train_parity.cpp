@@ -1,9 +1,12 @@
 // Parity of the strategies with one-rank training, and memory against the
 // planner, under mpiexec (2 and 4 ranks; ctest runs both).
-//  - ddp, zero1, zero2 and zero3 on N ranks x micro-batch b, 10 steps, end
+//  - every strategy on N ranks x micro-batch b, 10 steps, end
 //    with the same parameters as one rank on the global batch N x b
 //    (relative L2 <= 1e-5); tiny-cnn uses SyncBN over all ranks, so its
-//    BatchNorm equals BN over the global batch.
+//    BatchNorm equals BN over the global batch. hsdp2 and hsdp3 run at N = 4
+//    on 2 "nodes" of 2 ranks, a shard group each (2 groups x 2: the gradient
+//    shards all-reduced across the groups); at N = 2 their one group of 2 is
+//    ZeRO-2 / ZeRO-3 itself.
 //  - accumulation over A micro-batches on N ranks equals one rank running A
 //    micro-batches of N x b.
 //  - controls: another seed, and plain BN on N ranks, differ measurably.
@@ -43,6 +46,11 @@ PlanDocument make_plan(const std::string& model, int ranks, int64_t micro_batch,
   req.cluster.device = find_device("cpu");
   req.cluster.nodes = 1;
   req.cluster.gpus_per_node = ranks;
+  if (hybrid(s) && ranks >= 4) {  // two groups of ranks / 2: hybrid sharding proper
+    req.cluster.nodes = 2;
+    req.cluster.gpus_per_node = ranks / 2;
+    req.training.shard_group = ranks / 2;
+  }
   req.training.precision = Precision::fp32;
   req.training.micro_batch = micro_batch;
   req.training.grad_accum = accum;
@@ -142,7 +150,7 @@ int main(int argc, char** argv) {
       const int64_t A = 3;
       Result ref;
       if (root) ref = train(make_plan(model, 1, N * b, A, Strategy::ddp, false), *single, *backend, 1, 5);
-      for (Strategy s : {Strategy::ddp, Strategy::zero2, Strategy::zero3}) {
+      for (Strategy s : {Strategy::ddp, Strategy::zero2, Strategy::zero3, Strategy::hsdp2, Strategy::hsdp3}) {
         Result got = train(make_plan(model, N, b, A, s, bn), *comm, *backend, 1, 5, &checks);
         if (!root) continue;
         const double d = relative_l2(got.params, ref.params);

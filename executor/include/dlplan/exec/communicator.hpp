@@ -14,6 +14,8 @@
 // implementation provides the protected run_* calls.
 // A group is a set of contiguous ranks: make_groups(g) splits the world into
 // world/g groups of g and returns the handle of this rank's; 0 is the world.
+// make_strided_groups(s) splits it into s groups of the ranks equal modulo s
+// (r, r+s, r+2s, ...): hybrid sharding's replicas of one shard.
 #pragma once
 
 #include "dlplan/error.hpp"
@@ -73,6 +75,7 @@ class Communicator {
   virtual double busy_seconds() const { return 0; }
 
   virtual int make_groups(int group_size) = 0;  // collective over the world
+  virtual int make_strided_groups(int stride) = 0;  // collective over the world; stride divides the world
   virtual int group_size(int group) const = 0;
   virtual int group_rank(int group) const = 0;
 

@@ -34,12 +34,16 @@ struct DecaySegment {
 class ParamStore {
  public:
   // `ops` (not owned) must outlive the store; null: host loops (make_cpu_device_ops).
+  // `world` and `rank`: the data-parallel world and this rank in it. Under
+  // hybrid sharding the store shards over the shard group, so world() is the
+  // group's size and rank() the rank in it; replica() is the group's index.
   ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed,
              DeviceOps* ops = nullptr);
   DeviceOps& ops() const { return *ops_; }
 
-  int world() const { return world_; }
-  int rank() const { return rank_; }
+  int world() const { return world_; }    // ranks the states are sharded over
+  int rank() const { return rank_; }      // in them
+  int replica() const { return replica_; }  // hsdp: which shard group (0 otherwise)
   int units() const { return static_cast<int>(size_.size()); }
   int64_t unit_size(int u) const { return size_[static_cast<size_t>(u)]; }      // P_u
   int64_t unit_padded(int u) const { return padded_[static_cast<size_t>(u)]; }  // multiple of N when sharded
@@ -87,7 +91,7 @@ class ParamStore {
   DeviceOps* ops_ = nullptr;
   Strategy strategy_;
   DType dtype_;
-  int world_, rank_;
+  int world_, rank_, replica_;
   bool sharded_;
   std::vector<int64_t> size_, padded_;
   std::vector<std::pair<int, int64_t>> where_;

@@ -111,6 +111,9 @@ class Trainer {
   std::vector<WorkHandle> work_;           // per collective of the program
   LedgerCheck ledger_check_;
   int syncbn_group_ = 0;
+  // Hybrid sharding: the shard group's handle (0, the world, otherwise), the
+  // replicas' (strided) group, and the shard group's on the host communicator.
+  int shard_group_ = 0, replica_group_ = 0, host_shard_group_ = 0;
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
   int started_at_ = 0;  // the step this process began at (resume_at)
