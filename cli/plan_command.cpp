@@ -91,6 +91,10 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--strategy", r.strategy, "Force one strategy: ddp, zero1, zero2, zero3, hsdp2, hsdp3");
   app.add_option("--shard-group", f->shard_group,
                  "hsdp2 / hsdp3: ranks per shard group, contiguous (default: one node)");
+  app.add_option("--offload", r.offload,
+                 "CPU offload: none, optimizer (ZeRO-Offload: gradients, optimizer state and step on the host) or "
+                 "params (zero3, hsdp3: the parameter shards too)")
+      ->capture_default_str();
   app.add_option("--syncbn", r.syncbn, "SyncBatchNorm: auto, on or off")->capture_default_str();
   app.add_option("--syncbn-group", f->syncbn_group, "Ranks per SyncBN group (default: the advice's, or all)");
   app.add_option("--bucket-mb", f->bucket_mb, "DDP / ZeRO-1 gradient bucket size, MiB (default 25)");

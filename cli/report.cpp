@@ -66,8 +66,29 @@ void print_header(const Planning& p) {
   if (o.kind == OptimizerKind::sgd_momentum) opt += fmt::format(", momentum {}", number(o.momentum));
   opt += fmt::format(", weight-decay {}, clip-norm {}", number(o.weight_decay), o.clip_norm > 0 ? number(o.clip_norm) : "off");
   fmt::print("         {}\n", opt);
-  fmt::print("         bucket {} MiB (ddp, zero1), prefetch {} unit{} (zero3)\n\n", number(t.bucket_mb), t.prefetch,
-             t.prefetch == 1 ? "" : "s");
+  fmt::print("         bucket {} MiB (ddp, zero1), prefetch {} unit{} (zero3){}\n\n", number(t.bucket_mb), t.prefetch,
+             t.prefetch == 1 ? "" : "s",
+             t.offload == Offload::none ? ""
+                                        : fmt::format("; CPU offload of the {}", t.offload == Offload::params
+                                                                                     ? "parameters, gradients and optimizer"
+                                                                                     : "gradients and optimizer"));
+}
+
+// CPU offload: what each node's host memory holds for its ranks (DESIGN.md,
+// "Strategies"), against the cluster's host_memory_bytes.
+void print_host_memory(const Planning& p) {
+  fmt::print("\nHost memory per node under --offload {} (all its ranks; the device columns above hold none of it):\n",
+             to_string(p.request.training.offload));
+  fmt::print("{:<9}{:>12}{:>12}{:>12}{:>12}{:>14}  {}\n", "strategy", "params", "grads", "optimizer", "total", "of", "fits");
+  for (const auto& r : p.results) {
+    const HostMemory& h = r.host;
+    auto b = [&](Category c) { return format_bytes(static_cast<double>(h.per_rank[static_cast<size_t>(c)] * h.ranks)); };
+    fmt::print("{:<9}{:>12}{:>12}{:>12}{:>12}{:>14}  {}\n", to_string(r.strategy), b(Category::params), b(Category::grads),
+               b(Category::optimizer), format_bytes(static_cast<double>(h.per_node)),
+               h.capacity > 0 || p.request.cluster.device.host_memory_bytes > 0 ? format_bytes(static_cast<double>(h.capacity))
+                                                                                : "not given",
+               h.fits ? "yes" : "NO");
+  }
 }
 
 }  // namespace
@@ -106,6 +127,7 @@ void print_table(const Planning& p) {
   fmt::print("\nMemory per GPU at the step's peak (comm-buf: communication buffers). Fits: peak + runtime + {:.0f}% "
              "fragmentation margin <= {}.\n",
              kFragmentationMargin * 100, format_bytes(static_cast<double>(device_capacity(p.request.cluster))));
+  if (p.request.training.offload != Offload::none) print_host_memory(p);
   fmt::print("Traffic: bytes one GPU sends per step. Times from the step simulator: communication overlaps compute\n"
              "where the strategy allows; step = compute + the communication compute waits for (dlplan sim, --timeline).\n\n");
   for (const auto& line : recommendation_lines(p)) fmt::print("{}\n", line);

@@ -235,6 +235,10 @@ Runner add_train_command(CLI::App& app) {
       if (!exec::device_built(kind))
         throw Error("--device cuda: this dlplan was built without CUDA (configure found no nvcc: see its build summary)");
       plan = read_plan_file(f->plan, PlanReadOptions{.allow_edited = f->allow_edited});
+      if (plan.training.offload != Offload::none && !f->checkpoint_dir.empty())
+        throw Error(fmt::format("{}: --checkpoint-dir does not save CPU-offloaded state (--offload {}) in this version; "
+                                "plan without --offload to checkpoint",
+                                f->plan, to_string(plan.training.offload)));
       // Sample indices (data and dropout are keyed by them) stay within 2^62.
       const int64_t global = plan.training.micro_batch * plan.training.grad_accum * plan.cluster.world();
       if (f->steps > kMaxSampleIndex / global)

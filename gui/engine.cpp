@@ -63,6 +63,7 @@ RequestFlags Engine::flags(const Inputs& in) {
   // The shard group only where hybrid sharding is planned (a forced ZeRO
   // strategy refuses --shard-group).
   if (in.shard_group > 0 && (!in.forced || hybrid(*in.forced))) f.shard_group = in.shard_group;
+  f.offload = in.offload;
   f.lr = in.lr;
   f.explain = in.explain;
   return f;

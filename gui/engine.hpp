@@ -44,6 +44,7 @@ struct Inputs {
   double bucket_mb = 25.0;           // DDP / ZeRO-1 gradient buckets, MiB
   int prefetch = 1;                  // ZeRO-3 units gathered ahead
   int shard_group = 0;               // hsdp2 / hsdp3: ranks per shard group; 0: one node
+  std::string offload = "none";      // CPU offload: none, optimizer, params (--offload)
   double lr = kDefaultLr;            // written into a saved plan
   std::optional<Strategy> forced;    // --strategy
   std::optional<Strategy> show;      // the row the timeline, Gantt and tensors show (default: recommended, else the last)

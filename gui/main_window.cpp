@@ -257,9 +257,13 @@ QWidget* MainWindow::buildInputs() {
   shardGroup_->setSpecialValueText(tr("one node"));
   shardGroup_->setToolTip(tr("hsdp2 / hsdp3: ranks per shard group, contiguous (--shard-group; 0: one node)"));
   f->addRow(tr("Shard group"), shardGroup_);
+  offload_ = combo({QStringLiteral("none"), QStringLiteral("optimizer"), QStringLiteral("params")}, box);
+  offload_->setToolTip(tr("CPU offload (--offload): optimizer keeps gradients, optimizer state and its step on the host "
+                          "(ZeRO-Offload); params also the parameter shards (zero3, hsdp3)"));
+  f->addRow(tr("CPU offload"), offload_);
   f->addRow(tr("Learning rate"), lr_);
 
-  for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, syncbn_, strategy_})
+  for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, syncbn_, strategy_, offload_})
     connect(c, &QComboBox::currentIndexChanged, this, &MainWindow::inputsEdited);
   for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_, shardGroup_})
     connect(s, &QSpinBox::valueChanged, this, &MainWindow::inputsEdited);
@@ -317,6 +321,7 @@ void MainWindow::fillControls(const Inputs& in) {
   setComboText(checkpointing_, qs(in.checkpointing));
   setComboText(attention_, qs(in.attention));
   setComboText(syncbn_, qs(in.syncbn));
+  setComboText(offload_, qs(in.offload));
   strategy_->setCurrentIndex(in.forced ? static_cast<int>(*in.forced) + 1 : 0);
   filling_ = false;
 }
@@ -348,6 +353,7 @@ void MainWindow::readControls() {
   in.checkpointing = checkpointing_->currentText().toStdString();
   in.attention = attention_->currentText().toStdString();
   in.syncbn = syncbn_->currentText().toStdString();
+  in.offload = offload_->currentText().toStdString();
   in.forced = strategy_->currentIndex() == 0 ? std::nullopt
                                              : std::optional<Strategy>(kAllStrategies[static_cast<size_t>(strategy_->currentIndex() - 1)]);
 }

@@ -103,6 +103,7 @@ class MainWindow : public QMainWindow {
   int selectedRow_ = -1;
   std::optional<Strategy> selectedStrategy_;  // the user's pick survives recomputes
 
+  QComboBox *offload_ = nullptr;
   QComboBox *modelCombo_ = nullptr, *gpuCombo_ = nullptr, *batchMode_ = nullptr, *precision_ = nullptr,
             *optimizer_ = nullptr, *checkpointing_ = nullptr, *attention_ = nullptr, *syncbn_ = nullptr,
             *strategy_ = nullptr;

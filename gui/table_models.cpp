@@ -93,6 +93,15 @@ QVariant StrategyTableModel::data(const QModelIndex& index, int role) const {
   if (role == Qt::TextAlignmentRole)
     return c == Strategy ? int(Qt::AlignLeft | Qt::AlignVCenter) : int(Qt::AlignRight | Qt::AlignVCenter);
   if (role == Qt::ToolTipRole && c == Strategy && recommended) return tr("recommended");
+  if (role == Qt::ToolTipRole && c == HostPerNode && r.training.offload != Offload::none) {
+    auto part = [&](Category k) {
+      return QString::fromStdString(format_bytes(static_cast<double>(r.host.per_rank[static_cast<size_t>(k)] * r.host.ranks)));
+    };
+    return tr("host memory per node (%1 ranks): params %2, grads %3, optimizer %4; the node has %5")
+        .arg(r.host.ranks)
+        .arg(part(Category::params), part(Category::grads), part(Category::optimizer),
+             r.host.capacity > 0 ? QString::fromStdString(format_bytes(static_cast<double>(r.host.capacity))) : tr("(not given)"));
+  }
   if (role != Qt::DisplayRole && role != kRawRole) return {};
   const bool raw = role == kRawRole;
   const double mem = memoryUnit().second;
@@ -108,6 +117,10 @@ QVariant StrategyTableModel::data(const QModelIndex& index, int role) const {
     case ComputeMs: return raw ? QVariant(r.compute_seconds) : QVariant(fixed(r.compute_seconds * 1e3, 1));
     case StepMs: return raw ? QVariant(r.step_seconds) : QVariant(fixed(r.step_seconds * 1e3, 1));
     case Mfu: return raw ? QVariant(r.mfu) : QVariant(fixed(r.mfu * 100, 1));
+    case HostPerNode:
+      if (raw) return QVariant::fromValue<qint64>(r.host.per_node);
+      return r.training.offload == Offload::none ? QStringLiteral("-")
+                                                 : QString::fromStdString(format_bytes(static_cast<double>(r.host.per_node)));
     default: return {};
   }
 }
@@ -119,7 +132,7 @@ QVariant StrategyTableModel::headerData(int section, Qt::Orientation o, int role
   // per step; "comm": the communication stream's busy time.
   static const char* names[ColumnCount] = {"strategy", "params", "grads", "optim", "activ", "gathered", "comm-buf",
                                            "wkspace", "runtime", "peak", "fits", "traffic", "comm", "compute",
-                                           "step", "MFU"};
+                                           "step", "MFU", "host/node"};
   if (section < 0 || section >= ColumnCount) return {};
   const QString name = tr(names[section]);
   if ((section >= Params && section <= Workspace) || section == Runtime || section == Peak)

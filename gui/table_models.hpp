@@ -23,7 +23,9 @@ class StrategyTableModel : public QAbstractTableModel {
  public:
   enum Column {
     Strategy, Params, Grads, Optimizer, Activations, Gathered, Comm, Workspace, Runtime, Peak, Fits,
-    CommGB, CommMs, ComputeMs, StepMs, Mfu, ColumnCount
+    CommGB, CommMs, ComputeMs, StepMs, Mfu,
+    HostPerNode,  // CPU offload: host memory per node ("-" without offload)
+    ColumnCount
   };
   static constexpr int kFirstCategory = Params, kLastStacked = Runtime;  // the bar chart's stack
 

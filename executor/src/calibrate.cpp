@@ -1,5 +1,7 @@
 #include "dlplan/exec/calibrate.hpp"
 
+#include "dlplan/exec/device_ops.hpp"
+
 #include "dlplan/loader.hpp"
 #include "dlplan/ops.hpp"
 
@@ -108,6 +110,29 @@ double time_op_overhead(Communicator& comm, Backend& backend) {
   return slowest(comm, std::chrono::duration<double>(Clock::now() - start).count() / reps);
 }
 
+// The optimizer step on the host, as CPU offload runs it (fp32 AdamW over a
+// shard: read the gradient, read and write parameter, m and v = 28 bytes per
+// element, the planner's count for it), every rank at once: the node's rate.
+double time_host_optimizer(Communicator& comm) {
+  const int64_t n = int64_t{1} << 22;
+  std::vector<float> p(static_cast<size_t>(n), 0.5f), g(static_cast<size_t>(n), 1e-3f), m(static_cast<size_t>(n), 0.0f),
+      v(static_cast<size_t>(n), 0.0f);
+  auto ops = make_cpu_device_ops();
+  OptimizerConfig cfg;  // AdamW
+  OptimizerUpdate up;
+  up.lr = 1e-4;
+  up.decay = true;
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    up.t = r + 1;
+    comm.barrier();
+    const auto start = Clock::now();
+    ops->optimizer_step(cfg, up, {p.data(), n, DType::f32}, {g.data(), n, DType::f32}, nullptr, m.data(), v.data());
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return 28.0 * static_cast<double>(n) * comm.local_size() / slowest(comm, median(t));
+}
+
 }  // namespace
 
 Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, int64_t micro_batch) {
@@ -131,6 +156,7 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   }
   cal.copy_bytes_per_s = time_copy(comm);
   cal.op_overhead_s = time_op_overhead(comm, backend);
+  cal.host_optimizer_bytes_per_s = time_host_optimizer(comm);
 
   // All-reduce ladder, fitted to t = a + x / B with x = 2(n-1)/n * S.
   const int n = comm.size();
@@ -165,6 +191,10 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   d.gemm_efficiency = 1.0;         // the measured rate is what GEMMs achieve
   d.hbm_bytes_per_s = cal.copy_bytes_per_s / 0.85;  // the simulator applies its 0.85 streaming share
   d.op_overhead_s = cal.op_overhead_s;
+  // CPU offload's optimizer (the simulator applies the same streaming share)
+  // and its copies (host to host here: the copy rate).
+  d.host_bytes_per_s = cal.host_optimizer_bytes_per_s / 0.85;
+  d.host_link_bytes_per_s = cal.copy_bytes_per_s;
   if (n > 1) {
     d.base_latency_s = cal.latency_s;
     d.link_hop_latency_s = 0;
@@ -173,9 +203,9 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   }
   d.source = fmt::format(
       "dlplan calibrate on {} with {} rank(s): GEMM {:.1f} GFLOP/s per rank over {} shapes, copy {:.1f} GB/s, "
-      "op overhead {:.2f} us, all-reduce latency {:.1f} us and bus bandwidth {:.2f} GB/s",
+      "op overhead {:.2f} us, all-reduce latency {:.1f} us and bus bandwidth {:.2f} GB/s, host optimizer {:.1f} GB/s per node",
       host, n, d.fp32_flops / 1e9, shapes.size(), cal.copy_bytes_per_s / 1e9, cal.op_overhead_s * 1e6, cal.latency_s * 1e6,
-      cal.bus_bytes_per_s / 1e9);
+      cal.bus_bytes_per_s / 1e9, cal.host_optimizer_bytes_per_s / 1e9);
   cal.cluster.device = d;
   cal.cluster.nodes = 1;
   cal.cluster.gpus_per_node = n;

@@ -1,5 +1,7 @@
 #include "dlplan/exec/optimizer.hpp"
 
+#include "dlplan/error.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -12,27 +14,41 @@ double learning_rate(const OptimizerConfig& o, int step, int total) {
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& alloc) : cfg_(cfg), store_(store) {
+Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& alloc, Allocator* host)
+    : cfg_(cfg), store_(store) {
   const bool moments = cfg.kind != OptimizerKind::sgd;
+  const bool offload = store.offloaded();
+  if (offload && host == nullptr) throw Error("CPU offload needs a host memory pool for the optimizer");
+  if (offload) host_ops_ = make_cpu_device_ops();
+  Allocator& pool = offload ? *host : alloc;
+  const std::string where = offload ? " (host)" : "";
   for (int u = 0; u < store.units(); ++u) {
     const std::string label = "optimizer state, unit " + std::to_string(u);
     const int64_t n = store.shard_size(u);  // the padded shard, as the planner counts it
     // Under bf16-mixed the updates go to an fp32 master copy of the shard
-    // (ZeRO's "K = 12": master, m, v), made from the bf16 parameters.
-    if (store.dtype() == DType::bf16) {
-      master_.push_back(alloc.zeros({n}, DType::f32, Category::optimizer, label + " master weights"));
-      store.ops().widen(master_.back().f(), store.owned_params(u));
+    // (ZeRO's "K = 12": master, m, v), made from the bf16 parameters. Under
+    // offload the host always keeps one: it updates that copy and sends the
+    // parameters up from it. (Offloaded parameters are host memory: copied.)
+    if (store.dtype() == DType::bf16 || offload) {
+      master_.push_back(pool.zeros({n}, DType::f32, Category::optimizer, label + " master weights" + where));
+      if (offload) store.ops().download_floats(master_.back().f(), store.owned_params(u));
+      else store.ops().widen(master_.back().f(), store.owned_params(u));
     } else {
       master_.emplace_back();
     }
-    m_.push_back(moments ? alloc.zeros({n}, DType::f32, Category::optimizer, label + " m") : Tensor{});
-    v_.push_back(cfg.kind == OptimizerKind::adamw ? alloc.zeros({n}, DType::f32, Category::optimizer, label + " v")
+    m_.push_back(moments ? pool.zeros({n}, DType::f32, Category::optimizer, label + " m" + where) : Tensor{});
+    v_.push_back(cfg.kind == OptimizerKind::adamw ? pool.zeros({n}, DType::f32, Category::optimizer, label + " v" + where)
                                                   : Tensor{});
   }
 }
 
 double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
-  DeviceOps& ops = store_.ops();
+  const bool offload = store_.offloaded();
+  // Offload: the gradients that backward did not stream to the host (ZeRO-1's
+  // shard of its full gradients, one rank's all) go down now, widened to fp32.
+  if (offload && !store_.streams_grads())
+    for (int u = 0; u < store_.units(); ++u) store_.ops().download_floats(store_.host_grads(u).f(), store_.device_owned_grads(u));
+  DeviceOps& ops = offload ? *host_ops_ : store_.ops();  // where the state lives
   // Global norm: each rank sums the squares of what it owns; sharded
   // gradients are summed across ranks, replicated ones counted once.
   double sq = 0;
@@ -61,8 +77,10 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
     return t.defined() ? t.f() : nullptr;
   };
   for (int u = 0; u < store_.units(); ++u) {
-    const Span p = store_.owned_params(u), g = store_.owned_grads(u);
-    float* master = data(master_, u);
+    // Offload: the host's fp32 master copy is the parameter the update sees.
+    const Span p = offload ? master_[static_cast<size_t>(u)].span().sub(0, store_.owned_size(u)) : store_.owned_params(u);
+    const Span g = store_.owned_grads(u);
+    float* master = offload ? nullptr : data(master_, u);
     float* m = data(m_, u);
     float* v = data(v_, u);
     const int64_t begin = store_.owned_begin(u), n = store_.owned_size(u);
@@ -73,6 +91,12 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
       up.decay = seg.decay;
       ops.optimizer_step(cfg_, up, p.sub(e, hi - lo), g.sub(e, hi - lo), master ? master + e : nullptr,
                          m ? m + e : nullptr, v ? v + e : nullptr);
+    }
+    // Offload: the updated parameters go up (rounded to bf16 under
+    // bf16-mixed), or into the host's parameter shard under --offload params.
+    if (offload) {
+      DeviceOps& to = store_.params_on_host() ? *host_ops_ : store_.ops();
+      to.upload_floats(store_.owned_params(u), master_[static_cast<size_t>(u)].f());
     }
   }
   return norm;

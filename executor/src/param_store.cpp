@@ -46,7 +46,7 @@ Init init_of(const Node& n, const std::string& suffix) {
 }  // namespace
 
 ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed,
-                       DeviceOps* ops)
+                       DeviceOps* ops, Allocator* host)
     : m_(m),
       own_ops_(ops ? nullptr : make_cpu_device_ops()),
       ops_(ops ? ops : own_ops_.get()),
@@ -55,9 +55,13 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
       world_(static_cast<int>(shard_world(t, world))),
       rank_(rank % world_),
       replica_(rank / world_),
-      sharded_(sharding(t.strategy, world_).optimizer) {
+      sharded_(sharding(t.strategy, world_).optimizer),
+      offload_(t.offload),
+      streams_grads_(offload_streams_grads(t, world)) {
   if (world % world_ != 0)
     throw Error(fmt::format("shard group of {} ranks does not divide the world of {}", world_, world));
+  if (offload_ != Offload::none && host == nullptr) throw Error("CPU offload needs a host memory pool");
+  if (const std::string why = offload_conflict(t); !why.empty()) throw Error(why);
   size_ = unit_parameter_counts(m);
   const size_t U = size_.size();
   padded_.resize(U);
@@ -90,14 +94,19 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   staging_.resize(U);
   const bool shard_params = sharding(strategy_, world_).params;
   const bool shard_grads = sharding(strategy_, world_).grads;
+  host_grads_.resize(U);
   for (size_t u = 0; u < U; ++u) {
     const std::string label = m.units[u].empty() ? "root" : m.units[u];
+    const int64_t shard = shard_size(static_cast<int>(u));
     // ZeRO-1/2 keep the full parameters padded so the updated shards are
-    // all-gathered in place; DDP keeps them unpadded.
-    params_[u] = alloc.zeros({shard_params ? shard_size(static_cast<int>(u)) : padded_[u]}, dtype_, Category::params,
-                             label + " parameters");
-    grads_[u] = alloc.zeros({shard_grads ? shard_size(static_cast<int>(u)) : size_[u]}, dtype_, Category::grads,
-                            label + " gradients");
+    // all-gathered in place; DDP keeps them unpadded. Under offload the host
+    // pool holds what step_program.hpp's host_state_tensors lists, in its order.
+    if (params_on_host()) params_[u] = host->zeros({shard}, dtype_, Category::params, label + " parameters (host)");
+    else params_[u] = alloc.zeros({shard_params ? shard : padded_[u]}, dtype_, Category::params, label + " parameters");
+    if (!streams_grads_)
+      grads_[u] = alloc.zeros({shard_grads ? shard : size_[u]}, dtype_, Category::grads, label + " gradients");
+    if (offload_ != Offload::none)
+      host_grads_[u] = host->zeros({shard}, DType::f32, Category::grads, label + " gradients (host, fp32)");
   }
   buffers_.resize(m.nodes.size());
   for (const auto& b : m.buffers) {
@@ -198,12 +207,20 @@ Span ParamStore::owned_params(int u) {
 }
 
 Span ParamStore::owned_grads(int u) const {
+  if (offload_ != Offload::none) return host_grads(u).sub(0, owned_size(u));
+  return device_owned_grads(u);
+}
+
+Span ParamStore::device_owned_grads(int u) const {
   const Span g = grads_[static_cast<size_t>(u)].span();
   return g.sub(sharding(strategy_, world_).grads ? 0 : owned_begin(u), owned_size(u));
 }
 
 void ParamStore::zero_grads() {
-  for (auto& g : grads_) ops_->zero(g.span());
+  for (auto& g : grads_)
+    if (g.defined()) ops_->zero(g.span());
+  for (auto& g : host_grads_)  // host memory: plain stores
+    if (g.defined()) std::memset(g.data(), 0, static_cast<size_t>(g.bytes()));
 }
 
 std::vector<float> ParamStore::snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const {

@@ -49,6 +49,7 @@ RankMemory highest_peak_rank(Trainer& t, Communicator& comm) {
   mine.rss_bytes = resident_peak_bytes();
   mine.runtime_bytes = t.runtime_bytes();
   mine.reserved_bytes = t.reserved_bytes();
+  mine.host = t.host_allocator().max_each();
   std::vector<RankMemory> all(static_cast<size_t>(comm.size()));
   comm.all_gather_bytes(&mine, all.data(), sizeof(RankMemory));
   return *std::max_element(all.begin(), all.end(), [](const RankMemory& a, const RankMemory& b) { return a.peak < b.peak; });
@@ -89,6 +90,8 @@ RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement&
   out.tokens = t.tokens_per_sample() > 0;
   out.rate = out.tokens ? rate * static_cast<double>(t.tokens_per_sample()) : rate;
   out.rss_bytes = m.memory.rss_bytes;
+  out.host = m.memory.host;
+  r.predicted.host = host_states(plan.model, world, plan.training);  // the same function the plan's numbers came from
   return r;
 }
 
@@ -155,6 +158,11 @@ std::string memory_table(const RunReport& r) {
     out += fmt::format("  cached by the allocator, not in use (reserved): {}\n",
                        format_bytes(static_cast<double>(r.measured.reserved_bytes)));
   out += fmt::format("  resident set (process high-water mark): {}\n", format_bytes(static_cast<double>(r.measured.rss_bytes)));
+  if (total(r.measured.host) > 0 || total(r.predicted.host) > 0) {
+    out += "Host memory (CPU offload), measured against predicted:\n";
+    for (Category c : {Category::params, Category::grads, Category::optimizer})
+      row(to_string(c), r.measured.host[static_cast<size_t>(c)], r.predicted.host[static_cast<size_t>(c)]);
+  }
   return out;
 }
 

@@ -55,7 +55,9 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
       backend_(backend),
       opt_(opt),
       ops_(ops ? std::move(ops) : make_cpu_device_ops()),
-      alloc_(memory ? std::move(memory) : make_host_memory()) {
+      alloc_(memory ? std::move(memory) : make_host_memory()),
+      host_alloc_(make_host_memory()),
+      host_ops_(make_cpu_device_ops()) {
   const auto& c = plan.cluster;
   if (c.world() != comm.size())
     throw Error(fmt::format("{}: the plan is for {} ranks ({} node{} x {}), but {} {} launched; run mpirun -np {}", plan.path,
@@ -64,7 +66,14 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
   if (ops_->host() != alloc_.memory().host_visible())
     throw Error(fmt::format("the trainer's device operations ({}) and its memory ({}) disagree", ops_->name(),
                             alloc_.memory().host_visible() ? "host" : "device"));
-  const int64_t need = static_cast<int64_t>(static_cast<double>(plan.predicted.memory.peak) * (1 + kFragmentationMargin));
+  int64_t need = static_cast<int64_t>(static_cast<double>(plan.predicted.memory.peak) * (1 + kFragmentationMargin));
+  if (plan.training.offload != Offload::none) {
+    if (!ops_->host())
+      throw Error(fmt::format("{}: --offload {} runs on the CPU engine (--device cpu) in this version; the {} engine "
+                              "refuses it",
+                              plan.path, to_string(plan.training.offload), ops_->name()));
+    need += total(host_states(plan.model, c.world(), plan.training));  // the same memory, another pool
+  }
   if (ops_->host()) {
     if (c.device.kind != "cpu")
       throw Error(fmt::format("{}: planned for {}; the CPU executor runs plans for the cpu device (dlplan plan --gpu cpu)",
@@ -125,15 +134,22 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
       backend_.set_gemm_workspace(gemm_workspace_.storage->data, in.bytes);
     }
   backend_.prepare(plan.model, t.micro_batch, t.syncbn ? static_cast<int>(t.syncbn_group) : 1);
-  store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed, ops_.get());
+  store_ = std::make_unique<ParamStore>(plan.model, t, comm.size(), comm.rank(), alloc_, opt.seed, ops_.get(), &host_alloc_);
   // Hybrid sharding (DESIGN.md, "Strategies"): ZeRO inside contiguous groups
   // of G ranks, each gradient shard then all-reduced across the groups.
   if (const int G = store_->world(); hybrid(t.strategy) && G < comm.size()) {
     shard_group_ = comm.make_groups(G);
     replica_group_ = comm.make_strided_groups(G);
     host_shard_group_ = comm.host().make_groups(G);
+    // Offload: the shards across the groups are summed where they are, on the host.
+    if (store_->offloaded()) host_replica_group_ = comm.host().make_strided_groups(G);
   }
-  optimizer_ = std::make_unique<Optimizer>(t.optimizer, *store_, alloc_);
+  optimizer_ = std::make_unique<Optimizer>(t.optimizer, *store_, alloc_, &host_alloc_);
+  if (store_->streams_grads()) {
+    int64_t largest = 0;
+    for (int u = 0; u < store_->units(); ++u) largest = std::max(largest, store_->shard_size(u));
+    transfer_.resize(static_cast<size_t>(largest));
+  }
   data_ = make_data_source(opt.data, plan.model, opt.seed);
   if (t.syncbn && t.syncbn_group > 1) {
     syncbn_group_ = comm.make_groups(t.syncbn_group);
@@ -344,14 +360,19 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         break;
       }
       case CommPurpose::shard_all_reduce:  // in place: the reduced (and accumulated) shard
-        work[static_cast<size_t>(c)] = comm_.all_reduce(store_->grads(ev.unit).span(), replica_group_);
+        if (store_->offloaded())  // summed on the host, in fp32
+          work[static_cast<size_t>(c)] = comm_.host().all_reduce(store_->host_grads(ev.unit), host_replica_group_);
+        else
+          work[static_cast<size_t>(c)] = comm_.all_reduce(store_->grads(ev.unit).span(), replica_group_);
         break;
       case CommPurpose::unit_gather:
       case CommPurpose::root_gather: {
         Tensor& buf = slots[static_cast<size_t>(ev.slot)];
         const int u = ev.purpose == CommPurpose::root_gather ? 0 : ev.unit;
         const int64_t shard = store_->shard_size(u);
-        ops_->copy(buf.span().sub(store_->shard_offset(u), shard), store_->params(u).span().sub(0, shard));
+        const Span mine = buf.span().sub(store_->shard_offset(u), shard);
+        if (store_->params_on_host()) ops_->upload(mine.data, store_->params(u).data(), mine.bytes());  // --offload params
+        else ops_->copy(mine, store_->params(u).span().sub(0, shard));
         work[static_cast<size_t>(c)] = comm_.all_gather(buf.span().sub(0, store_->unit_padded(u)), shard_group_);
         break;
       }
@@ -386,12 +407,16 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       const int u = ev.unit;
       const int64_t S = store_->shard_size(u), lo = store_->shard_offset(u);
       const Span shard = slots[static_cast<size_t>(ev.slot)].span().sub(lo, S);
-      const Span g = store_->grads(u).span();
-      if (t.strategy == Strategy::zero1) {
+      if (store_->streams_grads()) {
+        // Offload: the reduced shard goes down and the host sums it in fp32
+        // (micro-batches accumulate there).
+        ops_->download_floats(transfer_.data(), shard);
+        host_ops_->scaled_add(store_->host_grads(u), Span{transfer_.data(), S, DType::f32}, inv_world);
+      } else if (t.strategy == Strategy::zero1) {
         const int64_t real = std::max<int64_t>(0, std::min(S, store_->unit_size(u) - lo));  // the padding has no gradient
-        ops_->scaled_copy(g.sub(lo, real), shard.sub(0, real), inv_world);
+        ops_->scaled_copy(store_->grads(u).span().sub(lo, real), shard.sub(0, real), inv_world);
       } else {
-        ops_->scaled_add(g.sub(0, S), shard, inv_world);
+        ops_->scaled_add(store_->grads(u).span().sub(0, S), shard, inv_world);
       }
     }
   };

@@ -10,5 +10,6 @@ OrderedJson categories_json(const CategoryBytes& c);
 OrderedJson memory_json(const MemoryNumbers& m);
 OrderedJson comm_json(const CommNumbers& c);
 OrderedJson predicted_json(const Predicted& p);
+OrderedJson host_json(const HostMemory& h);  // CPU offload, per node
 
 }  // namespace dlplan::doc

@@ -4,6 +4,8 @@
 #include "dlplan/planner.hpp"
 #include "dlplan/simulator.hpp"
 
+#include <algorithm>
+
 namespace dlplan {
 
 int64_t device_capacity(const Cluster& c) {
@@ -35,6 +37,17 @@ StrategyResult evaluate(const Model& m, const Cluster& c, const TrainingConfig& 
   r.margin_bytes = static_cast<int64_t>(kFragmentationMargin * static_cast<double>(r.walk.peak));
   r.capacity_bytes = device_capacity(c);
   r.fits = r.walk.peak + r.runtime_bytes + r.margin_bytes <= r.capacity_bytes;
+  if (t.offload != Offload::none) {
+    HostMemory& h = r.host;
+    h.per_rank = host_states(m, c.world(), t);
+    h.ranks = std::max(1, std::min(c.gpus_per_node, c.world()));
+    h.per_node = total(h.per_rank) * h.ranks;
+    h.capacity = c.device.host_memory_bytes;
+    if (c.device.kind == "cpu")  // one memory: the device pools take their share first
+      h.capacity = std::max<int64_t>(0, h.capacity - h.ranks * (r.walk.peak + r.runtime_bytes + r.margin_bytes));
+    h.fits = c.device.host_memory_bytes == 0 || h.per_node <= h.capacity;
+    r.fits = r.fits && h.fits;
+  }
   return r;
 }
 

@@ -8,6 +8,14 @@
 //   DeepSpeed (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py), no offload:
 //     estimate_zero2_model_states_mem_needs (stages 1 and 2)   4Ψ + 16Ψ/N
 //     estimate_zero3_model_states_mem_needs                    4·L + 18Ψ/N, L = the largest layer's parameters
+//   CPU offload, per GPU and per node of g GPUs (M nodes):
+//     ZeRO-Offload paper (Ren et al. 2021, §4.1): the GPU keeps the fp16
+//       parameters (2Ψ; ZeRO-3 its shard 2Ψ/N), the CPU fp32 gradients,
+//       master weights, momentum and variance: 16Ψ/N per GPU, 16Ψ·g/N per node
+//     DeepSpeed, cpu_offload=True, additional_buffer_factor 1.5:
+//       estimate_zero2_model_states_mem_needs  GPU 2Ψ,          CPU Ψ·max(4·N, 16)·1.5
+//       estimate_zero3_model_states_mem_needs  GPU 4·L + 2Ψ/N,  CPU 16Ψ/M·1.5 (zero_init)
+//         with cpu_offload_params              GPU 4·L,         CPU 18Ψ/M·1.5
 #include "dlplan/explain.hpp"
 
 #include "dlplan/format.hpp"
@@ -49,6 +57,78 @@ const StrategyResult& explained_row(const Planning& p) {
   return r ? *r : p.results.back();
 }
 
+namespace {
+
+// CPU offload (the formulas at the top of this file).
+ModelStates offload_model_states(const Planning& p, const StrategyResult& r, ModelStates out) {
+  const auto& t = r.training;
+  const auto& c = p.request.cluster;
+  out.host_bytes = r.host.per_node;
+  const double psi = static_cast<double>(p.request.model.parameter_count());
+  const Strategy s = within_group(r.strategy);
+  const double N = static_cast<double>(shard_world(t, c.world()));
+  const double g = r.host.ranks, M = c.nodes;
+  const bool params = t.offload == Offload::params;
+  const double gathered = static_cast<double>(r.walk.at_peak[static_cast<size_t>(Category::gathered)]);
+  const std::string n_is = hybrid(r.strategy) ? fmt::format(", N = the shard group, {}", N) : "";
+
+  StateEstimate paper{"ZeRO-Offload paper (Ren et al. 2021, §4.1)", "", 0, {}};
+  if (s == Strategy::zero3) {
+    paper.formula = params ? "0 (parameters, gradients and optimizer on the CPU)" : "2Ψ/N (the parameter shard)";
+    paper.bytes = params ? 0 : 2 * psi / N;
+    paper.differences.push_back(fmt::format("dlplan adds the units gathered at the peak ({})", gib(gathered)));
+  } else {
+    paper.formula = "2Ψ (the fp16 parameters)";
+    paper.bytes = 2 * psi;
+    if (s == Strategy::zero1)
+      paper.differences.push_back(fmt::format(
+          "ZeRO-1 keeps the full bf16 gradients on the GPU until the step's end, where its shard goes down: +{}",
+          gib(2 * psi)));
+  }
+  paper.formula += n_is;
+  out.estimates.push_back(paper);
+  StateEstimate ds;
+  if (s == Strategy::zero3) {
+    const auto [layer, name] = largest_layer(p.request.model);
+    ds.source = fmt::format("DeepSpeed estimate_zero3_model_states_mem_needs (cpu_offload{})", params ? ", cpu_offload_params" : "");
+    ds.formula = fmt::format("4·L{}, L = {} parameters ('{}')", params ? "" : " + 2Ψ/N", format_count(layer), name);
+    ds.bytes = 4.0 * static_cast<double>(layer) + (params ? 0 : 2 * psi / N);
+    ds.differences.push_back(fmt::format("4 bytes for each parameter of the largest layer ({}) where dlplan counts the "
+                                         "bf16 units really gathered ({})",
+                                         gib(4.0 * static_cast<double>(layer)), gib(gathered)));
+  } else {
+    ds.source = "DeepSpeed estimate_zero2_model_states_mem_needs (cpu_offload; stages 1 and 2)";
+    ds.formula = "2Ψ";
+    ds.bytes = 2 * psi;
+  }
+  out.estimates.push_back(ds);
+
+  // Host, per node.
+  const double per_param = params ? 18 : 16;
+  StateEstimate hp{"ZeRO-Offload paper (Ren et al. 2021, §4.1)", fmt::format("{}Ψ·g/N, g = {} GPUs per node{}", per_param, g, n_is),
+                   per_param * psi * g / N, {}};
+  if (params) hp.differences.push_back("the paper keeps the parameters on the GPU; +2Ψ/N per GPU for their shard on the host");
+  out.host_estimates.push_back(hp);
+  StateEstimate hd;
+  if (s == Strategy::zero3) {
+    hd.source = fmt::format("DeepSpeed estimate_zero3_model_states_mem_needs (cpu_offload{}, zero_init)",
+                            params ? ", cpu_offload_params" : "");
+    hd.formula = fmt::format("{}Ψ/M·1.5, M = {} node{}", per_param, c.nodes, c.nodes == 1 ? "" : "s");
+    hd.bytes = per_param * psi / M * 1.5;
+  } else {
+    hd.source = "DeepSpeed estimate_zero2_model_states_mem_needs (cpu_offload)";
+    hd.formula = fmt::format("Ψ·max(4·N, 16)·1.5, N = {} GPUs", c.world());
+    hd.bytes = psi * std::max(4.0 * c.world(), 16.0) * 1.5;
+    hd.differences.push_back("it counts 16 bytes per parameter on every node, not divided among the nodes' shards, "
+                             "and 4 per parameter per GPU for the fp32 copies each process makes while loading");
+  }
+  hd.differences.push_back("its additional_buffer_factor 1.5 (pinned transfer buffers, allocator slack) is not in dlplan's count");
+  out.host_estimates.push_back(hd);
+  return out;
+}
+
+}  // namespace
+
 ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
   ModelStates out;
   const auto& at = r.walk.at_peak;
@@ -56,7 +136,9 @@ ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
   out.bytes = cat(Category::params) + cat(Category::grads) + cat(Category::optimizer) +
               (within_group(r.strategy) == Strategy::zero3 ? cat(Category::gathered) : 0);
   const auto& t = r.training;
+  out.host_bytes = r.host.per_node;
   if (t.precision != Precision::bf16_mixed || t.optimizer.kind != OptimizerKind::adamw) return out;  // the formulas' setting
+  if (t.offload != Offload::none) return offload_model_states(p, r, out);
 
   const double psi = static_cast<double>(p.request.model.parameter_count());
   // Hybrid sharding is its ZeRO stage over the shard group: N is then G.
@@ -144,6 +226,14 @@ std::vector<std::string> explain_lines(const Planning& p) {
     out.push_back(fmt::format("  {}: {} = {}", e.source, e.formula, format_bytes(e.bytes)));
     for (const auto& d : e.differences) out.push_back("    - " + d);
   }
+  if (r.training.offload != Offload::none) {
+    out.push_back(fmt::format("Host memory per node under --offload {} ({} ranks' params + grads + optimizer): {}",
+                              to_string(r.training.offload), r.host.ranks, format_bytes(static_cast<double>(ms.host_bytes))));
+    for (const auto& e : ms.host_estimates) {
+      out.push_back(fmt::format("  {}: {} = {}", e.source, e.formula, format_bytes(e.bytes)));
+      for (const auto& d : e.differences) out.push_back("    - " + d);
+    }
+  }
   if (ms.estimates.size() > 1) out.push_back("  Why they differ: docs/deepspeed.md.");
   return out;
 }
@@ -163,6 +253,12 @@ OrderedJson explain_json(const Planning& p) {
   for (const auto& e : ms.estimates)
     j["model_states"]["estimates"].push_back(
         {{"source", e.source}, {"formula", e.formula}, {"bytes", e.bytes}, {"differences", e.differences}});
+  if (r.training.offload != Offload::none) {
+    j["host_states"] = {{"bytes_per_node", ms.host_bytes}, {"estimates", OrderedJson::array()}};
+    for (const auto& e : ms.host_estimates)
+      j["host_states"]["estimates"].push_back(
+          {{"source", e.source}, {"formula", e.formula}, {"bytes", e.bytes}, {"differences", e.differences}});
+  }
   return j;
 }
 

@@ -122,6 +122,9 @@ OrderedJson ds_zero(const PlanDocument& p) {
     z["mics_shard_size"] = shard_world(t, p.cluster.world());
     z["mics_hierarchical_params_gather"] = false;
   }
+  // CPU offload (ZeRO-Offload; ZeRO-Infinity's offload_param for stage 3).
+  if (t.offload != Offload::none) z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (t.offload == Offload::params) z["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   if (within_group(t.strategy) == Strategy::zero3) {
     // dlplan's ZeRO-3 keeps gathered the unit computing, `prefetch` units
     // ahead of it, and the root unit: DeepSpeed's prefetch bucket holds the
@@ -178,12 +181,18 @@ std::vector<std::string> ds_comments(const PlanDocument& p, const ExportOptions&
     c.push_back(fmt::format("SyncBN: convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, "
                             "process_group) before deepspeed.initialize, with groups of {} ranks",
                             t.syncbn_group > 0 ? t.syncbn_group : p.cluster.world()));
-  c.push_back("left at DeepSpeed's defaults (the plan does not decide them): fp16, communication_data_type, "
+  if (t.offload != Offload::none)
+    c.push_back(fmt::format("offload {}: offload_optimizer to the CPU (gradients, fp32 master weights and optimizer "
+                            "state; the step on the CPU){}; pin_memory for the copies",
+                            to_string(t.offload), t.offload == Offload::params ? ", and offload_param (the parameter shards)" : ""));
+  const char* offload_left = t.offload == Offload::none ? "offload_optimizer, offload_param, "
+                             : t.offload == Offload::optimizer ? "offload_param, " : "";
+  c.push_back(fmt::format("left at DeepSpeed's defaults (the plan does not decide them): fp16, communication_data_type, "
               "prescale_gradients, steps_per_print, wall_clock_breakdown, zero_optimization.reduce_scatter, "
-              "allgather_partitions, offload_optimizer, offload_param, round_robin_gradients, sub_group_size, "
+              "allgather_partitions, {}round_robin_gradients, sub_group_size, "
               "stage3_param_persistence_threshold, stage3_max_reuse_distance, "
               "stage3_gather_16bit_weights_on_model_save, activation_checkpointing.partition_activations, "
-              "cpu_checkpointing, contiguous_memory_optimization");
+              "cpu_checkpointing, contiguous_memory_optimization", offload_left));
   return c;
 }
 
@@ -304,10 +313,12 @@ std::string fsdp_header(const PlanDocument& p, const ExportOptions& opt) {
   s += fmt::format("#   schedule           -> LambdaLR: linear warmup {} steps, cosine to min_lr {} at STEPS = {}\n",
                    t.optimizer.warmup_steps, t.optimizer.min_lr, steps_note(opt));
   s += "#\n# Left at PyTorch's defaults (the plan does not decide them):\n";
-  s += uses_fsdp(t.strategy)
-           ? "#   FSDP: cpu_offload (None), sync_module_states (False), param_init_fn, ignored_modules,\n"
-             "#   forward/backward prefetch depth beyond one unit, state_dict_type; the data loader, checkpoints.\n"
-           : "#   DDP: find_unused_parameters, gradient_as_bucket_view, static_graph, broadcast_buffers;\n";
+  if (uses_fsdp(t.strategy))
+    s += fmt::format("#   FSDP: {}sync_module_states (False), param_init_fn, ignored_modules,\n"
+                     "#   forward/backward prefetch depth beyond one unit, state_dict_type; the data loader, checkpoints.\n",
+                     t.offload == Offload::params ? "" : "cpu_offload (None), ");
+  else
+    s += "#   DDP: find_unused_parameters, gradient_as_bucket_view, static_graph, broadcast_buffers;\n";
   if (t.strategy == Strategy::zero1)
     s += "#   ZeroRedundancyOptimizer: parameters_as_bucket_view, overlap_with_ddp;\n";
   if (!uses_fsdp(t.strategy)) s += "#   the data loader, checkpoints.\n";
@@ -330,7 +341,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 )py";
   if (uses_fsdp(t.strategy)) {
-    s += "from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy\n"
+    s += "from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy\n";
+    if (t.offload == Offload::params) s += "from torch.distributed.fsdp import CPUOffload\n"
          "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n";
     if (t.precision == Precision::bf16_mixed) s += "from torch.distributed.fsdp import MixedPrecision\n";
     s += "from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy\n";
@@ -413,7 +425,7 @@ def wrap(model, block_types=None):
 @SYNCBN@    model = FSDP(
         model,
         sharding_strategy=ShardingStrategy.@STRATEGY@,
-@PROCESS_GROUP@        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=set(block_types)),
+@PROCESS_GROUP@@OFFLOAD@        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=set(block_types)),
 @MIXED@        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
         forward_prefetch=FORWARD_PREFETCH,
         limit_all_gathers=True,
@@ -614,6 +626,9 @@ OrderedJson deepspeed_config(const PlanDocument& p, const ExportOptions& opt) {
 
 std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
   const TrainingConfig& t = p.training;
+  if (t.offload == Offload::optimizer)
+    throw Error("export: PyTorch FSDP has no optimizer-only CPU offload (its CPUOffload moves the parameters and "
+                "gradients too): export --to deepspeed (offload_optimizer), or plan with --offload params");
   const bool fsdp = uses_fsdp(t.strategy);
   const bool bf16 = t.precision == Precision::bf16_mixed;
   const std::string syncbn =
@@ -630,6 +645,7 @@ std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
              {{"@SHARDING@", sharding_name(t.strategy)},
               {"@STRATEGY@", fsdp ? fsdp_sharding_strategy(t.strategy) : ""},
               {"@PROCESS_GROUP@", py_hybrid_groups(p)},
+              {"@OFFLOAD@", t.offload == Offload::params ? "        cpu_offload=CPUOffload(offload_params=True),\n" : ""},
               {"@SYNCBN@", syncbn},
               {"@MIXED@", bf16 ? "        mixed_precision=MixedPrecision(\n"
                                  "            param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, "

@@ -104,6 +104,9 @@ const std::vector<FieldDef>& device_fields() {
       integer("gemm_workspace_bytes", 0, 1099511627776.0, true, "bytes", true, &D::gemm_workspace_bytes),
       number("op_overhead_s", 0, 1, true, "s", false, &D::op_overhead_s),
       integer("alloc_granularity_bytes", 1, 1 << 30, false, "bytes", false, &D::alloc_granularity_bytes),
+      integer("host_memory_bytes", 1 << 20, kPiB, true, "bytes", false, &D::host_memory_bytes),
+      number("host_link_bytes_per_s", 1e6, 1e14, true, "bytes/s", false, &D::host_link_bytes_per_s),
+      number("host_bytes_per_s", 1e8, 1e15, true, "bytes/s", false, &D::host_bytes_per_s),
       number("memory_efficiency", 1e-3, 1, true, "", false, &D::memory_efficiency),
       integer("sm_count", 1, 65536, true, "", false, &D::sm_count),
       integer("gemm_tile", 1, 4096, true, "elements", false, &D::gemm_tile),
@@ -297,6 +300,11 @@ DeviceSpec host_cpu_device() {
   d.link_hop_latency_s = 2e-6;
   d.net_hop_latency_s = 2e-6;
   d.runtime_bytes = 0;  // DESIGN.md: runtime is 0 on the cpu device
+  // The device is the host: offloading moves states to another pool of the
+  // same memory, at its copy rate.
+  d.host_memory_bytes = d.memory_bytes;
+  d.host_link_bytes_per_s = d.hbm_bytes_per_s;
+  d.host_bytes_per_s = d.hbm_bytes_per_s;
   d.gemm_workspace_bytes = 0;
   d.alloc_granularity_bytes = 1;
   d.source =

@@ -19,6 +19,7 @@ Predicted predicted_of(const StrategyResult& r) {
   p.comm = {r.comm.bytes, r.comm.seconds, r.comm.exposed_seconds};
   p.mfu = r.mfu;
   p.fits = r.fits;
+  p.host = r.host.per_rank;
   return p;
 }
 
@@ -42,8 +43,21 @@ OrderedJson comm_json(const CommNumbers& c) {
 }
 
 OrderedJson predicted_json(const Predicted& p) {
-  return {{"memory", memory_json(p.memory)}, {"step_seconds", p.step_seconds}, {"compute_seconds", p.compute_seconds},
-          {"comm", comm_json(p.comm)},       {"mfu", p.mfu},                   {"fits", p.fits}};
+  OrderedJson j = {{"memory", memory_json(p.memory)}, {"step_seconds", p.step_seconds}, {"compute_seconds", p.compute_seconds},
+                   {"comm", comm_json(p.comm)},       {"mfu", p.mfu},                   {"fits", p.fits}};
+  if (total(p.host) > 0) j["host"] = categories_json(p.host);  // CPU offload, per rank
+  return j;
+}
+
+// CPU offload: host memory per node, by category, against what it has.
+OrderedJson host_json(const HostMemory& h) {
+  return {{"params", h.per_rank[static_cast<size_t>(Category::params)] * h.ranks},
+          {"grads", h.per_rank[static_cast<size_t>(Category::grads)] * h.ranks},
+          {"optimizer", h.per_rank[static_cast<size_t>(Category::optimizer)] * h.ranks},
+          {"per_node", h.per_node},
+          {"ranks_per_node", h.ranks},
+          {"capacity", h.capacity},
+          {"fits", h.fits}};
 }
 
 // What `train --checkpoint-dir` writes per save (checkpoint_cost.hpp).
@@ -88,18 +102,21 @@ OrderedJson planning_json(const Planning& p) {
                    {"precision", to_string(t.precision)},
                    {"optimizer", to_string(t.optimizer.kind)},
                    {"checkpointing", to_string(t.checkpointing)},
-                   {"attention", to_string(t.attention)}};
+                   {"attention", to_string(t.attention)},
+                   {"offload", to_string(t.offload)}};
   j["strategies"] = OrderedJson::array();
   for (const auto& r : p.results) {
     const Predicted pr = predicted_of(r);
-    j["strategies"].push_back({{"strategy", to_string(r.strategy)},
+    OrderedJson row = {{"strategy", to_string(r.strategy)},
                                {"memory", doc::memory_json(pr.memory)},
                                {"fits", r.fits},
                                {"compute_seconds", r.compute_seconds},
                                {"comm", doc::comm_json(pr.comm)},
                                {"step_seconds", r.step_seconds},
                                {"mfu", r.mfu},
-                               {"checkpoint", doc::checkpoint_json(checkpoint_cost(req.model, req.cluster, r.training))}});
+                               {"checkpoint", doc::checkpoint_json(checkpoint_cost(req.model, req.cluster, r.training))}};
+    if (t.offload != Offload::none) row["host"] = doc::host_json(r.host);  // per node
+    j["strategies"].push_back(std::move(row));
   }
   j["recommendation"] = {{"strategy", p.recommendation.strategy ? OrderedJson(to_string(*p.recommendation.strategy)) : OrderedJson()},
                          {"syncbn", p.recommendation.syncbn},
@@ -122,6 +139,10 @@ OrderedJson plan_json(const Planning& p, const StrategyResult& r) {
   j["cluster"] = cluster_to_json(req.cluster);
   j["strategy"] = to_string(t.strategy);
   if (hybrid(t.strategy)) j["shard_group"] = shard_world(t, req.cluster.world());
+  if (t.offload != Offload::none) {
+    j["offload"] = to_string(t.offload);
+    j["host"] = doc::host_json(r.host);
+  }
   j["syncbn"] = {{"enabled", t.syncbn}, {"group_size", t.syncbn ? t.syncbn_group : 1}};
   j["micro_batch"] = t.micro_batch;
   j["grad_accum"] = t.grad_accum;

@@ -36,6 +36,11 @@ Predicted read_predicted(const Object& p) {
   out.comm = read_comm(p.object("comm"));
   out.mfu = p.number("mfu");
   out.fits = p.flag("fits");
+  if (p.has("host")) {  // CPU offload
+    const Object host = p.object("host");
+    for (Category c : kAllCategories)
+      out.host[static_cast<size_t>(c)] = host.integer(to_string(c), 0, kMaxBytes);
+  }
   return out;
 }
 
@@ -68,6 +73,10 @@ TrainingConfig read_training(const Object& d, int world) {
     t.shard_group = static_cast<int>(d.integer("shard_group", 1, world));
     if (world % t.shard_group != 0)
       d.fail(fmt::format("shard_group = {} does not divide the world of {} ranks", t.shard_group, world));
+  }
+  if (d.has("offload")) {
+    t.offload = d.choice("offload", parse_offload);
+    if (const std::string why = offload_conflict(t); !why.empty()) d.fail(why);
   }
   t.precision = d.choice("precision", parse_precision);
   t.checkpointing = d.choice("checkpointing", parse_checkpointing);

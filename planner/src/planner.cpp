@@ -38,8 +38,10 @@ std::vector<Strategy> strategies_to_compare(const Cluster& c, const TrainingConf
   h.strategy = Strategy::hsdp2;
   const int64_t G = shard_world(h, c.world());
   const bool hybrid_differs = G > 1 && G < c.world();
-  for (Strategy s : kAllStrategies)
-    if (!hybrid(s) || hybrid_differs || forced == s) out.push_back(s);
+  for (Strategy s : kAllStrategies) {
+    h.strategy = s;
+    if (forced == s || ((!hybrid(s) || hybrid_differs) && offload_conflict(h).empty())) out.push_back(s);
+  }
   return out;
 }
 
@@ -66,9 +68,13 @@ const StrategyResult& row_of(const std::vector<StrategyResult>& rows, Strategy s
 }
 
 std::string need_sentence(const StrategyResult& r) {
-  return fmt::format("{} needs {} (peak {} + runtime {} + {:.0f}% margin) of {}", to_string(r.strategy),
-                     format_bytes(r.walk.peak + r.runtime_bytes + r.margin_bytes), format_bytes(r.walk.peak),
-                     format_bytes(r.runtime_bytes), kFragmentationMargin * 100, format_bytes(r.capacity_bytes));
+  std::string s = fmt::format("{} needs {} (peak {} + runtime {} + {:.0f}% margin) of {}", to_string(r.strategy),
+                              format_bytes(r.walk.peak + r.runtime_bytes + r.margin_bytes), format_bytes(r.walk.peak),
+                              format_bytes(r.runtime_bytes), kFragmentationMargin * 100, format_bytes(r.capacity_bytes));
+  if (!r.host.fits)
+    s += fmt::format(", and {} of host memory per node ({} ranks' offloaded states) of {}", format_bytes(r.host.per_node),
+                     r.host.ranks, format_bytes(r.host.capacity));
+  return s;
 }
 
 std::string cost_phrase(const SuggestedChange& c, int gpus_now) {
@@ -194,7 +200,10 @@ std::vector<std::string> recommendation_lines(const Planning& p) {
                              : "Recommendation: none fits");
   for (const auto& reason : rec.reasons) out.push_back("  - " + reason);
   out.emplace_back();
-  if (const StrategyResult* c = p.chosen()) {
+  if (const StrategyResult* c = p.chosen(); c && c->training.offload != Offload::none) {
+    out.push_back("Checkpoint (train --checkpoint-dir): not with --offload in this version (the offloaded state is not saved)");
+    out.emplace_back();
+  } else if (c) {
     const CheckpointCost k = checkpoint_cost(p.request.model, p.request.cluster, c->training);
     out.push_back(fmt::format("Checkpoint (train --checkpoint-dir): {} per rank, {} in all; {} to save at {:g} GB/s per node{}",
                               format_bytes(static_cast<double>(k.bytes_per_rank)), format_bytes(static_cast<double>(k.bytes_total)),

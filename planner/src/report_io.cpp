@@ -50,6 +50,10 @@ Measured read_measured(const Object& m, int world) {
   out.mfu = m.number("mfu");
   out.tokens = read_rate(m, out.rate);
   out.rss_bytes = m.integer("rss_bytes", 0, kBig);
+  if (m.has("host")) {  // CPU offload
+    const Object host = m.object("host");
+    for (Category c : kAllCategories) out.host[static_cast<size_t>(c)] = host.integer(to_string(c), 0, kBig);
+  }
   return out;
 }
 
@@ -68,6 +72,7 @@ OrderedJson report_json(const RunReport& r) {
   measured["mfu"] = m.mfu;
   measured[rate_key(m.tokens)] = m.rate;
   measured["rss_bytes"] = m.rss_bytes;
+  if (total(m.host) > 0) measured["host"] = doc::categories_json(m.host);  // CPU offload, per rank
 
   OrderedJson j;
   j["schema_version"] = 1;

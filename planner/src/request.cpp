@@ -186,6 +186,12 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   t.checkpointing = parse("--checkpointing", parse_checkpointing, f.checkpointing);
   t.attention = parse("--attention", parse_attention, f.attention);
   if (!f.strategy.empty()) r.forced = parse("--strategy", parse_strategy, f.strategy);
+  t.offload = parse("--offload", parse_offload, f.offload);
+  if (r.forced) {  // without --strategy, only the strategies offload goes with are compared
+    TrainingConfig forced = t;
+    forced.strategy = *r.forced;
+    if (const std::string why = offload_conflict(forced); !why.empty()) throw UsageError(why);
+  }
   r.syncbn = parse_syncbn_mode(f.syncbn);
 
   // ---- batch ----

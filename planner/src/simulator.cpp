@@ -6,7 +6,9 @@
 //   skew:    the step ends rank_jitter x sqrt(2 ln N x compute) later, when
 //            the slowest of N ranks reaches the gradient synchronization;
 //   comm:    each collective takes comm_model's time and starts when it is
-//            issued and the stream is free (one NCCL stream: in order).
+//            issued and the stream is free (one NCCL stream: in order);
+//            CPU offload's copies of a shard ride with their collective.
+// CPU offload's optimizer runs on the host (host_optimizer_seconds).
 // A wait moves the compute clock to the collective's end; SyncBN's
 // collectives block inside their layer. With gradient accumulation the
 // program runs once per micro-batch, with its first- and last-micro-batch
@@ -46,6 +48,25 @@ double rank_skew_seconds(const DeviceSpec& d, int world, double compute_seconds)
   return d.rank_jitter * std::sqrt(2.0 * std::log(static_cast<double>(world))) * std::sqrt(compute_seconds);
 }
 
+// CPU offload (docs/memory.md, "Offload"): copies between host and device at
+// the host link's rate, per GPU; the host's optimizer at the node's memory
+// bandwidth shared by its ranks, with the same streaming share the device's
+// memory-bound ops get. Not given in a cluster file: PCIe 3.0 x16 (16 GB/s)
+// and 100 GB/s, below any two-socket server of the catalog's systems.
+constexpr double kDefaultHostLinkBytesPerS = 16e9;
+constexpr double kDefaultHostBytesPerS = 100e9;
+constexpr double kHostStreamingShare = 0.85;
+
+double host_link_rate(const DeviceSpec& d) {
+  return d.host_link_bytes_per_s > 0 ? d.host_link_bytes_per_s : kDefaultHostLinkBytesPerS;
+}
+
+double host_optimizer_seconds(const ComputeEvent& e, const Cluster& c) {
+  const double node = c.device.host_bytes_per_s > 0 ? c.device.host_bytes_per_s : kDefaultHostBytesPerS;
+  const int ranks = std::max(1, std::min(c.gpus_per_node, c.world()));
+  return e.bytes / (node * kHostStreamingShare / ranks) + e.link_bytes / host_link_rate(c.device);
+}
+
 }  // namespace
 
 Simulation simulate_program(const StepProgram& prog, const Cluster& c, const TrainingConfig& t, bool timeline) {
@@ -58,11 +79,13 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
   for (size_t k = 0; k < prog.comm.size(); ++k) {
     const CommEvent& ev = prog.comm[k];
     const CollectiveCost cc = collective_cost(c, ev.op, ev.bytes, ev.group, ev.stride);
-    cost[k] = cc.seconds;
+    cost[k] = cc.seconds + ev.host_copy_bytes / host_link_rate(c.device);
     sent[k] = cc.bytes_sent;
   }
   std::vector<double> seconds(prog.compute.size());
-  for (size_t e = 0; e < prog.compute.size(); ++e) seconds[e] = compute_event_seconds(prog.compute[e], c.device, t.precision);
+  for (size_t e = 0; e < prog.compute.size(); ++e)
+    seconds[e] = prog.compute[e].on_host ? host_optimizer_seconds(prog.compute[e], c)
+                                         : compute_event_seconds(prog.compute[e], c.device, t.precision);
 
   double tc = 0, tm = 0;  // the two streams' clocks
   std::vector<double> done(prog.comm.size(), 0);

@@ -76,6 +76,11 @@ CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg)
     case Strategy::hsdp3: break;  // not reached: within_group() maps them to zero2 / zero3
   }
   if (N == 1) s[0] = full * pb, s[1] = full * gb, s[2] = full * ob;
+  if (cfg.offload != Offload::none) {  // on the host instead (host_states)
+    s[2] = 0;
+    if (offload_streams_grads(cfg, world)) s[1] = 0;
+    if (cfg.offload == Offload::params && sharding(cfg.strategy, N).params) s[0] = 0;
+  }
   s[0] += m.buffer_count() * 4;  // fp32 running statistics, replicated
   return s;
 }
@@ -92,10 +97,12 @@ std::vector<StateTensor> model_state_tensors(const Model& m, int world, const Tr
     const std::string unit = m.units[u].empty() ? "root" : m.units[u];
     // ZeRO-1/2 keep the full parameters padded, so the updated shards are all-gathered in place.
     const int64_t params = shard_params ? shard(sizes[u]) : sharded ? pad_to(sizes[u], N) : sizes[u];
-    out.push_back({Category::params, params * pb, unit + " parameters"});
-    out.push_back({Category::grads, (shard_grads ? shard(sizes[u]) : sizes[u]) * gb, unit + " gradients"});
+    if (!(cfg.offload == Offload::params && shard_params)) out.push_back({Category::params, params * pb, unit + " parameters"});
+    if (!offload_streams_grads(cfg, world))
+      out.push_back({Category::grads, (shard_grads ? shard(sizes[u]) : sizes[u]) * gb, unit + " gradients"});
   }
   for (const auto& b : m.buffers) out.push_back({Category::params, b.numel * 4, b.name});  // fp32, replicated
+  if (cfg.offload != Offload::none) return out;  // the optimizer state is on the host
   const bool master = cfg.precision == Precision::bf16_mixed;
   const bool moment1 = cfg.optimizer.kind != OptimizerKind::sgd, moment2 = cfg.optimizer.kind == OptimizerKind::adamw;
   for (size_t u = 0; u < sizes.size(); ++u) {
@@ -106,6 +113,36 @@ std::vector<StateTensor> model_state_tensors(const Model& m, int world, const Tr
     if (moment2) out.push_back({Category::optimizer, n, unit + " v"});
   }
   return out;
+}
+
+std::vector<StateTensor> host_state_tensors(const Model& m, int world, const TrainingConfig& cfg) {
+  std::vector<StateTensor> out;
+  if (cfg.offload == Offload::none) return out;
+  const int64_t N = shard_world(cfg, world);
+  const Sharding sh = sharding(cfg.strategy, N);
+  const std::vector<int64_t> sizes = unit_parameter_counts(m);
+  auto shard = [&](int64_t size) { return sh.optimizer ? pad_to(size, N) / N : size; };
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    const std::string unit = m.units[u].empty() ? "root" : m.units[u];
+    if (cfg.offload == Offload::params && sh.params)
+      out.push_back({Category::params, shard(sizes[u]) * param_bytes(cfg.precision), unit + " parameters (host)"});
+    out.push_back({Category::grads, shard(sizes[u]) * 4, unit + " gradients (host, fp32)"});
+  }
+  const bool moment1 = cfg.optimizer.kind != OptimizerKind::sgd, moment2 = cfg.optimizer.kind == OptimizerKind::adamw;
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    const std::string unit = m.units[u].empty() ? "root" : m.units[u];
+    const int64_t n = shard(sizes[u]) * 4;
+    out.push_back({Category::optimizer, n, unit + " master weights (host)"});
+    if (moment1) out.push_back({Category::optimizer, n, unit + " m (host)"});
+    if (moment2) out.push_back({Category::optimizer, n, unit + " v (host)"});
+  }
+  return out;
+}
+
+CategoryBytes host_states(const Model& m, int world, const TrainingConfig& cfg) {
+  CategoryBytes s{};
+  for (const StateTensor& t : host_state_tensors(m, world, cfg)) s[static_cast<size_t>(t.category)] += t.bytes;
+  return s;
 }
 
 namespace {
@@ -347,7 +384,9 @@ class Emitter {
     CommEvent ev{.name = unit_label(u) + " all-reduce across groups",
                  .op = Collective::AllReduce,
                  .purpose = CommPurpose::shard_all_reduce,
-                 .bytes = static_cast<double>(pad_to(unit_params_[static_cast<size_t>(u)], S_) / S_ * gbytes_),
+                 // under offload, the host's fp32 shard (all micro-batches summed there)
+                 .bytes = static_cast<double>(pad_to(unit_params_[static_cast<size_t>(u)], S_) / S_ *
+                                              (cfg_.offload != Offload::none ? 4 : gbytes_)),
                  .group = static_cast<int>(N_ / S_),
                  .stride = static_cast<int>(S_),
                  .unit = u};
@@ -390,7 +429,8 @@ class Emitter {
                    .bytes = static_cast<double>(bytes),
                    .group = static_cast<int>(S_),
                    .unit = 0,
-                   .slot = root_gathered_};
+                   .slot = root_gathered_,
+                   .host_copy_bytes = offloaded_shard_bytes(0)};
       int c = issue(ev, When::first_micro);
       wait(c, When::first_micro);
     }
@@ -544,7 +584,8 @@ class Emitter {
                    .group = static_cast<int>(S_),
                    .unit = u,
                    .slot = slot,
-                   .per_step = static_cast<int>(cfg_.grad_accum)};
+                   .per_step = static_cast<int>(cfg_.grad_accum),
+                   .host_copy_bytes = offloaded_shard_bytes(u)};
       pending_gather_[u] = issue(ev);
     }
     auto it = pending_gather_.find(order[pos]);
@@ -692,7 +733,9 @@ class Emitter {
                    .bytes = static_cast<double>(bytes),
                    .group = static_cast<int>(S_),
                    .unit = u,
-                   .per_step = static_cast<int>(cfg_.grad_accum)};
+                   .per_step = static_cast<int>(cfg_.grad_accum),
+                   // offload: the reduced shard goes down to the host
+                   .host_copy_bytes = offload_streams_grads(cfg_, N_) ? static_cast<double>(bytes / S_) : 0.0};
       issue_grad(ev, unit_staging_[static_cast<size_t>(u)], When::every);
       unit_staging_[static_cast<size_t>(u)] = -1;
     }
@@ -740,7 +783,23 @@ class Emitter {
     // Bytes touched per parameter by a fused update: read grad, master/param
     // and moments, write them back.
     const double per_param = 2.0 * optimizer_bytes_per_param(cfg_.precision, cfg_.optimizer.kind) + gbytes_ + 2.0 * pbytes_;
-    compute(Instr::Kind::optimizer, Phase::optimizer, -1, 10.0 * shard, per_param * shard);
+    if (cfg_.offload == Offload::none) {
+      compute(Instr::Kind::optimizer, Phase::optimizer, -1, 10.0 * shard, per_param * shard);
+    } else {
+      // On the host (host_state_tensors): read the fp32 gradient, read and
+      // write the fp32 master and the moments; under --offload params, write
+      // the parameter shard too. Over the host link: ZeRO-1's (or one
+      // rank's) gradient shard down, unless backward streamed it; the
+      // updated parameters up, unless they stay on the host.
+      const double moments = static_cast<double>(optimizer_bytes_per_param(cfg_.precision, cfg_.optimizer.kind) -
+                                                 (cfg_.precision == Precision::bf16_mixed ? 4 : 0));
+      const bool params_on_host = cfg_.offload == Offload::params && sh.params;
+      const double host_bytes = 4.0 + 2.0 * (4.0 + moments) + (params_on_host ? pbytes_ : 0);
+      const double link = (offload_streams_grads(cfg_, N_) ? 0.0 : gbytes_) + (params_on_host ? 0.0 : pbytes_);
+      compute(Instr::Kind::optimizer, Phase::optimizer, -1, 10.0 * shard, host_bytes * shard);
+      out_.compute.back().on_host = true;
+      out_.compute.back().link_bytes = link * shard;
+    }
     if (sh.optimizer && !sh.params)  // ZeRO-1/2: the updated shards are all-gathered
       for (size_t u = 0; u < m_.units.size(); ++u)
         if (unit_params_[u] > 0) {
@@ -753,6 +812,12 @@ class Emitter {
           issue(ev, When::last_micro);
         }
     mark();
+  }
+
+  // --offload params: a unit's shard, uploaded from the host before each gather.
+  double offloaded_shard_bytes(int u) const {
+    if (cfg_.offload != Offload::params) return 0;
+    return static_cast<double>(pad_to(unit_params_[static_cast<size_t>(u)], S_) / S_ * pbytes_);
   }
 
   const Model& m_;

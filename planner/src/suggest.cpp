@@ -10,7 +10,8 @@
 //
 // so flash attention (no recomputation) costs about nothing, checkpointing
 // costs the recomputed forward, a smaller micro-batch with more accumulation
-// costs the GEMM efficiency and per-op overheads it loses. Changes on the same
+// costs the GEMM efficiency and per-op overheads it loses, CPU offload the
+// host's optimizer step and the copies. Changes on the same
 // GPUs come first, cheapest first; more GPUs come after them (they cost GPUs,
 // not time), fewest first. Only if no single change fits are changes combined.
 #include "fit_search.hpp"
@@ -98,6 +99,19 @@ std::vector<SuggestedChange> suggest_changes(const PlanRequest& req, const Train
         add(same, plan_of(with(fmt::format("{} instead (--strategy {})", to_string(s), to_string(s)),
                                [s](Candidate& c) { c.strategies = {s}; })));
   if (can_checkpoint) add(same, plan_of(with("activation checkpointing (--checkpointing units)", checkpoint)));
+  // CPU offload (ZeRO-Offload; with the parameters, ZeRO-3 only), on the
+  // allowed strategies it goes with. Its cost is the host's optimizer step
+  // and the copies, as the simulator times them.
+  if (base.offload == Offload::none)
+    for (Offload o : {Offload::optimizer, Offload::params}) {
+      Candidate c = with(fmt::format("CPU offload (--offload {})", to_string(o)), [o](Candidate& x) { x.training.offload = o; });
+      std::erase_if(c.strategies, [&](Strategy s) {
+        TrainingConfig t = c.training;
+        t.strategy = s;
+        return !offload_conflict(t).empty();
+      });
+      if (!c.strategies.empty()) add(same, plan_of(c));
+    }
   // A smaller micro-batch: the largest that keeps the global batch (more
   // accumulation), and the largest at all when that is larger still.
   auto smaller_micro_batch = [&](const TrainingConfig& t, const std::string& prefix) {

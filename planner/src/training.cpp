@@ -48,6 +48,7 @@ std::string to_string(OptimizerKind o) {
 }
 std::string to_string(Checkpointing c) { return c == Checkpointing::none ? "none" : "units"; }
 std::string to_string(AttentionImpl a) { return a == AttentionImpl::math ? "math" : "flash"; }
+std::string to_string(Offload o) { return o == Offload::none ? "none" : o == Offload::optimizer ? "optimizer" : "params"; }
 
 Strategy parse_strategy(std::string_view s) {
   return parse_enum<Strategy>(s, "strategy", {{"ddp", Strategy::ddp}, {"zero1", Strategy::zero1},
@@ -64,6 +65,9 @@ OptimizerKind parse_optimizer(std::string_view s) {
 Checkpointing parse_checkpointing(std::string_view s) {
   return parse_enum<Checkpointing>(s, "checkpointing", {{"none", Checkpointing::none}, {"units", Checkpointing::units}});
 }
+Offload parse_offload(std::string_view s) {
+  return parse_enum<Offload>(s, "offload", {{"none", Offload::none}, {"optimizer", Offload::optimizer}, {"params", Offload::params}});
+}
 AttentionImpl parse_attention(std::string_view s) {
   return parse_enum<AttentionImpl>(s, "attention implementation", {{"math", AttentionImpl::math}, {"flash", AttentionImpl::flash}});
 }
@@ -72,6 +76,19 @@ int param_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int grad_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int activation_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 DType storage_dtype(Precision p) { return p == Precision::fp32 ? DType::f32 : DType::bf16; }
+
+std::string offload_conflict(const TrainingConfig& t) {
+  if (t.offload == Offload::none) return "";
+  if (t.strategy == Strategy::ddp)
+    return "--offload needs a ZeRO strategy (zero1, zero2, zero3, hsdp2, hsdp3): the optimizer runs on a shard";
+  if (t.offload == Offload::params && within_group(t.strategy) != Strategy::zero3)
+    return fmt::format("--offload params needs a strategy that shards parameters (zero3, hsdp3), not {}", to_string(t.strategy));
+  return "";
+}
+
+bool offload_streams_grads(const TrainingConfig& t, int64_t world) {
+  return t.offload != Offload::none && sharding(t.strategy, shard_world(t, world)).grads;
+}
 
 bool hybrid(Strategy s) { return s == Strategy::hsdp2 || s == Strategy::hsdp3; }
 

@@ -238,13 +238,14 @@ TEST(ClusterJson, FieldNamesAreTheStructsSnakeCaseNames) {
                         "fp32_flops", "link_bytes_per_s", "net_bytes_per_s", "gemm_efficiency",
                         "link_efficiency", "net_efficiency", "base_latency_s",
                         "link_hop_latency_s", "net_hop_latency_s", "runtime_bytes",
-                        "gemm_workspace_bytes", "op_overhead_s", "alloc_granularity_bytes", "memory_efficiency",
+                        "gemm_workspace_bytes", "op_overhead_s", "alloc_granularity_bytes", "host_memory_bytes",
+                        "host_link_bytes_per_s", "host_bytes_per_s", "memory_efficiency",
                         "sm_count", "gemm_tile", "gemm_k_half", "gemm_split_k_min", "flash_fwd_efficiency",
                         "flash_bwd_efficiency", "flash_fwd_seq_half", "flash_bwd_seq_half", "flash_causal_seq_half",
                         "flash_head_dim_half", "comm_slowdown", "rank_jitter", "sustained_share", "source", "sources"})
     EXPECT_TRUE(j["device"].contains(f)) << f;
   EXPECT_EQ(j["device"].size(), device_field_names().size() + 1);  // + sources
-  EXPECT_EQ(device_field_names().size(), 33u);
+  EXPECT_EQ(device_field_names().size(), 36u);
 }
 
 TEST(ClusterFile, CatalogKindWithOverrides) {

@@ -27,6 +27,9 @@ struct StateEstimate {
 struct ModelStates {
   int64_t bytes = 0;               // params + grads + optimizer (+ gathered for zero3) at the peak
   std::vector<StateEstimate> estimates;
+  // CPU offload: the host memory of one node, and the published estimates of it.
+  int64_t host_bytes = 0;
+  std::vector<StateEstimate> host_estimates;
 };
 
 ModelStates compare_model_states(const Planning& p, const StrategyResult& r);

@@ -40,6 +40,11 @@ struct DeviceSpec {
   double op_overhead_s = 0;         // fixed cost per op and phase (kernel launches, dispatch)
   int64_t alloc_granularity_bytes = 1;  // the allocator's block rounding (CUDA caching allocator: 512)
 
+  // ---- The host, for CPU offload (0: not given; docs/catalog.md) ----------
+  int64_t host_memory_bytes = 0;    // CPU memory of one node
+  double host_link_bytes_per_s = 0; // host <-> device copies, per GPU and direction (PCIe x16)
+  double host_bytes_per_s = 0;      // CPU memory bandwidth of one node (the offloaded optimizer's rate)
+
   // ---- The per-op-class GPU time model (docs/gpu-time-model.md) ----------
   double memory_efficiency = 0;     // share of hbm_bytes_per_s that memory-bound kernels reach
   int64_t sm_count = 0;             // streaming multiprocessors (CUs): GEMM wave quantization

@@ -54,6 +54,7 @@ struct Predicted {
   CommNumbers comm;
   double mfu = 0;
   bool fits = false;
+  CategoryBytes host{};  // CPU offload: host memory per rank (params, grads, optimizer); 0 without
 };
 Predicted predicted_of(const StrategyResult& r);
 
@@ -87,6 +88,7 @@ struct Measured {
   bool tokens = false;      // the rate is tokens_per_second, else samples_per_second
   double rate = 0;
   int64_t rss_bytes = 0;
+  CategoryBytes host{};  // CPU offload: the host pool's bytes per category (the highest rank's)
 };
 
 struct RunReport {

@@ -55,7 +55,8 @@ struct PlanRequest {
 // The strategies a planning compares, in DESIGN.md's order of simplicity:
 // ddp, zero1, zero2, zero3, then hsdp2 and hsdp3 where hybrid sharding
 // differs from ZeRO (a shard group of 2 or more ranks, fewer than all), and
-// `forced` whatever it is.
+// `forced` whatever it is. Under --offload only the strategies it goes with
+// (offload_conflict).
 std::vector<Strategy> strategies_to_compare(const Cluster& c, const TrainingConfig& t,
                                             std::optional<Strategy> forced = std::nullopt);
 
@@ -65,6 +66,17 @@ struct CommSummary {
   double exposed_seconds = 0;  // the part compute waits for
 };
 
+// CPU offload: what one node keeps in host memory (host_states of each of
+// its ranks) against what it has (the cluster's host_memory_bytes; on the
+// cpu device, what the ranks' device pools leave of the same memory).
+struct HostMemory {
+  CategoryBytes per_rank{};  // params, grads, optimizer (step_program.hpp)
+  int ranks = 0;             // ranks per node
+  int64_t per_node = 0;
+  int64_t capacity = 0;      // 0: the cluster does not say (then not checked)
+  bool fits = true;
+};
+
 struct StrategyResult {
   Strategy strategy = Strategy::ddp;
   TrainingConfig training;     // as evaluated (strategy, syncbn filled in)
@@ -72,7 +84,8 @@ struct StrategyResult {
   int64_t runtime_bytes = 0;
   int64_t margin_bytes = 0;
   int64_t capacity_bytes = 0;
-  bool fits = false;
+  bool fits = false;            // device and, under offload, host memory
+  HostMemory host;              // all 0 without offload
   double compute_seconds = 0;
   CommSummary comm;
   double syncbn_seconds = 0;

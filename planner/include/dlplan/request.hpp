@@ -33,6 +33,7 @@ struct RequestFlags {
   std::string strategy;                  // "" : recommend
   std::optional<int64_t> syncbn_group, prefetch, warmup_steps;
   std::optional<int64_t> shard_group;    // hsdp2 / hsdp3: ranks per shard group (default: one node)
+  std::string offload = "none";          // CPU offload: none, optimizer or params
   std::optional<double> bucket_mb, lr, min_lr, clip_norm, weight_decay, eps, momentum;
   std::optional<std::pair<double, double>> betas;
   bool explain = false;

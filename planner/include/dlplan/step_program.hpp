@@ -30,6 +30,12 @@
 //    gathered once per step and kept until the last backward.
 //  - ZeRO-1 / ZeRO-2 all-gather the updated parameters after the optimizer, in
 //    place; the next step's forward waits for them.
+//  - CPU offload: the device keeps no optimizer state, no gradient shard
+//    (each reduce-scattered shard goes down to the host, which accumulates
+//    it in fp32; ZeRO-1 sends its shard of the full gradients down at the
+//    optimizer) and, under --offload params, no parameter shard (uploaded
+//    into the gathered buffer before each gather). The optimizer runs on the
+//    host and uploads the updated parameters.
 #pragma once
 
 #include "dlplan/comm_model.hpp"
@@ -80,6 +86,11 @@ struct ComputeEvent {
   double bytes = 0;     // memory traffic estimate
   std::vector<GemmShape> gemms;  // the op's forward GEMMs, for the whole micro-batch
   AttentionCore attention;       // attention ops: the core between the projections
+  // CPU offload's optimizer runs on the host: `bytes` is host memory traffic,
+  // and `link_bytes` cross between host and device (gradients down, the
+  // updated parameters up) before and after it.
+  bool on_host = false;
+  double link_bytes = 0;
 };
 
 // What a collective is for, so that the executor knows its buffers.
@@ -107,6 +118,10 @@ struct CommEvent {
   int wait_before = -1;   // compute event index that waits for it (-1: end of step)
   bool blocking = false;  // compute waits at once (SyncBN)
   int per_step = 1;       // how often it happens per step (grad accumulation)
+  // CPU offload: bytes copied between host and device with it, on the same
+  // stream (a reduce-scatter's shard down to the host after it; a gather's
+  // shard up from the host before it).
+  double host_copy_bytes = 0;
 };
 
 // Why a slot is allocated; the executor acts on it, the dry run only counts.
@@ -188,6 +203,16 @@ struct StateTensor {
   std::string what;
 };
 std::vector<StateTensor> model_state_tensors(const Model& m, int world, const TrainingConfig& cfg);
+
+// CPU offload (DESIGN.md, "Strategies"): what one rank keeps in host memory,
+// in the executor's order (per unit: the parameter shard under --offload
+// params, the fp32 gradient shard the host accumulates; then per unit the
+// optimizer's fp32 master copy, m, v). The master copy is there under fp32
+// too: the host updates it, and the device's parameters are copied from it.
+// Empty without offload. host_states() sums it by category (params, grads,
+// optimizer; the other categories 0).
+std::vector<StateTensor> host_state_tensors(const Model& m, int world, const TrainingConfig& cfg);
+CategoryBytes host_states(const Model& m, int world, const TrainingConfig& cfg);
 
 // Flat per-unit layout shared by planner and executor: unit u's parameters in
 // node order, padded to a multiple of the world size for the sharded strategies.

@@ -17,6 +17,12 @@ enum class Precision { fp32, bf16_mixed };
 enum class OptimizerKind { adamw, sgd, sgd_momentum };
 enum class Checkpointing { none, units };
 enum class AttentionImpl { math, flash };
+// CPU offload (DESIGN.md, "Strategies"): `optimizer` keeps the optimizer
+// state (fp32 master weights included) and the gradients on their way to it
+// in host memory, where the optimizer steps (ZeRO-Offload); `params` (zero3,
+// hsdp3) keeps the parameter shards there too, copied to the device for each
+// gather (FSDP's CPUOffload(offload_params=True)).
+enum class Offload { none, optimizer, params };
 
 inline constexpr std::array<Strategy, 6> kAllStrategies = {Strategy::ddp,   Strategy::zero1, Strategy::zero2,
                                                            Strategy::zero3, Strategy::hsdp2, Strategy::hsdp3};
@@ -33,12 +39,14 @@ std::string to_string(Precision p);
 std::string to_string(OptimizerKind o);
 std::string to_string(Checkpointing c);
 std::string to_string(AttentionImpl a);
+std::string to_string(Offload o);
 // Parsers throw dlplan::Error listing the accepted names.
 Strategy parse_strategy(std::string_view s);
 Precision parse_precision(std::string_view s);
 OptimizerKind parse_optimizer(std::string_view s);
 Checkpointing parse_checkpointing(std::string_view s);
 AttentionImpl parse_attention(std::string_view s);
+Offload parse_offload(std::string_view s);
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::adamw;
@@ -65,7 +73,19 @@ struct TrainingConfig {
   bool syncbn = false;
   int syncbn_group = 0;        // ranks per SyncBN group; 0: all ranks
   int shard_group = 0;         // hsdp2 / hsdp3: ranks per shard group; 0: all ranks (the request sets one node)
+  Offload offload = Offload::none;
 };
+
+// Why `t.offload` cannot go with `t.strategy` ("" when it can): the
+// optimizer offload needs a ZeRO stage (the optimizer runs on a shard), the
+// parameter offload a stage that shards parameters (zero3, hsdp3).
+std::string offload_conflict(const TrainingConfig& t);
+
+// Does the device keep any gradient under offload? The host accumulates the
+// gradient shards that ZeRO-2/3 reduce-scatter in backward; ZeRO-1 (and any
+// strategy on one rank) keeps its full gradients on the device until the
+// step's end, and the optimizer's shard of them goes down then.
+bool offload_streams_grads(const TrainingConfig& t, int64_t world);
 
 // Ranks the model states are sharded over: the shard group under hsdp2 /
 // hsdp3, else the whole data-parallel world.

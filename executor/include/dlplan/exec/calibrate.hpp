@@ -4,6 +4,7 @@
 //   - GEMM throughput: the backend's linear op at the model's shapes (or a
 //     default set), all ranks at once so shared cores are accounted for;
 //   - memory bandwidth: a large copy; per-op overhead: a tiny op, many times;
+//   - the optimizer step on the host (CPU offload's), every rank at once;
 //   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
 //     2(n-1)/n * S / bandwidth (least squares; nccl-tests' busbw convention).
 // Backend-neutral: the CUDA backend plugs into the same measurements.
@@ -33,6 +34,7 @@ struct Calibration {
   std::vector<CollectiveSample> all_reduce;
   double copy_bytes_per_s = 0;
   double op_overhead_s = 0;
+  double host_optimizer_bytes_per_s = 0;  // CPU offload's optimizer step, all ranks of the node at once
   double latency_s = 0, bus_bytes_per_s = 0;  // the all-reduce fit
 };
 

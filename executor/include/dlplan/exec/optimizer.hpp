@@ -16,7 +16,11 @@ double learning_rate(const OptimizerConfig& o, int step, int total);
 
 class Optimizer {
  public:
-  Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& alloc);
+  // `host`: under CPU offload (store.offloaded()), the pool that holds the
+  // state (an fp32 master copy whatever the precision, m, v), where the step
+  // runs on the CPU; the updated parameters are then uploaded to the device
+  // (or, under --offload params, narrowed into the host's parameter shard).
+  Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& alloc, Allocator* host = nullptr);
   // The global gradient norm before clipping. `comm` sums the shards' squares
   // when the gradients are sharded.
   double step(int step_index, int total_steps, Communicator& comm);
@@ -33,7 +37,8 @@ class Optimizer {
   OptimizerConfig cfg_;
   ParamStore& store_;
   std::vector<Tensor> m_, v_;  // per unit, this rank's shard
-  std::vector<Tensor> master_;  // per unit, this rank's shard in fp32 (bf16 parameters only)
+  std::vector<Tensor> master_;  // per unit, this rank's shard in fp32 (bf16 parameters, or offload)
+  std::unique_ptr<DeviceOps> host_ops_;  // offload: the CPU's loops over the host pool
   int t_ = 0;
 };
 

@@ -37,8 +37,10 @@ class ParamStore {
   // `world` and `rank`: the data-parallel world and this rank in it. Under
   // hybrid sharding the store shards over the shard group, so world() is the
   // group's size and rank() the rank in it; replica() is the group's index.
+  // `host`: the host pool for CPU offload (required when t.offload is set):
+  // the fp32 gradient shards and, under --offload params, the parameter shards.
   ParamStore(const Model& m, const TrainingConfig& t, int world, int rank, Allocator& alloc, uint64_t seed,
-             DeviceOps* ops = nullptr);
+             DeviceOps* ops = nullptr, Allocator* host = nullptr);
   DeviceOps& ops() const { return *ops_; }
 
   int world() const { return world_; }    // ranks the states are sharded over
@@ -53,6 +55,14 @@ class ParamStore {
 
   Strategy strategy() const { return strategy_; }
   bool sharded() const { return sharded_; }  // any ZeRO stage on more than one rank
+  // CPU offload (step_program.hpp): the optimizer reads host_grads(u), fp32
+  // and shard_size(u) long. They arrive as backward reduce-scatters each
+  // shard (streams_grads()), or at the optimizer from device_owned_grads(u).
+  bool offloaded() const { return offload_ != Offload::none; }
+  bool params_on_host() const { return offload_ == Offload::params && sharding(strategy_, world_).params; }
+  bool streams_grads() const { return streams_grads_; }
+  Span host_grads(int u) const { return host_grads_[static_cast<size_t>(u)].span(); }
+  Span device_owned_grads(int u) const;
 
   Tensor& params(int u) { return params_[static_cast<size_t>(u)]; }  // full (or zero3: the shard)
   Tensor& grads(int u) { return grads_[static_cast<size_t>(u)]; }    // full (or zero2/3: the shard)
@@ -66,7 +76,8 @@ class ParamStore {
   std::vector<Tensor> buffer_views(int node) const;
 
   // This rank's slice of unit u: parameters and gradients the optimizer
-  // updates (in the storage dtype: bf16 under bf16-mixed).
+  // updates (in the storage dtype: bf16 under bf16-mixed; under offload the
+  // gradients are the host's fp32 shard).
   Span owned_params(int u);
   Span owned_grads(int u) const;
   DType dtype() const { return dtype_; }  // of parameters and gradients
@@ -93,10 +104,13 @@ class ParamStore {
   DType dtype_;
   int world_, rank_, replica_;
   bool sharded_;
+  Offload offload_;
+  bool streams_grads_;
   std::vector<int64_t> size_, padded_;
   std::vector<std::pair<int, int64_t>> where_;
   std::vector<std::vector<DecaySegment>> segments_;
   std::vector<Tensor> params_, grads_, gathered_, staging_;
+  std::vector<Tensor> host_grads_;            // CPU offload: fp32 shards in the host pool
   std::vector<std::vector<Tensor>> buffers_;  // per node
   std::vector<std::vector<int>> node_params_; // per node: Model::params indices (tied weight first)
 };

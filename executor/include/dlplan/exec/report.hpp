@@ -22,6 +22,7 @@ struct RankMemory {
   int64_t rss_bytes = 0;
   int64_t runtime_bytes = 0;   // device memory in use outside the allocator (CUDA; 0 on the CPU)
   int64_t reserved_bytes = 0;  // the allocator's cached, unused bytes (CUDA's caching allocator)
+  CategoryBytes host{};        // CPU offload: the host pool's most per category
 };
 
 struct RunMeasurement {

@@ -67,6 +67,8 @@ class Trainer {
   StepStats step();  // one optimizer step (grad_accum micro-batches)
   int steps_done() const { return step_; }
   Allocator& allocator() { return alloc_; }
+  // CPU offload's host pool (empty without offload): measured apart from the device's.
+  Allocator& host_allocator() { return host_alloc_; }
   DeviceOps& device_ops() { return *ops_; }
   // DESIGN.md's `runtime` (the CUDA context, cuBLAS, NCCL: device memory in use
   // outside the allocator; 0 on the CPU) and the allocator's cached, unused bytes.
@@ -100,6 +102,9 @@ class Trainer {
   TrainOptions opt_;
   std::unique_ptr<DeviceOps> ops_;  // outlives the store and optimizer that use it
   Allocator alloc_;
+  Allocator host_alloc_;  // CPU offload (step_program.hpp's host_state_tensors); outlives the store
+  std::unique_ptr<DeviceOps> host_ops_;  // loops over host_alloc_'s tensors
+  std::vector<float> transfer_;          // offload: a reduced gradient shard on its way down (pinned, on a GPU)
   Tensor one_;  // d(loss)/d(loss) = 1, outside the accounting (released before alloc_ goes)
   Tensor gemm_workspace_;  // the plan's GEMM workspace, handed to the backend (CUDA: cuBLAS)
   std::unique_ptr<ParamStore> store_;
@@ -114,6 +119,7 @@ class Trainer {
   // Hybrid sharding: the shard group's handle (0, the world, otherwise), the
   // replicas' (strided) group, and the shard group's on the host communicator.
   int shard_group_ = 0, replica_group_ = 0, host_shard_group_ = 0;
+  int host_replica_group_ = 0;  // offload: the replicas' group on the host communicator
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
   int started_at_ = 0;  // the step this process began at (resume_at)
