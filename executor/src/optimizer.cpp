@@ -47,7 +47,7 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
   // Offload: the gradients that backward did not stream to the host (ZeRO-1's
   // shard of its full gradients, one rank's all) go down now, widened to fp32.
   if (offload && !store_.streams_grads())
-    for (int u = 0; u < store_.units(); ++u) store_.ops().download_floats(store_.host_grads(u).f(), store_.device_owned_grads(u));
+    for (int u = 0; u < store_.units(); ++u) store_.ops().download_floats(static_cast<float*>(store_.host_grads(u).data), store_.device_owned_grads(u));
   DeviceOps& ops = offload ? *host_ops_ : store_.ops();  // where the state lives
   // Global norm: each rank sums the squares of what it owns; sharded
   // gradients are summed across ranks, replicated ones counted once.

@@ -12,6 +12,7 @@
 //  - control: offload moved bytes: the device's optimizer category is 0
 //    and the host's is not.
 // Prints "N passed, M failed" (rank 0) and exits non-zero on any failure.
+#include "dlplan/exec/device.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/trainer.hpp"
