@@ -131,3 +131,22 @@ TEST(CliExplain, ComparesWithDeepSpeedsEstimator) {
 }
 
 }  // namespace
+
+TEST(CliTable, OffloadShowsHostMemoryPerNodeAndOnlyTheStrategiesItGoesWith) {
+  Result r = run("--model gpt2 --gpus 8 --offload optimizer");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Host memory per node under --offload optimizer")) << r.out;
+  const auto data = rows(r.out);
+  for (const auto& row : data) EXPECT_NE(row.rfind("ddp ", 0), 0u) << "ddp cannot offload its optimizer:\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "CPU offload of the gradients and optimizer")) << r.out;
+  // Usage errors name the flag and what it needs.
+  Result bad = run("--model tiny-gpt --gpus 4 --strategy zero2 --offload params");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "--offload params needs a strategy that shards parameters")) << bad.err;
+  // JSON: each strategy's host memory per node.
+  Result j = run("--model gpt2 --gpus 8 --offload params --format json");
+  ASSERT_EQ(j.status, 0) << j.err;
+  const auto doc = nlohmann::json::parse(j.out);
+  ASSERT_GE(doc.at("strategies").size(), 1u);
+  for (const auto& s : doc.at("strategies")) EXPECT_GT(s.at("host").at("per_node").get<double>(), 0) << s.dump();
+}

@@ -450,3 +450,31 @@ TEST(SimCli, EditedPlanIsRefusedUnlessAllowed) {
 }
 
 }  // namespace
+
+// CPU offload end to end: the plan's host states, the run's host pool
+// measured apart, and the same bytes in the report (and the table).
+TEST(TrainCli, OffloadReportsHostMemoryMeasuredAndPredicted) {
+  SKIP_WITHOUT_MPIEXEC();
+  const std::string plan = make_plan("tiny-gpt", 2, 2, "offload_2.json", {"--strategy", "zero3", "--offload", "params"});
+  const std::string report = temp_path("offload_report.json");
+  std::remove(report.c_str());
+  const Job j = mpi_train(2, {"--plan", plan, "--steps", "3", "--report", report});
+  ASSERT_TRUE(j.finished) << "hung:\n" << j.all();
+  ASSERT_EQ(j.exit_code, 0) << j.all();
+  EXPECT_TRUE(contains(j.out, "Host memory (CPU offload), measured against predicted")) << j.out;
+  const Json r = read_json(report), p = read_json(plan);
+  ASSERT_TRUE(p["predicted"].contains("host")) << p.dump(1);
+  ASSERT_TRUE(r["measured"].contains("host")) << r.dump(1);
+  for (const char* c : {"params", "grads", "optimizer"}) {
+    EXPECT_GT(p["predicted"]["host"].value(c, 0), 0) << c;
+    EXPECT_EQ(r["measured"]["host"].value(c, -1), p["predicted"]["host"].value(c, -2)) << c;
+    EXPECT_EQ(r["measured"]["memory"].value(c, -1), 0) << "the device keeps no " << c << " (tiny-gpt has no buffers)";
+  }
+  // --checkpoint-dir does not save offloaded state: refused, naming the plan.
+  const Job k = mpi_train(2, {"--plan", plan, "--steps", "1", "--checkpoint-dir", temp_path("offload_ckpt")});
+  ASSERT_TRUE(k.finished) << k.all();
+  EXPECT_EQ(k.exit_code, 1) << k.all();
+  EXPECT_TRUE(contains(k.err, "--checkpoint-dir does not save CPU-offloaded state")) << k.err;
+  std::remove(plan.c_str());
+  std::remove(report.c_str());
+}
