@@ -19,6 +19,8 @@
 #include "dlplan/step_program.hpp"
 #include "dlplan/zoo.hpp"
 
+#include "sharding_fixtures.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -26,29 +28,10 @@
 #include <algorithm>
 
 using namespace dlplan;
+using sharding_fixtures::nodes_of;
+using sharding_fixtures::small_gpt;
 
 namespace {
-
-Cluster nodes_of(int nodes, int per_node, const char* kind = "h100-80g") {
-  Cluster c;
-  c.device = find_device(kind);
-  c.device.alloc_granularity_bytes = 1;  // the formulas count bytes, not 512 B blocks
-  c.nodes = nodes;
-  c.gpus_per_node = per_node;
-  return c;
-}
-
-Model small_gpt(int layers = 3) {
-  zoo::GptConfig c;
-  c.name = "gpt-test";
-  c.layers = layers;
-  c.hidden = 64;
-  c.heads = 4;
-  c.context = 32;
-  c.vocab = 64;
-  c.dropout = 0;
-  return parse_model(nlohmann::json(zoo::build_gpt(c)), "gpt-test");
-}
 
 TrainingConfig offloaded(Strategy s, Offload o, Precision p = Precision::bf16_mixed) {
   TrainingConfig t;

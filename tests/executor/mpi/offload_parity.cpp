@@ -20,6 +20,8 @@
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
 
+#include "parity_checks.hpp"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -27,41 +29,10 @@
 
 using namespace dlplan;
 using namespace dlplan::exec;
+using parity::Checks;
+using parity::relative_l2;
 
 namespace {
-
-struct Checks {
-  int passed = 0, failed = 0;
-  bool verbose = false;
-  void expect(bool ok, const std::string& what) {
-    ok ? ++passed : ++failed;
-    if (!ok || verbose) fmt::print(stderr, "{}: {}\n", ok ? "ok" : "FAILED", what);
-  }
-};
-
-PlanDocument make_plan(const std::string& model, int ranks, int64_t micro_batch, int64_t accum, Strategy s,
-                       Offload offload) {
-  PlanRequest req;
-  req.model = load_model(model);
-  req.cluster.device = find_device("cpu");
-  req.cluster.nodes = 1;
-  req.cluster.gpus_per_node = ranks;
-  if (hybrid(s) && ranks >= 4) {  // two groups of ranks / 2: hybrid sharding proper
-    req.cluster.nodes = 2;
-    req.cluster.gpus_per_node = ranks / 2;
-    req.training.shard_group = ranks / 2;
-  }
-  req.training.precision = Precision::fp32;
-  req.training.micro_batch = micro_batch;
-  req.training.grad_accum = accum;
-  req.training.optimizer.lr = 1e-3;
-  req.training.bucket_mb = 0.05;
-  req.training.offload = offload;
-  req.forced = s;
-  req.syncbn = model == "tiny-cnn" && ranks > 1 ? SyncBnMode::on : SyncBnMode::off;
-  Planning p = plan(req);
-  return plan_from_json(nlohmann::json(plan_json(p, *p.chosen())), model + " plan");
-}
 
 std::vector<float> train(const PlanDocument& plan, Communicator& comm, Backend& backend, int steps,
                          Checks* checks = nullptr) {
@@ -95,16 +66,6 @@ std::vector<float> train(const PlanDocument& plan, Communicator& comm, Backend& 
   return t.full_parameters();
 }
 
-double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 1e30;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,10 +86,10 @@ int main(int argc, char** argv) {
     for (const std::string model : {"tiny-gpt", "tiny-cnn", "tiny-mlp"})
       for (const int64_t A : {int64_t{1}, int64_t{3}}) {
         std::vector<float> ref;
-        if (root) ref = train(make_plan(model, 1, N * b, A, Strategy::ddp, Offload::none), *single, *backend, steps);
+        if (root) ref = train(parity::make_plan(model, 1, N * b, A, Strategy::ddp, false), *single, *backend, steps);
         for (const auto& [s, off] : cases) {
-          const std::vector<float> plain = train(make_plan(model, N, b, A, s, Offload::none), *comm, *backend, steps);
-          const std::vector<float> got = train(make_plan(model, N, b, A, s, off), *comm, *backend, steps, &checks);
+          const std::vector<float> plain = train(parity::make_plan(model, N, b, A, s, model == "tiny-cnn"), *comm, *backend, steps);
+          const std::vector<float> got = train(parity::make_plan(model, N, b, A, s, model == "tiny-cnn", off), *comm, *backend, steps, &checks);
           if (!root) continue;
           const double d = relative_l2(got, plain), d1 = relative_l2(got, ref);
           checks.expect(d <= 1e-6, fmt::format("{} {} --offload {} x{} on {} ranks = without offload: rel L2 {:.2e}",
@@ -140,9 +101,9 @@ int main(int argc, char** argv) {
       }
     // One rank: any ZeRO stage with offload is the whole model on the host.
     if (root) {
-      const std::vector<float> plain = train(make_plan("tiny-gpt", 1, b, 1, Strategy::ddp, Offload::none), *single, *backend, steps);
+      const std::vector<float> plain = train(parity::make_plan("tiny-gpt", 1, b, 1, Strategy::ddp, false), *single, *backend, steps);
       const std::vector<float> got =
-          train(make_plan("tiny-gpt", 1, b, 1, Strategy::zero2, Offload::optimizer), *single, *backend, steps, &checks);
+          train(parity::make_plan("tiny-gpt", 1, b, 1, Strategy::zero2, false, Offload::optimizer), *single, *backend, steps, &checks);
       const double d = relative_l2(got, plain);
       checks.expect(d <= 1e-6, fmt::format("tiny-gpt zero2 --offload optimizer on one rank = ddp: rel L2 {:.2e}", d));
     }

@@ -21,6 +21,8 @@
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
 
+#include "parity_checks.hpp"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -28,39 +30,11 @@
 
 using namespace dlplan;
 using namespace dlplan::exec;
+using parity::Checks;
+using parity::make_plan;
+using parity::relative_l2;
 
 namespace {
-
-struct Checks {
-  int passed = 0, failed = 0;
-  bool verbose = false;
-  void expect(bool ok, const std::string& what) {
-    ok ? ++passed : ++failed;
-    if (!ok || verbose) fmt::print(stderr, "{}: {}\n", ok ? "ok" : "FAILED", what);
-  }
-};
-
-PlanDocument make_plan(const std::string& model, int ranks, int64_t micro_batch, int64_t accum, Strategy s, bool syncbn) {
-  PlanRequest req;
-  req.model = load_model(model);
-  req.cluster.device = find_device("cpu");
-  req.cluster.nodes = 1;
-  req.cluster.gpus_per_node = ranks;
-  if (hybrid(s) && ranks >= 4) {  // two groups of ranks / 2: hybrid sharding proper
-    req.cluster.nodes = 2;
-    req.cluster.gpus_per_node = ranks / 2;
-    req.training.shard_group = ranks / 2;
-  }
-  req.training.precision = Precision::fp32;
-  req.training.micro_batch = micro_batch;
-  req.training.grad_accum = accum;
-  req.training.optimizer.lr = 1e-3;
-  req.training.bucket_mb = 0.05;  // several buckets even for tiny models
-  req.forced = s;
-  req.syncbn = syncbn ? SyncBnMode::on : SyncBnMode::off;
-  Planning p = plan(req);
-  return plan_from_json(nlohmann::json(plan_json(p, *p.chosen())), model + " plan");
-}
 
 struct Result {
   std::vector<float> params, buffers;
@@ -87,16 +61,6 @@ Result train(const PlanDocument& plan, Communicator& comm, Backend& backend, uin
     }
   }
   return {t.full_parameters(), t.buffers()};
-}
-
-double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 1e30;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 }  // namespace
