@@ -43,15 +43,7 @@ std::vector<float> train(const PlanDocument& plan, Communicator& comm, Backend& 
   if (checks) {
     const std::string label = fmt::format("{} {} offload {} x{} rank {}", plan.model.name, to_string(plan.training.strategy),
                                           to_string(plan.training.offload), plan.training.grad_accum, comm.rank());
-    const StepWalk w = walk_step(plan.model, plan.cluster, plan.training);
-    const CategoryBytes got = t.allocator().at_peak();
-    const double peak = static_cast<double>(t.allocator().peak()), want = static_cast<double>(w.peak);
-    checks->expect(std::fabs(peak - want) <= 0.03 * want, fmt::format("{}: device peak {} within 3% of predicted {}", label, peak, want));
-    for (Category c : kAllCategories) {
-      const double a = static_cast<double>(got[static_cast<size_t>(c)]), b = static_cast<double>(w.at_peak[static_cast<size_t>(c)]);
-      checks->expect(std::fabs(a - b) <= std::max(0.03 * b, 65536.0),
-                     fmt::format("{}: device {} {} vs predicted {}", label, to_string(c), a, b));
-    }
+    parity::expect_device_memory(*checks, t, plan, label + " device");
     const CategoryBytes host = t.host_allocator().max_each();
     const CategoryBytes host_want = host_states(plan.model, comm.size(), plan.training);
     for (Category c : kAllCategories)

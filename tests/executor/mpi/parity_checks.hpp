@@ -3,6 +3,7 @@
 // parities are judged by, and a cpu plan for N ranks of one strategy.
 #pragma once
 
+#include "dlplan/exec/trainer.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -61,6 +62,22 @@ inline dlplan::PlanDocument make_plan(const std::string& model, int ranks, int64
   req.syncbn = syncbn ? SyncBnMode::on : SyncBnMode::off;
   Planning p = plan(req);
   return plan_from_json(nlohmann::json(plan_json(p, *p.chosen())), model + " plan");
+}
+
+// The device pool against the planner's walk: the peak within 3%, every
+// category at that moment within 3% or 64 KiB.
+inline void expect_device_memory(Checks& checks, dlplan::exec::Trainer& t, const dlplan::PlanDocument& plan,
+                                 const std::string& label) {
+  using namespace dlplan;
+  const StepWalk w = walk_step(plan.model, plan.cluster, plan.training);
+  const CategoryBytes got = t.allocator().at_peak();
+  const double peak = static_cast<double>(t.allocator().peak()), want = static_cast<double>(w.peak);
+  checks.expect(std::fabs(peak - want) <= 0.03 * want, fmt::format("{}: peak {} within 3% of predicted {}", label, peak, want));
+  for (Category c : kAllCategories) {
+    const double a = static_cast<double>(got[static_cast<size_t>(c)]), b = static_cast<double>(w.at_peak[static_cast<size_t>(c)]);
+    checks.expect(std::fabs(a - b) <= std::max(0.03 * b, 65536.0),
+                  fmt::format("{}: {} {} vs predicted {}", label, to_string(c), a, b));
+  }
 }
 
 }  // namespace parity

@@ -47,19 +47,9 @@ Result train(const PlanDocument& plan, Communicator& comm, Backend& backend, uin
   opt.seed = seed;
   Trainer t(plan, comm, backend, opt);
   for (int s = 0; s < steps; ++s) t.step();
-  if (memory_checks) {
-    const StepWalk w = walk_step(plan.model, plan.cluster, plan.training);
-    const CategoryBytes got = t.allocator().at_peak();
-    const double peak = static_cast<double>(t.allocator().peak()), want = static_cast<double>(w.peak);
-    const std::string label = fmt::format("{} {} rank {}", plan.model.name, to_string(plan.training.strategy), comm.rank());
-    memory_checks->expect(std::fabs(peak - want) <= 0.03 * want,
-                          fmt::format("{}: peak {} within 3% of predicted {}", label, peak, want));
-    for (Category c : kAllCategories) {
-      const double a = static_cast<double>(got[static_cast<size_t>(c)]), b = static_cast<double>(w.at_peak[static_cast<size_t>(c)]);
-      memory_checks->expect(std::fabs(a - b) <= std::max(0.03 * b, 65536.0),
-                            fmt::format("{}: {} {} vs predicted {}", label, to_string(c), a, b));
-    }
-  }
+  if (memory_checks)
+    parity::expect_device_memory(*memory_checks, t, plan,
+                                 fmt::format("{} {} rank {}", plan.model.name, to_string(plan.training.strategy), comm.rank()));
   return {t.full_parameters(), t.buffers()};
 }
 
