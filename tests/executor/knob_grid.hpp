@@ -20,16 +20,18 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dlplan::exec::knobs {
 
 // The factors and their levels; level 0 of each is the default.
-enum Factor { kModel, kStrategy, kPrecision, kCheckpointing, kAttention, kAccum, kPrefetch, kBucket, kSyncBn, kFactors };
+enum Factor { kModel, kStrategy, kPrecision, kCheckpointing, kAttention, kAccum, kPrefetch, kBucket, kSyncBn, kOffload, kFactors };
 inline const std::array<std::vector<std::string>, kFactors>& levels() {
   static const std::array<std::vector<std::string>, kFactors> l = {{
       {"tiny-gpt", "tiny-mlp", "tiny-cnn", "tiny-vit"},
@@ -41,19 +43,33 @@ inline const std::array<std::vector<std::string>, kFactors>& levels() {
       {"1", "0", "2"},  // ZeRO-3 prefetch (units gathered ahead)
       {"25", "0.01"},   // DDP bucket MB: one bucket, or one per parameter
       {"off", "on"},    // SyncBN (BatchNorm models only)
+      {"none", "optimizer", "params"},  // CPU offload (optimizer: ZeRO strategies; params: zero3)
   }};
   return l;
 }
 inline const char* factor_name(int f) {
   static const char* names[] = {"model", "strategy", "precision", "checkpointing", "attention",
-                                "grad-accum", "prefetch", "bucket-mb", "syncbn"};
+                                "grad-accum", "prefetch", "bucket-mb", "syncbn", "offload"};
   return names[f];
 }
 
 using Config = std::array<int, kFactors>;  // a level index per factor
 
-// SyncBN exists only where there is BatchNorm (tiny-cnn).
-inline bool feasible(const Config& c) { return c[kSyncBn] == 0 || c[kModel] == 2; }
+// Pairs of levels no plan can hold: SyncBN without BatchNorm (only tiny-cnn
+// has it); offload under ddp (the optimizer runs on a shard); parameter
+// offload on a strategy that does not shard parameters (only zero3 here).
+inline bool pair_feasible(int f1, int l1, int f2, int l2) {
+  if (f1 > f2) std::swap(f1, f2), std::swap(l1, l2);
+  if (f1 == kModel && f2 == kSyncBn) return l2 == 0 || l1 == 2;
+  if (f1 == kStrategy && f2 == kOffload) return l2 == 0 || (l1 != 0 && (l2 == 1 || l1 == 3));
+  return true;
+}
+inline bool feasible(const Config& c) {
+  for (int f1 = 0; f1 < kFactors; ++f1)
+    for (int f2 = f1 + 1; f2 < kFactors; ++f2)
+      if (!pair_feasible(f1, c[f1], f2, c[f2])) return false;
+  return true;
+}
 
 inline std::string describe(const Config& c) {
   std::string s;
@@ -69,6 +85,7 @@ inline std::vector<Config> single_knob_changes() {
       Config c{};
       c[f] = l;
       if (f == kSyncBn) c[kModel] = 2;  // SyncBN needs BatchNorm
+      if (f == kOffload) c[kStrategy] = 3;  // zero3 takes either offload
       out.push_back(c);
     }
   return out;
@@ -86,8 +103,7 @@ inline std::vector<Config> pairwise() {
     for (int f2 = f1 + 1; f2 < kFactors; ++f2)
       for (int l1 = 0; l1 < static_cast<int>(L[f1].size()); ++l1)
         for (int l2 = 0; l2 < static_cast<int>(L[f2].size()); ++l2) {
-          // The one infeasible pair: SyncBN on a model without BatchNorm.
-          if (f1 == kModel && f2 == kSyncBn && l2 == 1 && l1 != 2) continue;
+          if (!pair_feasible(f1, l1, f2, l2)) continue;
           uncovered.insert(key(f1, l1, f2, l2));
         }
   auto gain = [&](const Config& c) {
@@ -121,6 +137,7 @@ inline std::vector<Config> pairwise() {
         fixed[static_cast<size_t>(f)] = true;
       }
       if (!feasible(c)) c[kSyncBn] = 0;
+      if (!feasible(c)) c[kOffload] = 0;
       const int g = gain(c);
       if (g > best_gain) best = c, best_gain = g;
     }
@@ -168,6 +185,7 @@ inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0,
   t.prefetch = std::stoi(L[kPrefetch][k[kPrefetch]]);
   t.bucket_mb = std::stod(L[kBucket][k[kBucket]]);
   t.optimizer.lr = 1e-3;
+  t.offload = parse_offload(L[kOffload][k[kOffload]]);
   req.forced = parse_strategy(L[kStrategy][k[kStrategy]]);
   req.syncbn = k[kSyncBn] ? SyncBnMode::on : SyncBnMode::off;
   Planning p = plan(req);
@@ -177,11 +195,14 @@ inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0,
 // What one configuration measured against what its plan predicted.
 struct Outcome {
   CategoryBytes measured{}, predicted{};
+  CategoryBytes host_measured{}, host_predicted{};  // CPU offload's host pool (0 without)
   int64_t peak_measured = 0, peak_predicted = 0;
   int64_t ledger_worst = 0;    // largest |measured - program| after any op
   std::string ledger_where;
   double loss = 0;
-  bool equal() const { return measured == predicted && peak_measured == peak_predicted && ledger_worst == 0; }
+  bool equal() const {
+    return measured == predicted && host_measured == host_predicted && peak_measured == peak_predicted && ledger_worst == 0;
+  }
 };
 
 // Host memory whose blocks are requests rounded up to `granularity` bytes, as
@@ -219,6 +240,8 @@ inline Outcome run_config(const Config& k, Communicator& comm, Backend& backend,
   o.predicted = w.at_peak;
   o.peak_measured = t.allocator().peak();
   o.peak_predicted = w.peak;
+  o.host_measured = t.host_allocator().max_each();
+  o.host_predicted = host_states(plan.model, comm.size(), plan.training);
   o.ledger_worst = t.ledger_check().worst_bytes;
   o.ledger_where = t.ledger_check().where;
   return o;
@@ -229,6 +252,10 @@ inline std::string mismatch(const Outcome& o) {
   for (Category c : kAllCategories)
     if (o.measured[static_cast<size_t>(c)] != o.predicted[static_cast<size_t>(c)])
       s += fmt::format("; {} {} / {}", to_string(c), o.measured[static_cast<size_t>(c)], o.predicted[static_cast<size_t>(c)]);
+  for (Category c : kAllCategories)
+    if (o.host_measured[static_cast<size_t>(c)] != o.host_predicted[static_cast<size_t>(c)])
+      s += fmt::format("; host {} {} / {}", to_string(c), o.host_measured[static_cast<size_t>(c)],
+                       o.host_predicted[static_cast<size_t>(c)]);
   if (o.ledger_worst) s += fmt::format("; after an op {} B apart ({})", o.ledger_worst, o.ledger_where);
   return s + " (measured / predicted)";
 }
