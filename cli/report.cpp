@@ -77,7 +77,7 @@ void print_header(const Planning& p) {
 // CPU offload: what each node's host memory holds for its ranks (DESIGN.md,
 // "Strategies"), against the cluster's host_memory_bytes.
 void print_host_memory(const Planning& p) {
-  fmt::print("\nHost memory per node under --offload {} (all its ranks; the device columns above hold none of it):\n",
+  fmt::print("Host memory per node under --offload {} (all its ranks; the device columns above hold none of it):\n",
              to_string(p.request.training.offload));
   fmt::print("{:<9}{:>12}{:>12}{:>12}{:>12}{:>14}  {}\n", "strategy", "params", "grads", "optimizer", "total", "of", "fits");
   for (const auto& r : p.results) {
@@ -89,6 +89,7 @@ void print_host_memory(const Planning& p) {
                                                                                 : "not given",
                h.fits ? "yes" : "NO");
   }
+  fmt::print("\n");
 }
 
 }  // namespace
@@ -127,9 +128,9 @@ void print_table(const Planning& p) {
   fmt::print("\nMemory per GPU at the step's peak (comm-buf: communication buffers). Fits: peak + runtime + {:.0f}% "
              "fragmentation margin <= {}.\n",
              kFragmentationMargin * 100, format_bytes(static_cast<double>(device_capacity(p.request.cluster))));
-  if (p.request.training.offload != Offload::none) print_host_memory(p);
   fmt::print("Traffic: bytes one GPU sends per step. Times from the step simulator: communication overlaps compute\n"
              "where the strategy allows; step = compute + the communication compute waits for (dlplan sim, --timeline).\n\n");
+  if (p.request.training.offload != Offload::none) print_host_memory(p);
   for (const auto& line : recommendation_lines(p)) fmt::print("{}\n", line);
 }
 

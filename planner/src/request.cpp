@@ -253,6 +253,11 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
                                  "--shard-group)",
                                  to_string(*r.forced), t.shard_group,
                                  f.shard_group ? "--shard-group" : "one node of 1 GPU"));
+  // Parameter offload moves shards; one rank (or a group of one) has none.
+  if (t.offload == Offload::params && shard_world(t, N) < 2)
+    throw UsageError(fmt::format("--offload params moves parameter shards, and {} shards nothing: use --offload "
+                                 "optimizer, or 2 or more GPUs",
+                                 N == 1 ? "one GPU" : "a shard group of one GPU"));
   r.explain = f.explain;
   validate(r);
   try {  // the limits every reader enforces (limits.hpp), here as usage errors

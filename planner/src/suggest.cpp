@@ -104,6 +104,7 @@ std::vector<SuggestedChange> suggest_changes(const PlanRequest& req, const Train
   // and the copies, as the simulator times them.
   if (base.offload == Offload::none)
     for (Offload o : {Offload::optimizer, Offload::params}) {
+      if (o == Offload::params && req.cluster.world() < 2) continue;  // one rank shards no parameters
       Candidate c = with(fmt::format("CPU offload (--offload {})", to_string(o)), [o](Candidate& x) { x.training.offload = o; });
       std::erase_if(c.strategies, [&](Strategy s) {
         TrainingConfig t = c.training;

@@ -225,6 +225,11 @@ TEST(Offload, FlagsAndComparedStrategies) {
   f.strategy = "ddp";
   f.offload = "optimizer";
   EXPECT_THROW(build_request(f), UsageError);  // the optimizer runs on a shard
+  f.offload = "params";
+  f.strategy = "zero3";
+  f.gpus = 1;
+  EXPECT_THROW(build_request(f), UsageError);  // one rank has no parameter shards to move
+  f.gpus = 4;
   f.offload = "disk";
   f.strategy = "zero2";
   EXPECT_THROW(build_request(f), UsageError);
