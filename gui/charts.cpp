@@ -225,7 +225,10 @@ QChartView* makeSweepChart(SweepModel* model, bool memory, QWidget* parent) {
   }
   auto refresh = [=] {
     double top = 0;
-    for (auto* l : lines) top = std::max(top, maxY(l));
+    for (auto* l : lines) {
+      top = std::max(top, maxY(l));
+      l->setVisible(maxY(l) > 0);  // a strategy the planning did not compare (ddp under --offload)
+    }
     if (capacity) top = std::min(std::max(top, maxY(capacity)), 3 * std::max(maxY(capacity), 1.0));
     fitY(y, top);
   };

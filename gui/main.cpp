@@ -55,6 +55,8 @@ void describe(QCommandLineParser& p) {
   opt("strategy", "Force one strategy: ddp, zero1, zero2, zero3, hsdp2, hsdp3", "S");
   opt("bucket-mb", "DDP / ZeRO-1 gradient bucket size, MiB (default 25)", "MB");
   opt("prefetch", "ZeRO-3 units gathered ahead (default 1)", "U");
+  opt("shard-group", "hsdp2 / hsdp3: ranks per shard group, contiguous (default: one node)", "G");
+  opt("offload", "CPU offload: none, optimizer or params (zero3, hsdp3)", "O");
   opt("screenshot", "Render the window after the first recompute to this PNG and exit", "FILE");
   opt("size", "Window size for --screenshot, WxH (default 1680x1050)", "WxH");
 }
@@ -105,6 +107,8 @@ Inputs parse(const QCommandLineParser& p) {
   if (p.isSet("syncbn")) in.syncbn = str("syncbn");
   if (p.isSet("bucket-mb")) in.bucket_mb = real("bucket-mb");
   if (p.isSet("prefetch")) in.prefetch = static_cast<int>(num("prefetch"));
+  if (p.isSet("shard-group")) in.shard_group = static_cast<int>(num("shard-group"));
+  if (p.isSet("offload")) in.offload = str("offload");
   if (p.isSet("strategy")) {
     try {
       in.forced = parse_strategy(str("strategy"));
