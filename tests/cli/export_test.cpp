@@ -138,3 +138,45 @@ TEST(CliExport, BadInput) {
 }
 
 }  // namespace
+
+// Hybrid sharding and CPU offload in both exports: DeepSpeed's MiCS
+// (mics_shard_size) and offload_optimizer / offload_param; FSDP's
+// HYBRID_SHARD / _HYBRID_SHARD_ZERO2 and CPUOffload(offload_params=True);
+// the combinations one side has no equivalent for refused, naming why.
+TEST(CliExport, HybridShardingAndOffload) {
+  const std::string h3 = temp_path("export_hsdp3_params.json");
+  Result r = run("plan --model tiny-gpt --gpu h100-80g --gpus 16 --nodes 2 --strategy hsdp3 --offload params --out " + h3);
+  ASSERT_EQ(r.status, 0) << r.err;
+  Result ds = run("export --plan " + h3 + " --to deepspeed");
+  ASSERT_EQ(ds.status, 0) << ds.err;
+  const nlohmann::json z = parse_json(ds.out)["zero_optimization"];
+  EXPECT_EQ(z["stage"], 3);
+  EXPECT_EQ(z["mics_shard_size"], 8);  // one node
+  EXPECT_EQ(z["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(z["offload_param"]["device"], "cpu");
+  Result py = run("export --plan " + h3 + " --to fsdp");
+  ASSERT_EQ(py.status, 0) << py.err;
+  EXPECT_TRUE(contains(py.out, "ShardingStrategy.HYBRID_SHARD")) << py.out.substr(0, 800);
+  EXPECT_TRUE(contains(py.out, "cpu_offload=CPUOffload(offload_params=True)"));
+  EXPECT_TRUE(contains(py.out, "from torch.distributed.fsdp import CPUOffload"));
+
+  const std::string z2 = temp_path("export_zero2_optimizer.json");
+  r = run("plan --model tiny-gpt --gpu h100-80g --gpus 8 --strategy zero2 --offload optimizer --out " + z2);
+  ASSERT_EQ(r.status, 0) << r.err;
+  ds = run("export --plan " + z2 + " --to deepspeed");
+  ASSERT_EQ(ds.status, 0) << ds.err;
+  const nlohmann::json z2j = parse_json(ds.out)["zero_optimization"];
+  EXPECT_EQ(z2j["offload_optimizer"]["device"], "cpu");
+  EXPECT_FALSE(z2j.contains("offload_param"));
+  expect_user_error("export --plan " + z2 + " --to fsdp", {"no optimizer-only CPU offload"});
+
+  const std::string h2 = temp_path("export_hsdp2.json");
+  r = run("plan --model tiny-gpt --gpu h100-80g --gpus 16 --nodes 2 --strategy hsdp2 --out " + h2);
+  ASSERT_EQ(r.status, 0) << r.err;
+  py = run("export --plan " + h2 + " --to fsdp");
+  ASSERT_EQ(py.status, 0) << py.err;
+  EXPECT_TRUE(contains(py.out, "ShardingStrategy._HYBRID_SHARD_ZERO2"));
+  EXPECT_FALSE(contains(py.out, "CPUOffload"));
+  expect_user_error("export --plan " + h2 + " --to deepspeed", {"hsdp2"});
+  for (const auto& p : {h3, z2, h2}) std::remove(p.c_str());
+}
