@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`dlplan export` checked by what the targets accept (issue 19), without torch.
 
-For every strategy x precision x checkpointing, plans tiny-gpt with the dlplan
-binary given, exports it to fsdp and deepspeed, and checks:
+For every strategy x precision x checkpointing, and for hybrid sharding and CPU
+offload, plans tiny-gpt with the dlplan binary given, exports it to fsdp and
+deepspeed (where each has an equivalent), and checks:
   - the FSDP/DDP file parses (ast) and every torch name it uses (imports,
     attribute chains through its aliases) is in TORCH_2_1, a table of names
     PyTorch 2.1's documentation lists;
@@ -33,6 +34,8 @@ TORCH_2_1 = {
     "torch.distributed.fsdp", "torch.distributed.fsdp.FullyShardedDataParallel",
     "torch.distributed.fsdp.ShardingStrategy", "torch.distributed.fsdp.ShardingStrategy.FULL_SHARD",
     "torch.distributed.fsdp.ShardingStrategy.SHARD_GRAD_OP", "torch.distributed.fsdp.MixedPrecision",
+    "torch.distributed.fsdp.ShardingStrategy.HYBRID_SHARD", "torch.distributed.fsdp.ShardingStrategy._HYBRID_SHARD_ZERO2",
+    "torch.distributed.fsdp.CPUOffload",
     "torch.distributed.fsdp.BackwardPrefetch", "torch.distributed.fsdp.BackwardPrefetch.BACKWARD_PRE",
     "torch.distributed.fsdp.wrap", "torch.distributed.fsdp.wrap.transformer_auto_wrap_policy",
     "torch.distributed.fsdp.wrap.ModuleWrapPolicy",
@@ -82,40 +85,53 @@ def main():
     except Exception as e:  # not installed, or not importable beside this torch
         ds_config = None
         print(f"skipped: deepspeed not installed ({type(e).__name__}): DeepSpeed configs not parsed by DeepSpeed")
-    failures, files = [], 0
+    failures, files, ds_files = [], 0, 0
+    # (tag, plan flags, exports): every strategy x precision x checkpointing on one node of 8, then
+    # hybrid sharding on 2 nodes and CPU offload (each target only where it has an equivalent).
+    cases = []
     for strategy in ("ddp", "zero1", "zero2", "zero3"):
         for precision in ("fp32", "bf16-mixed"):
             for ckpt in ("none", "units"):
-                tag = f"{strategy}_{precision}_{ckpt}"
-                plan = os.path.join(work, f"plan_{tag}.json")
-                subprocess.run([exe, "plan", "--model", "tiny-gpt", "--gpu", "h100-80g", "--gpus", "8",
-                                "--strategy", strategy, "--precision", precision, "--checkpointing", ckpt,
-                                "--out", plan], cwd=source, check=True, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-                script = os.path.join(work, f"train_{tag}.py")
-                subprocess.run([exe, "export", "--plan", plan, "--to", "fsdp", "--out", script], check=True,
-                               stderr=subprocess.DEVNULL)
-                tree = ast.parse(open(script).read(), script)
-                unknown = sorted(n for n in torch_names(tree) if n not in TORCH_2_1)
-                if unknown:
-                    failures.append(f"{script}: not in PyTorch 2.1's documented names: {unknown}")
-                files += 1
-                ds = json.loads(subprocess.run([exe, "export", "--plan", plan, "--to", "deepspeed"], check=True,
-                                               capture_output=True, text=True).stdout)
-                if ds_config is not None:
-                    # DeepSpeedConfig (0.14) takes the world size from torch.distributed (1 when not
-                    # initialized): give it the plan's explicitly.
-                    world = ds["train_batch_size"] // (ds["train_micro_batch_size_per_gpu"]
-                                                       * ds["gradient_accumulation_steps"])
-                    ds_config.dist.get_rank = lambda *a, **k: 0
-                    ds_config.dist.get_world_size = lambda *a, _w=world, **k: _w
-                    try:
-                        ds_config.DeepSpeedConfig(ds)
-                    except Exception as e:
-                        failures.append(f"{tag}: DeepSpeedConfig refused the config: {e}")
+                cases.append((f"{strategy}_{precision}_{ckpt}",
+                              ["--gpus", "8", "--strategy", strategy, "--precision", precision, "--checkpointing", ckpt],
+                              ("fsdp", "deepspeed")))
+    two_nodes = ["--gpus", "16", "--nodes", "2"]
+    cases += [("hsdp2", two_nodes + ["--strategy", "hsdp2"], ("fsdp",)),
+              ("hsdp3_params", two_nodes + ["--strategy", "hsdp3", "--offload", "params"], ("fsdp", "deepspeed")),
+              ("zero3_params", ["--gpus", "8", "--strategy", "zero3", "--offload", "params"], ("fsdp", "deepspeed")),
+              ("zero2_optimizer", ["--gpus", "8", "--strategy", "zero2", "--offload", "optimizer"], ("deepspeed",))]
+    for tag, flags, targets in cases:
+        plan = os.path.join(work, f"plan_{tag}.json")
+        subprocess.run([exe, "plan", "--model", "tiny-gpt", "--gpu", "h100-80g", *flags, "--out", plan],
+                       cwd=source, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if "fsdp" in targets:
+            script = os.path.join(work, f"train_{tag}.py")
+            subprocess.run([exe, "export", "--plan", plan, "--to", "fsdp", "--out", script], check=True,
+                           stderr=subprocess.DEVNULL)
+            tree = ast.parse(open(script).read(), script)
+            unknown = sorted(n for n in torch_names(tree) if n not in TORCH_2_1)
+            if unknown:
+                failures.append(f"{script}: not in PyTorch 2.1's documented names: {unknown}")
+            files += 1
+        if "deepspeed" not in targets:
+            continue
+        ds = json.loads(subprocess.run([exe, "export", "--plan", plan, "--to", "deepspeed"], check=True,
+                                       capture_output=True, text=True).stdout)
+        ds_files += 1
+        if ds_config is not None:
+            # DeepSpeedConfig (0.14) takes the world size from torch.distributed (1 when not
+            # initialized): give it the plan's explicitly.
+            world = ds["train_batch_size"] // (ds["train_micro_batch_size_per_gpu"]
+                                               * ds["gradient_accumulation_steps"])
+            ds_config.dist.get_rank = lambda *a, **k: 0
+            ds_config.dist.get_world_size = lambda *a, _w=world, **k: _w
+            try:
+                ds_config.DeepSpeedConfig(ds)
+            except Exception as e:
+                failures.append(f"{tag}: DeepSpeedConfig refused the config: {e}")
     if ds_config is not None:
         import deepspeed
-        print(f"{files} DeepSpeed configs read by DeepSpeedConfig (deepspeed {deepspeed.__version__})")
+        print(f"{ds_files} DeepSpeed configs read by DeepSpeedConfig (deepspeed {deepspeed.__version__})")
     for f in failures:
         print("FAIL", f)
     print(f"{files} FSDP files checked against {len(TORCH_2_1)} PyTorch 2.1 names; {len(failures)} failure(s)")
