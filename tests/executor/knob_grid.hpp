@@ -35,7 +35,7 @@ enum Factor { kModel, kStrategy, kPrecision, kCheckpointing, kAttention, kAccum,
 inline const std::array<std::vector<std::string>, kFactors>& levels() {
   static const std::array<std::vector<std::string>, kFactors> l = {{
       {"tiny-gpt", "tiny-mlp", "tiny-cnn", "tiny-vit"},
-      {"ddp", "zero1", "zero2", "zero3"},
+      {"ddp", "zero1", "zero2", "zero3", "hsdp2", "hsdp3"},  // hsdp: 2 "nodes" of world/2 from 4 ranks on
       {"fp32", "bf16-mixed"},
       {"none", "units"},
       {"math", "flash"},
@@ -57,11 +57,11 @@ using Config = std::array<int, kFactors>;  // a level index per factor
 
 // Pairs of levels no plan can hold: SyncBN without BatchNorm (only tiny-cnn
 // has it); offload under ddp (the optimizer runs on a shard); parameter
-// offload on a strategy that does not shard parameters (only zero3 here).
+// offload on a strategy that does not shard parameters (only zero3, hsdp3).
 inline bool pair_feasible(int f1, int l1, int f2, int l2) {
   if (f1 > f2) std::swap(f1, f2), std::swap(l1, l2);
   if (f1 == kModel && f2 == kSyncBn) return l2 == 0 || l1 == 2;
-  if (f1 == kStrategy && f2 == kOffload) return l2 == 0 || (l1 != 0 && (l2 == 1 || l1 == 3));
+  if (f1 == kStrategy && f2 == kOffload) return l2 == 0 || (l1 != 0 && (l2 == 1 || l1 == 3 || l1 == 5));
   return true;
 }
 inline bool feasible(const Config& c) {
@@ -177,6 +177,12 @@ inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0,
   req.cluster.nodes = 1;
   req.cluster.gpus_per_node = world;
   TrainingConfig& t = req.training;
+  const Strategy strategy = parse_strategy(L[kStrategy][k[kStrategy]]);
+  if (hybrid(strategy) && world >= 4) {  // hybrid sharding proper: 2 groups of world / 2
+    req.cluster.nodes = 2;
+    req.cluster.gpus_per_node = world / 2;
+    t.shard_group = world / 2;
+  }
   t.precision = parse_precision(L[kPrecision][k[kPrecision]]);
   t.checkpointing = parse_checkpointing(L[kCheckpointing][k[kCheckpointing]]);
   t.attention = parse_attention(L[kAttention][k[kAttention]]);
@@ -186,7 +192,7 @@ inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0,
   t.bucket_mb = std::stod(L[kBucket][k[kBucket]]);
   t.optimizer.lr = 1e-3;
   t.offload = parse_offload(L[kOffload][k[kOffload]]);
-  req.forced = parse_strategy(L[kStrategy][k[kStrategy]]);
+  req.forced = strategy;
   req.syncbn = k[kSyncBn] ? SyncBnMode::on : SyncBnMode::off;
   Planning p = plan(req);
   return plan_from_json(plan_json(p, *p.chosen()), describe(k));
