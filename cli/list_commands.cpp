@@ -45,13 +45,14 @@ Runner add_list_commands(CLI::App& models, CLI::App& gpus) {
       fmt::print("{}\n", list.dump(2));
       return 0;
     }
-    fmt::print("{:<10} {:>11} {:>10} {:>12} {:>11} {:>10} {:>10} {:>9}  {}\n", "kind", "memory", "HBM", "bf16 dense",
-               "fp32", "link/GPU", "net/GPU", "runtime", "device");
+    fmt::print("{:<10} {:>11} {:>10} {:>12} {:>12} {:>11} {:>10} {:>10} {:>9}  {}\n", "kind", "memory", "HBM", "bf16 dense",
+               "fp16 dense", "fp32", "link/GPU", "net/GPU", "runtime", "device");
     for (const auto& d0 : device_catalog()) {
       DeviceSpec d = d0.kind == "cpu" ? host_cpu_device() : d0;
-      fmt::print("{:<10} {:>11} {:>6.0f} GB/s {:>6.0f} TFLOP/s {:>5.1f} TFLOP/s {:>5.0f} GB/s {:>5.1f} GB/s {:>9}  {}\n", d.kind,
-                 format_bytes(static_cast<double>(d.memory_bytes)), d.hbm_bytes_per_s / 1e9, d.bf16_flops / 1e12,
-                 d.fp32_flops / 1e12, d.link_bytes_per_s / 1e9, d.net_bytes_per_s / 1e9,
+      fmt::print("{:<10} {:>11} {:>6.0f} GB/s {:>6.0f} TFLOP/s {:>6.0f} TFLOP/s {:>5.1f} TFLOP/s {:>5.0f} GB/s {:>5.1f} GB/s "
+                 "{:>9}  {}\n",
+                 d.kind, format_bytes(static_cast<double>(d.memory_bytes)), d.hbm_bytes_per_s / 1e9, d.bf16_flops / 1e12,
+                 d.fp16_flops / 1e12, d.fp32_flops / 1e12, d.link_bytes_per_s / 1e9, d.net_bytes_per_s / 1e9,
                  format_bytes(static_cast<double>(d.runtime_bytes)), d.description);
     }
     return 0;

@@ -56,8 +56,8 @@ std::string json_repr(const nlohmann::json& v) {
 // is refused with a message naming the file and the field: the ranges are far
 // beyond any real device, and they keep every product the cost models form
 // (bytes x micro-batch, FLOPs / rate) finite and meaningful. `zero_ok` admits
-// 0 besides the range: "none" (bf16_flops) or "not given" (the time model's
-// optional figures).
+// 0 besides the range: "none" (bf16_flops) or "not given" (fp16_flops, the
+// time model's optional figures).
 struct FieldDef {
   const char* name;
   enum Type { Str, Int, Dbl } type;
@@ -91,6 +91,7 @@ const std::vector<FieldDef>& device_fields() {
       integer("memory_bytes", 1 << 20, kPiB, false, "bytes", true, &D::memory_bytes),
       number("hbm_bytes_per_s", 1e8, 1e15, false, "bytes/s", true, &D::hbm_bytes_per_s),
       number("bf16_flops", 1e9, 1e18, true, "FLOP/s", true, &D::bf16_flops),
+      number("fp16_flops", 1e9, 1e18, true, "FLOP/s", false, &D::fp16_flops),
       number("fp32_flops", 1e8, 1e18, false, "FLOP/s", true, &D::fp32_flops),
       number("link_bytes_per_s", 1e6, 1e14, false, "bytes/s", true, &D::link_bytes_per_s),
       number("net_bytes_per_s", 1e6, 1e14, false, "bytes/s", true, &D::net_bytes_per_s),
@@ -289,6 +290,7 @@ DeviceSpec host_cpu_device() {
   d.hbm_bytes_per_s = 20 * kG;
   d.fp32_flops = 50 * kG * cores;
   d.bf16_flops = d.fp32_flops;  // bf16-mixed stores bf16 and computes in fp32 (docs/precision.md)
+  d.fp16_flops = d.bf16_flops;  // fp16-mixed likewise: fp16 storage, fp32 arithmetic
   d.gemm_efficiency = 1.0;  // the nominal rate is already an achievable rate
   d.memory_efficiency = 1.0;
   d.link_bytes_per_s = 5 * kG;

@@ -69,7 +69,7 @@ TEST(Catalog, EveryRowHasPositiveFiguresAndASource) {
         ASSERT_TRUE(d.sources.count(f)) << d.kind << "." << f << " has no source";
         EXPECT_GT(d.sources.at(f).size(), 10u) << d.kind << "." << f;
       }
-      for (const char* f : {"memory_bytes", "hbm_bytes_per_s", "fp32_flops", "link_bytes_per_s", "net_bytes_per_s",
+      for (const char* f : {"memory_bytes", "hbm_bytes_per_s", "fp16_flops", "fp32_flops", "link_bytes_per_s", "net_bytes_per_s",
                             "gemm_efficiency", "memory_efficiency", "sm_count", "op_overhead_s", "alloc_granularity_bytes"})
         EXPECT_TRUE(d.sources.count(f)) << d.kind << "." << f;
       // Every GPU but the V100 (no published fp32 GEMM curve) has the per-op-class model.
@@ -77,6 +77,7 @@ TEST(Catalog, EveryRowHasPositiveFiguresAndASource) {
       EXPECT_GT(d.runtime_bytes, 0) << "a GPU has a CUDA/HIP context";
       EXPECT_GT(d.gemm_workspace_bytes, 0);
       EXPECT_TRUE(d.has_bf16() || d.kind == "v100-32g");
+      EXPECT_TRUE(d.has_fp16());  // every GPU row has fp16 tensor cores, the V100 included
       // Network is slower than the in-node link on every GPU row.
       EXPECT_LT(d.net_bytes_per_s, d.link_bytes_per_s);
     }
@@ -136,6 +137,29 @@ TEST(Catalog, V100HasNoBf16) {
   EXPECT_TRUE(find_device("a100-40g").has_bf16());  // control
 }
 
+// The dense fp16 tensor-core rate with fp32 accumulate (docs/catalog.md,
+// REFERENCES.md Compute): never the sparse figure, nor the RTX 4090's fp16
+// accumulate rate.
+TEST(Catalog, Fp16DatasheetFigures) {
+  const std::pair<const char*, double> want[] = {
+      {"v100-32g", 125e12},  {"a100-40g", 312e12}, {"a100-80g", 312e12},  {"h100-80g", 989.4e12}, {"h200-141g", 989.4e12},
+      {"b200", 2250e12},     {"l40s", 362.05e12},  {"rtx4090", 165.2e12}, {"mi300x", 1307.4e12},
+  };
+  for (const auto& [kind, flops] : want) {
+    const DeviceSpec d = find_device(kind);
+    EXPECT_DOUBLE_EQ(d.fp16_flops, flops) << kind;
+    // The same tensor cores run bf16 at the same rate, where the part has it.
+    if (d.has_bf16()) {
+      EXPECT_NEAR(d.fp16_flops, d.bf16_flops, 0.001 * d.bf16_flops) << kind;
+    }
+  }
+  EXPECT_NE(find_device("h100-80g").fp16_flops, 1979e12);   // control: the sparse figure
+  EXPECT_NE(find_device("rtx4090").fp16_flops, 330.3e12);   // control: fp16 accumulate
+  // The V100 has fp16 tensor cores but no bf16.
+  EXPECT_TRUE(find_device("v100-32g").has_fp16());
+  EXPECT_FALSE(find_device("v100-32g").has_bf16());
+}
+
 TEST(Catalog, CpuRowDescribesThisHost) {
   const DeviceSpec cpu = find_device("cpu");
   EXPECT_EQ(cpu.kind, "cpu");
@@ -143,6 +167,9 @@ TEST(Catalog, CpuRowDescribesThisHost) {
   // autocast): the row has bf16, at the fp32 rate.
   EXPECT_TRUE(cpu.has_bf16());
   EXPECT_DOUBLE_EQ(cpu.bf16_flops, cpu.fp32_flops);
+  // fp16-mixed likewise (fp16 storage, fp32 arithmetic).
+  EXPECT_TRUE(cpu.has_fp16());
+  EXPECT_DOUBLE_EQ(cpu.fp16_flops, cpu.bf16_flops);
   EXPECT_EQ(cpu.runtime_bytes, 0);
   EXPECT_EQ(cpu.gemm_workspace_bytes, 0);
   // Independent read of MemTotal.
@@ -187,6 +214,7 @@ void expect_same(const DeviceSpec& a, const DeviceSpec& b) {
   EXPECT_EQ(a.memory_bytes, b.memory_bytes);
   EXPECT_EQ(a.hbm_bytes_per_s, b.hbm_bytes_per_s);
   EXPECT_EQ(a.bf16_flops, b.bf16_flops);
+  EXPECT_EQ(a.fp16_flops, b.fp16_flops);
   EXPECT_EQ(a.fp32_flops, b.fp32_flops);
   EXPECT_EQ(a.link_bytes_per_s, b.link_bytes_per_s);
   EXPECT_EQ(a.net_bytes_per_s, b.net_bytes_per_s);
@@ -234,7 +262,7 @@ TEST(ClusterJson, FieldNamesAreTheStructsSnakeCaseNames) {
   ASSERT_TRUE(j.contains("device"));
   EXPECT_EQ(j["nodes"], 2);
   EXPECT_EQ(j["gpus_per_node"], 4);
-  for (const char* f : {"kind", "description", "memory_bytes", "hbm_bytes_per_s", "bf16_flops",
+  for (const char* f : {"kind", "description", "memory_bytes", "hbm_bytes_per_s", "bf16_flops", "fp16_flops",
                         "fp32_flops", "link_bytes_per_s", "net_bytes_per_s", "gemm_efficiency",
                         "link_efficiency", "net_efficiency", "base_latency_s",
                         "link_hop_latency_s", "net_hop_latency_s", "runtime_bytes",
@@ -245,7 +273,7 @@ TEST(ClusterJson, FieldNamesAreTheStructsSnakeCaseNames) {
                         "flash_head_dim_half", "comm_slowdown", "rank_jitter", "sustained_share", "source", "sources"})
     EXPECT_TRUE(j["device"].contains(f)) << f;
   EXPECT_EQ(j["device"].size(), device_field_names().size() + 1);  // + sources
-  EXPECT_EQ(device_field_names().size(), 36u);
+  EXPECT_EQ(device_field_names().size(), 37u);
 }
 
 TEST(ClusterFile, CatalogKindWithOverrides) {
@@ -354,6 +382,38 @@ TEST(ClusterFile, AnOverriddenFigureLosesTheCatalogsSource) {
   const Cluster c = load_cluster_file(path);
   EXPECT_FALSE(c.device.sources.count("net_bytes_per_s"));
   EXPECT_TRUE(c.device.sources.count("hbm_bytes_per_s"));  // control: untouched figures keep theirs
+}
+
+// fp16_flops is optional: a device given in full without it (a cluster file
+// written before the field existed) loads with 0, "not given"; given, it is
+// read and range-checked like bf16_flops.
+TEST(ClusterFile, Fp16FlopsIsOptional) {
+  auto j = cluster_to_json(Cluster{find_device("a100-80g"), 1, 8});
+  j["device"].erase("fp16_flops");
+  j["device"]["sources"].erase("fp16_flops");
+  ASSERT_FALSE(j["device"].contains("fp16_flops"));
+  const std::string without = write_temp("no_fp16.json", j.dump());
+  const Cluster c = load_cluster_file(without);
+  EXPECT_EQ(c.device.fp16_flops, 0);
+  EXPECT_FALSE(c.device.has_fp16());
+  EXPECT_TRUE(c.device.has_bf16());  // control: the other figures are read
+  EXPECT_EQ(c.device.bf16_flops, 312e12);
+  // A required field dropped the same way is refused (control).
+  auto k = j;
+  k["device"].erase("bf16_flops");
+  const std::string no_bf16 = write_temp("no_bf16.json", k.dump());
+  EXPECT_NE(error_of([&] { load_cluster_file(no_bf16); }).find("missing field 'device.bf16_flops'"), std::string::npos);
+  // Given, it is read; out of range, refused naming the field.
+  j["device"]["fp16_flops"] = 2e14;
+  const std::string with = write_temp("with_fp16.json", j.dump());
+  EXPECT_EQ(load_cluster_file(with).device.fp16_flops, 2e14);
+  j["device"]["fp16_flops"] = -1;
+  const std::string negative = write_temp("negative_fp16.json", j.dump());
+  EXPECT_NE(error_of([&] { load_cluster_file(negative); }).find(negative + ": device.fp16_flops must be a number in ["),
+            std::string::npos);
+  // Starting from a catalog row, the row's figure stays unless overridden.
+  const std::string from_row = write_temp("fp16_from_row.json", R"({"gpu": "v100", "device": {"net_bytes_per_s": 25e9}})");
+  EXPECT_EQ(load_cluster_file(from_row).device.fp16_flops, 125e12);
 }
 
 TEST(CatalogRow, EveryFigureNeedsASource) {

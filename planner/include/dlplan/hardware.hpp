@@ -26,6 +26,7 @@ struct DeviceSpec {
   int64_t memory_bytes = 0;         // usable device memory, as the device reports it
   double hbm_bytes_per_s = 0;       // memory bandwidth
   double bf16_flops = 0;            // dense bf16 peak, FLOP/s (0: no bf16 support)
+  double fp16_flops = 0;            // dense fp16 tensor-core peak (fp32 accumulate), FLOP/s (0: not given)
   double fp32_flops = 0;            // dense fp32 peak (no TF32), FLOP/s; also the vector rate of non-GEMM ops
   double link_bytes_per_s = 0;      // intra-node GPU-to-GPU, per GPU, per direction
   double net_bytes_per_s = 0;       // default inter-node network per GPU
@@ -65,6 +66,7 @@ struct DeviceSpec {
   std::map<std::string, std::string> sources;  // per field: its source (every catalog figure has one)
 
   bool has_bf16() const { return bf16_flops > 0; }
+  bool has_fp16() const { return fp16_flops > 0; }
   // The per-op-class model applies (the GEMM curve is given; FlashAttention
   // without its figures is costed from its GEMMs).
   bool has_kernel_model() const { return sm_count > 0 && gemm_tile > 0; }
