@@ -76,7 +76,7 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--global-batch", f->global_batch, "Samples per step in all (sets --grad-accum; with --micro-batch max, both)");
   app.add_option("--grad-accum", f->grad_accum, "Micro-batches accumulated per step (default 1)");
   app.add_option("--seq-len", f->seq_len, "Tokens per sample (default: the model's context)");
-  app.add_option("--precision", r.precision, "fp32 or bf16-mixed (default bf16-mixed where the device has bf16, else fp32)");
+  app.add_option("--precision", r.precision, "fp32, bf16-mixed or fp16-mixed (loss-scaled, as GradScaler); default: bf16-mixed where the device has bf16, else fp16-mixed, fp32 on the cpu device");
   app.add_option("--optimizer", r.optimizer, "adamw, sgd or sgd-momentum")->capture_default_str();
   app.add_option("--lr", f->lr, "Peak learning rate (default 3e-4)");
   app.add_option("--min-lr", f->min_lr, "Learning rate at the end of the cosine schedule (default 0)");

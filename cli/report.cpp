@@ -66,6 +66,11 @@ void print_header(const Planning& p) {
   if (o.kind == OptimizerKind::sgd_momentum) opt += fmt::format(", momentum {}", number(o.momentum));
   opt += fmt::format(", weight-decay {}, clip-norm {}", number(o.weight_decay), o.clip_norm > 0 ? number(o.clip_norm) : "off");
   fmt::print("         {}\n", opt);
+  if (loss_scaled(t.precision))
+    fmt::print("         fp16 loss scaling as GradScaler: scale from {} (x{} after {} clean steps, x{} and the step "
+               "skipped on overflow); one flag all-reduced per step\n",
+               number(t.loss_scaling.init_scale), number(t.loss_scaling.growth), t.loss_scaling.growth_interval,
+               number(t.loss_scaling.backoff));
   fmt::print("         bucket {} MiB (ddp, zero1), prefetch {} unit{} (zero3){}\n\n", number(t.bucket_mb), t.prefetch,
              t.prefetch == 1 ? "" : "s",
              t.offload == Offload::none ? ""

@@ -19,7 +19,7 @@ namespace {
 // messages can list them); files and the zoo / catalog are added below.
 const std::map<std::string, std::string>& choices() {
   static const std::map<std::string, std::string> c = {
-      {"--format", "table json csv"},   {"--precision", "fp32 bf16-mixed"},  {"--optimizer", "adamw sgd sgd-momentum"},
+      {"--format", "table json csv"},   {"--precision", "fp32 bf16-mixed fp16-mixed"},  {"--optimizer", "adamw sgd sgd-momentum"},
       {"--checkpointing", "none units"}, {"--attention", "math flash"},      {"--strategy", "ddp zero1 zero2 zero3"},
       {"--syncbn", "auto on off"},      {"--progress", "text json"},         {"--device", "cpu cuda"},
       {"--comm", "nccl mpi"},           {"--micro-batch", "max"}};

@@ -46,7 +46,7 @@ void describe(QCommandLineParser& p) {
   opt("global-batch", "Samples per step in all (sets the accumulation)", "B");
   opt("grad-accum", "Micro-batches accumulated per step (default 1)", "A");
   opt("seq-len", "Tokens per sample (default: the model's context)", "T");
-  opt("precision", "fp32 or bf16-mixed (default bf16-mixed where the device has bf16, else fp32)", "P");
+  opt("precision", "fp32, bf16-mixed or fp16-mixed (loss-scaled, as GradScaler); default: bf16-mixed where the device has bf16, else fp16-mixed, fp32 on the cpu device", "P");
   opt("optimizer", "adamw, sgd or sgd-momentum", "O");
   opt("lr", "Peak learning rate written into a saved plan (default 3e-4)", "LR");
   opt("checkpointing", "none or units", "C");

@@ -223,7 +223,7 @@ QWidget* MainWindow::buildInputs() {
   seqLen_->setSpecialValueText(tr("model's own"));
   f->addRow(tr("Sequence length"), seqLen_);
 
-  precision_ = combo({tr("default"), QStringLiteral("bf16-mixed"), QStringLiteral("fp32")}, box);
+  precision_ = combo({tr("default"), QStringLiteral("bf16-mixed"), QStringLiteral("fp16-mixed"), QStringLiteral("fp32")}, box);
   optimizer_ = combo({QStringLiteral("adamw"), QStringLiteral("sgd"), QStringLiteral("sgd-momentum")}, box);
   checkpointing_ = combo({QStringLiteral("none"), QStringLiteral("units")}, box);
   attention_ = combo({QStringLiteral("math"), QStringLiteral("flash")}, box);

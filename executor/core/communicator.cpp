@@ -33,7 +33,7 @@ void set_comm_context(const std::string& context) {
 void Communicator::check_collective(const Span& data, int group, const char* what, bool sharded) const {
   if (data.n < 0 || (data.n > 0 && data.data == nullptr))
     throw Error(fmt::format("{}: bad buffer ({} elements at {}, rank {})", what, data.n, data.data, rank()));
-  if (data.dtype != DType::f32 && data.dtype != DType::bf16)
+  if (data.dtype != DType::f32 && data.dtype != DType::bf16 && data.dtype != DType::f16)
     throw Error(fmt::format("{}: {} buffers are not reduced (rank {})", what, to_string(data.dtype), rank()));
   const int g = group_size(group);  // throws for an unknown group
   if (sharded && data.n % g != 0)

@@ -13,7 +13,7 @@
 
 namespace dlplan::exec {
 
-int64_t dtype_size(DType d) { return d == DType::bf16 ? 2 : 4; }
+int64_t dtype_size(DType d) { return is_half(d) ? 2 : 4; }
 
 void Tensor::wrong_dtype(const char* wanted) const {
   throw Error(fmt::format("internal error: {} access to the {} tensor '{}'", wanted, to_string(dtype),
@@ -26,6 +26,35 @@ void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
 
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t e = 0; e < n; ++e) dst[e] = to_bf16(src[e]);
+}
+
+// The compiler's _Float16 (GCC >= 12 on x86-64; IEEE binary16, conversions
+// rounding to nearest even) does the rounding; the bits are moved in and out.
+uint16_t to_f16(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, sizeof u);
+  return u;
+}
+
+float from_f16(uint16_t u) {
+  _Float16 h;
+  std::memcpy(&h, &u, sizeof h);
+  return static_cast<float>(h);
+}
+
+void half_to_f32(DType d, const uint16_t* src, float* dst, int64_t n) {
+  if (d == DType::f16)
+    for (int64_t e = 0; e < n; ++e) dst[e] = from_f16(src[e]);
+  else
+    bf16_to_f32(src, dst, n);
+}
+
+void f32_to_half(DType d, const float* src, uint16_t* dst, int64_t n) {
+  if (d == DType::f16)
+    for (int64_t e = 0; e < n; ++e) dst[e] = to_f16(src[e]);
+  else
+    f32_to_bf16(src, dst, n);
 }
 
 Storage::~Storage() {

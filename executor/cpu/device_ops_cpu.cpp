@@ -1,6 +1,6 @@
 // The CPU's DeviceOps: host loops and memcpy, the reference arithmetic the
 // trainer, parameter store and optimizer use. fp32 buffers keep the exact
-// arithmetic they always had; bf16 buffers are read as float, computed on in
+// arithmetic they always had; bf16 and f16 buffers are read as float, computed on in
 // fp32 (double in the optimizer) and rounded once when stored.
 #include "dlplan/exec/device_ops.hpp"
 
@@ -14,7 +14,7 @@ namespace dlplan::exec {
 namespace {
 
 float* as_f32(Span s) { return static_cast<float*>(s.data); }
-uint16_t* as_bf16(Span s) { return static_cast<uint16_t*>(s.data); }
+uint16_t* as_half(Span s) { return static_cast<uint16_t*>(s.data); }
 
 void same_shape(Span a, Span b, const char* what) {
   if (a.n != b.n || a.dtype != b.dtype)
@@ -23,9 +23,9 @@ void same_shape(Span a, Span b, const char* what) {
 }
 
 // Element e of a float span, as float.
-float load(Span s, int64_t e) { return s.dtype == DType::bf16 ? from_bf16(as_bf16(s)[e]) : as_f32(s)[e]; }
+float load(Span s, int64_t e) { return is_half(s.dtype) ? from_half(s.dtype, as_half(s)[e]) : as_f32(s)[e]; }
 void store(Span s, int64_t e, float v) {
-  if (s.dtype == DType::bf16) as_bf16(s)[e] = to_bf16(v);
+  if (is_half(s.dtype)) as_half(s)[e] = to_half(s.dtype, v);
   else as_f32(s)[e] = v;
 }
 
@@ -62,11 +62,11 @@ class CpuDeviceOps final : public DeviceOps {
     for (int64_t e = 0; e < dst.n; ++e) store(dst, e, load(dst, e) + load(src, e) * scale);
   }
   void upload_floats(Span dst, const float* host_src) override {
-    if (dst.dtype == DType::bf16) f32_to_bf16(host_src, as_bf16(dst), dst.n);
+    if (is_half(dst.dtype)) f32_to_half(dst.dtype, host_src, as_half(dst), dst.n);
     else if (dst.n > 0) std::memcpy(dst.data, host_src, static_cast<size_t>(dst.bytes()));
   }
   void download_floats(float* host_dst, Span src) override {
-    if (src.dtype == DType::bf16) bf16_to_f32(as_bf16(src), host_dst, src.n);
+    if (is_half(src.dtype)) half_to_f32(src.dtype, as_half(src), host_dst, src.n);
     else if (src.n > 0) std::memcpy(host_dst, src.data, static_cast<size_t>(src.bytes()));
   }
   void upload(void* dst, const void* host_src, int64_t bytes) override {
@@ -87,8 +87,8 @@ class CpuDeviceOps final : public DeviceOps {
   void optimizer_step(const OptimizerConfig& cfg, const OptimizerUpdate& u, Span params, Span grads, float* master,
                       float* m, float* v) override {
     same_shape(params, grads, "optimizer_step");
-    if (params.dtype == DType::bf16 && master == nullptr)
-      throw Error("internal error: a bf16 optimizer step needs fp32 master weights");
+    if (is_half(params.dtype) && master == nullptr)
+      throw Error("internal error: a half-precision optimizer step needs fp32 master weights");
     // The weights updated: the fp32 master copy, or the fp32 parameters themselves.
     float* p = master ? master : as_f32(params);
     const double lr = u.lr, clip = u.clip_scale;
@@ -115,7 +115,7 @@ class CpuDeviceOps final : public DeviceOps {
           break;
         }
       }
-      if (master) as_bf16(params)[e] = to_bf16(p[e]);  // the model's copy: the master rounded once
+      if (master) store(params, e, p[e]);  // the model's copy: the master rounded once
     }
   }
 

@@ -1,5 +1,6 @@
-// bf16-mixed on the CPU, as CPU autocast does it (DESIGN.md): the float
-// tensors an op reads and writes are stored in bf16, its arithmetic is fp32.
+// bf16-mixed and fp16-mixed on the CPU, as CPU autocast does it (DESIGN.md):
+// the float tensors an op reads and writes are stored in bf16 (f16), its
+// arithmetic is fp32. Below, "bf16" stands for either 16-bit type.
 //
 // run_in_fp32 gives the op fp32 views: each bf16 input, parameter, output,
 // saved tensor and output gradient is widened (exactly) into an fp32 copy,
@@ -38,25 +39,25 @@ class Views {
  public:
   // The tensor to read: itself unless bf16, then its widened copy.
   Tensor read(const Tensor& t) {
-    if (!t.defined() || t.dtype != DType::bf16) return t;
+    if (!t.defined() || !is_half(t.dtype)) return t;
     Tensor w = scratch_f32(t.shape);
-    bf16_to_f32(t.bf(), w.f(), t.numel());
+    half_to_f32(t.dtype, t.h(), w.f(), t.numel());
     return w;
   }
   // A tensor the op writes (load = false) or accumulates into (load = true):
   // one fp32 twin per storage, so that two gradients of the same tensor (x + x)
   // accumulate into one; rounded back by store().
   Tensor write(const Tensor& t, bool load) {
-    if (!t.defined() || t.dtype != DType::bf16) return t;
-    auto it = written_.find(t.bf());
+    if (!t.defined() || !is_half(t.dtype)) return t;
+    auto it = written_.find(t.h());
     if (it != written_.end()) return it->second.twin;
     Tensor w = scratch_f32(t.shape);
-    if (load) bf16_to_f32(t.bf(), w.f(), t.numel());
-    written_.emplace(t.bf(), Written{t, w});
+    if (load) half_to_f32(t.dtype, t.h(), w.f(), t.numel());
+    written_.emplace(t.h(), Written{t, w});
     return w;
   }
   void store() {
-    for (auto& [p, w] : written_) f32_to_bf16(w.twin.f(), w.target.bf(), w.target.numel());
+    for (auto& [p, w] : written_) f32_to_half(w.target.dtype, w.twin.f(), w.target.h(), w.target.numel());
   }
 
  private:
@@ -69,26 +70,27 @@ class Views {
 }  // namespace
 
 Fp32Buffer::Fp32Buffer(const Tensor& t, bool load) : target_(t) {
-  if (t.dtype != DType::bf16) return;
+  if (!is_half(t.dtype)) return;
   twin_.resize(static_cast<size_t>(t.numel()));
-  if (load) bf16_to_f32(t.bf(), twin_.data(), t.numel());
+  if (load) half_to_f32(t.dtype, t.h(), twin_.data(), t.numel());
 }
 
-float* Fp32Buffer::data() { return target_.dtype == DType::bf16 ? twin_.data() : target_.f(); }
+float* Fp32Buffer::data() { return is_half(target_.dtype) ? twin_.data() : target_.f(); }
 
 void Fp32Buffer::store() {
-  if (target_.dtype != DType::bf16) return;
-  f32_to_bf16(twin_.data(), target_.bf(), target_.numel());
-  bf16_to_f32(target_.bf(), twin_.data(), target_.numel());  // from here on the op sees the stored values
+  if (!is_half(target_.dtype)) return;
+  f32_to_half(target_.dtype, twin_.data(), target_.h(), target_.numel());
+  half_to_f32(target_.dtype, target_.h(), twin_.data(), target_.numel());  // from here on the op sees the stored values
 }
 
 void Fp32Buffer::round(float* p, int64_t n) const {
-  if (target_.dtype != DType::bf16) return;
-  for (int64_t e = 0; e < n; ++e) p[e] = round_bf16(p[e]);
+  if (!is_half(target_.dtype)) return;
+  const DType d = target_.dtype;
+  for (int64_t e = 0; e < n; ++e) p[e] = from_half(d, to_half(d, p[e]));
 }
 
 void run_in_fp32(OpContext& c, bool backward, const std::function<void(OpContext&)>& op) {
-  if (c.act_dtype != DType::bf16) return op(c);
+  if (!is_half(c.act_dtype)) return op(c);
   Views v;
   OpContext w = c;
   for (Tensor& t : w.in) t = v.read(t);

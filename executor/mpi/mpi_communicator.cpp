@@ -100,6 +100,7 @@ class MpiCommunicator final : public Communicator {
           if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
           if (waiting_ != MPI_COMM_NULL) MPI_Comm_free(&waiting_);
           if (bf16_sum_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_);
+          if (f16_sum_ != MPI_OP_NULL) MPI_Op_free(&f16_sum_);
         });
       } catch (...) {
       }
@@ -317,12 +318,20 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Comm_dup(world_, &waiting_), "MPI_Comm_dup");
     check_mpi(MPI_Comm_set_errhandler(waiting_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check_mpi(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_), "MPI_Op_create");
+    check_mpi(MPI_Op_create(&f16_sum, /*commute=*/1, &f16_sum_), "MPI_Op_create");
   }
 
   static void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
     const auto* a = static_cast<const uint16_t*>(in);
     auto* b = static_cast<uint16_t*>(inout);
     for (int e = 0; e < *len; ++e) b[e] = to_bf16(from_bf16(a[e]) + from_bf16(b[e]));
+  }
+  // fp16 likewise; a sum beyond 65504 becomes inf, which fp16-mixed's
+  // overflow check then finds (as NCCL's fp16 sum would).
+  static void f16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int e = 0; e < *len; ++e) b[e] = to_f16(from_f16(a[e]) + from_f16(b[e]));
   }
 
   void check_mpi(int rc, const char* call) const {
@@ -347,13 +356,18 @@ class MpiCommunicator final : public Communicator {
                   std::to_string(rank_) + ")");
   }
 
-  // MPI's element type and sum for a buffer: bf16 travels as 16-bit words
-  // and is summed by bf16_sum (fp32 arithmetic, rounded once per combine).
+  // MPI's element type and sum for a buffer: bf16 and f16 travel as 16-bit
+  // words and are summed by bf16_sum / f16_sum (fp32 arithmetic, rounded
+  // once per combine).
   struct Type {
     MPI_Datatype type;
     MPI_Op sum;
   };
-  Type type_of(DType d) const { return d == DType::bf16 ? Type{MPI_UINT16_T, bf16_sum_} : Type{MPI_FLOAT, MPI_SUM}; }
+  Type type_of(DType d) const {
+    if (d == DType::bf16) return Type{MPI_UINT16_T, bf16_sum_};
+    if (d == DType::f16) return Type{MPI_UINT16_T, f16_sum_};
+    return Type{MPI_FLOAT, MPI_SUM};
+  }
 
   // The per-rank count of a sharded collective (the front checked divisibility).
   int shard_count(const Span& data, const Group& g, const char* what) const {
@@ -464,6 +478,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<comm::CommThread> thread_;
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op f16_sum_ = MPI_OP_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   mutable std::mutex mutex_;
   std::vector<Group> groups_;

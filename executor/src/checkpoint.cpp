@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fcntl.h>
@@ -547,6 +548,11 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
                        {"units", units},
                        {"buffers", buffers},
                        {"shards", shards}};
+      // Adam's bias-correction count (fewer than the steps when fp16-mixed
+      // skipped some) and the dynamic loss scale.
+      manifest["optimizer_steps"] = opt.steps_taken();
+      if (loss_scaled(plan.training.precision))
+        manifest["loss_scale"] = {{"scale", trainer.loss_scale().scale}, {"good_steps", trainer.loss_scale().good_steps}};
       manifest_text = manifest.dump(1);
     }
   }
@@ -580,11 +586,24 @@ int load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm
   ParamStore& store = trainer.store();
   Optimizer& opt = trainer.optimizer();
   DeviceOps& ops = store.ops();
-  int step = -1;
+  int step = -1, optimizer_steps = -1;
+  std::optional<LossScaleState> scale;
   std::string error;
   try {
     const Manifest m = read_manifest(dir);
     check_model(m, trainer.plan(), run);
+    if (m.j.contains("optimizer_steps")) optimizer_steps = int32_of(m.j.at("optimizer_steps"));
+    if (loss_scaled(trainer.plan().training.precision)) {
+      if (!m.j.contains("loss_scale"))
+        throw Error(fmt::format("{}/manifest.json: holds no loss scale; it was not saved by an fp16-mixed run", m.folder));
+      const Json& ls = m.j.at("loss_scale");
+      LossScaleState s;
+      s.scale = ls.at("scale").get<double>();
+      s.good_steps = int32_of(ls.at("good_steps"));
+      if (!(s.scale > 0) || !std::isfinite(s.scale) || s.good_steps < 0)
+        throw Error(fmt::format("{}/manifest.json: loss_scale out of range", m.folder));
+      scale = s;
+    }
     ShardReader reader(m);
     const bool full = !params_sharded(store);
     std::vector<std::vector<float>> params(static_cast<size_t>(store.units()));
@@ -650,6 +669,8 @@ int load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm
   }
   agree(comm, error, fmt::format("loading the checkpoint in {}", dir));
   trainer.resume_at(step);
+  if (optimizer_steps >= 0) opt.set_steps_taken(optimizer_steps);
+  if (scale) trainer.set_loss_scale(*scale);
   return step;
 }
 

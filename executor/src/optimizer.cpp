@@ -1,9 +1,11 @@
 #include "dlplan/exec/optimizer.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/exec/bf16.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace dlplan::exec {
 
@@ -29,7 +31,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& a
     // (ZeRO's "K = 12": master, m, v), made from the bf16 parameters. Under
     // offload the host always keeps one: it updates that copy and sends the
     // parameters up from it. (Offloaded parameters are host memory: copied.)
-    if (store.dtype() == DType::bf16 || offload) {
+    if (is_half(store.dtype()) || offload) {
       master_.push_back(pool.zeros({n}, DType::f32, Category::optimizer, label + " master weights" + where));
       if (offload) store.ops().download_floats(master_.back().f(), store.owned_params(u));
       else store.ops().widen(master_.back().f(), store.owned_params(u));
@@ -42,7 +44,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& a
   }
 }
 
-double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
+StepOutcome Optimizer::step(int step_index, int total_steps, Communicator& comm, double loss_scale) {
   const bool offload = store_.offloaded();
   // Offload: the gradients that backward did not stream to the host (ZeRO-1's
   // shard of its full gradients, one rank's all) go down now, widened to fp32.
@@ -65,12 +67,21 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
     comm.all_reduce_doubles(&sq, 1);
     sq /= comm.size();
   }
-  const double norm = std::sqrt(sq);
+  const bool scaled = loss_scale > 0;
+  if (scaled) {
+    // GradScaler's found-inf check: a scaled gradient that overflowed makes
+    // this rank's sum of squares inf or NaN (replicas see the same; a shard
+    // only its own). One flag summed over every rank decides for all.
+    double found = std::isfinite(sq) ? 0.0 : 1.0;
+    if (comm.size() > 1) comm.all_reduce_doubles(&found, 1);
+    if (found > 0) return {std::numeric_limits<double>::quiet_NaN(), true};
+  }
+  const double norm = std::sqrt(sq) / (scaled ? loss_scale : 1.0);
   const double clip = (cfg_.clip_norm > 0 && norm > cfg_.clip_norm) ? cfg_.clip_norm / (norm + 1e-6) : 1.0;
 
   OptimizerUpdate up;
   up.lr = learning_rate(cfg_, step_index, total_steps);
-  up.clip_scale = clip;
+  up.clip_scale = scaled ? clip / loss_scale : clip;  // unscaled as read: g / S, then clipped
   up.t = ++t_;
   auto data = [](const std::vector<Tensor>& per_unit, int u) {
     const Tensor& t = per_unit[static_cast<size_t>(u)];
@@ -99,7 +110,7 @@ double Optimizer::step(int step_index, int total_steps, Communicator& comm) {
       to.upload_floats(store_.owned_params(u), master_[static_cast<size_t>(u)].f());
     }
   }
-  return norm;
+  return {norm, false};
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state(int u) const {

@@ -57,7 +57,8 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
       replica_(rank / world_),
       sharded_(sharding(t.strategy, world_).optimizer),
       offload_(t.offload),
-      streams_grads_(offload_streams_grads(t, world)) {
+      streams_grads_(offload_streams_grads(t, world)),
+      stages_grads_(stages_grads(t, world)) {
   if (world % world_ != 0)
     throw Error(fmt::format("shard group of {} ranks does not divide the world of {}", world_, world));
   if (offload_ != Offload::none && host == nullptr) throw Error("CPU offload needs a host memory pool");
@@ -93,7 +94,7 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   gathered_.resize(U);
   staging_.resize(U);
   const bool shard_params = sharding(strategy_, world_).params;
-  const bool shard_grads = sharding(strategy_, world_).grads;
+  const bool shard_grads = sharding(strategy_, world_).grads;  // (none are kept when they stream to the host)
   host_grads_.resize(U);
   for (size_t u = 0; u < U; ++u) {
     const std::string label = m.units[u].empty() ? "root" : m.units[u];
@@ -169,7 +170,7 @@ const Tensor& ParamStore::full_unit(int u) const {
 }
 
 const Tensor& ParamStore::grad_target(int u) const {
-  if (sharding(strategy_, world_).grads) return staging_[static_cast<size_t>(u)];
+  if (stages_grads_) return staging_[static_cast<size_t>(u)];
   return grads_[static_cast<size_t>(u)];
 }
 

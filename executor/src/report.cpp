@@ -2,6 +2,7 @@
 
 #include "dlplan/format.hpp"
 #include "dlplan/planner.hpp"
+#include "dlplan/simulator.hpp"
 
 #include <fmt/format.h>
 
@@ -68,14 +69,19 @@ RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement&
   // global batch (planner's op declarations, recomputation not counted) over
   // the step time and the device's peak (cpu: the catalog's nominal rate).
   const StrategyResult predicted = evaluate(plan.model, plan.cluster, plan.training);
-  const double peak_flops = plan.training.precision == Precision::bf16_mixed ? plan.cluster.device.bf16_flops
-                                                                             : plan.cluster.device.fp32_flops;
+  const double peak = peak_flops(plan.cluster.device, plan.training.precision);
 
   RunReport r;
   r.plan = plan;
   r.world_size = world;
   r.seed = seed;
-  for (const auto& x : m.steps) r.loss.push_back(x.loss);
+  for (const auto& x : m.steps) {
+    r.loss.push_back(x.loss);
+    if (loss_scaled(plan.training.precision)) {
+      r.loss_scale.push_back(x.loss_scale);
+      if (x.skipped) r.skipped_steps.push_back(x.step + 1);
+    }
+  }
   r.predicted = plan.predicted;
   Measured& out = r.measured;
   out.memory = {m.memory.at_peak, m.memory.runtime_bytes, m.memory.peak};
@@ -85,7 +91,7 @@ RunReport run_report(const PlanDocument& plan, Trainer& t, const RunMeasurement&
   out.step_seconds = step_s;
   out.compute_seconds = std::max(0.0, step_s - exposed);
   out.comm = {median(bytes), m.comm_busy_seconds, exposed};
-  out.mfu = step_s > 0 && peak_flops > 0 ? predicted.model_flops / step_s / peak_flops : 0.0;
+  out.mfu = step_s > 0 && peak > 0 ? predicted.model_flops / step_s / peak : 0.0;
   const double rate = step_s > 0 ? static_cast<double>(t.samples_per_step()) / step_s : 0;
   out.tokens = t.tokens_per_sample() > 0;
   out.rate = out.tokens ? rate * static_cast<double>(t.tokens_per_sample()) : rate;
@@ -100,6 +106,7 @@ std::string progress_text(const StepStats& s, int steps, const Trainer& t, doubl
   std::string line = fmt::format("step {:>4}/{}  loss {:.4f}  {:>9}  {:>12.1f} {}/s  peak {}", s.step + 1, steps, s.loss,
                                  format_seconds(s.seconds), throughput(s, t), tokens ? "tokens" : "samples",
                                  format_bytes(static_cast<double>(s.peak_bytes)));
+  if (s.loss_scale > 0) line += fmt::format("  scale {:g}{}", s.loss_scale, s.skipped ? " (overflow: step skipped)" : "");
   if (eta_seconds >= 0) line += fmt::format("  eta {}", format_duration(eta_seconds));
   return line;
 }

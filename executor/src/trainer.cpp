@@ -122,6 +122,7 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
   }
 
   const TrainingConfig& t = plan.training;
+  scale_.scale = t.loss_scaling.init_scale;
   program_ = build_step_program(plan.model, plan.cluster, t);
   runner_ = std::make_unique<ProgramRunner>(program_);
   slots_.resize(static_cast<size_t>(program_.slot_count));
@@ -192,6 +193,15 @@ StepStats Trainer::step() {
   set_comm_context(fmt::format("step {}", step_ + 1));  // named by a collective that times out
   const auto start = Clock::now();
   const int A = static_cast<int>(plan_.training.grad_accum);
+  const bool scaled = loss_scaled(plan_.training.precision);
+  if (scaled) {
+    // fp16-mixed: backward starts from d(loss)/d(loss) = S, so every gradient
+    // it stores (activations' and parameters', in fp16) is S times the true
+    // one, out of fp16's underflow range (GradScaler's scale(loss)).
+    const float s = static_cast<float>(scale_.scale);
+    ops_->upload(one_.f(), &s, sizeof s);
+    stats.loss_scale = scale_.scale;
+  }
   // Every step runs the program from its start, persistent allocations
   // included (the parameter store holds those tensors; the ledger re-counts).
   runner_->clear_slots();
@@ -206,6 +216,7 @@ StepStats Trainer::step() {
   stats.wait_seconds += since(wait_start);
   store_->zero_grads();
   ops_->synchronize();  // the step's time includes its device work (CPU: nothing to wait for)
+  if (scaled) scale_ = next_loss_scale(plan_.training.loss_scaling, scale_, stats.skipped);
 
   double loss = stats.loss;
   comm_.all_reduce_doubles(&loss, 1);
@@ -231,7 +242,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
   const int64_t b = t.micro_batch;
   const int64_t global_first = step_ * samples_per_step() + (static_cast<int64_t>(micro) * N + r) * b;
   const float inv_world = 1.0f / static_cast<float>(N);
-  const bool staged_grads = sharding(t.strategy, N).grads;
+  const bool staged_grads = stages_grads(t, N);
   // Float tensors are stored in the plan's storage dtype (bf16 under bf16-mixed).
   const DType act = storage_dtype(t.precision);
   auto stored = [act](DType ir) { return ir == DType::f32 ? act : ir; };
@@ -382,6 +393,8 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         break;
       case CommPurpose::syncbn:
         break;  // issued inside the BN op
+      case CommPurpose::overflow_flag:
+        break;  // issued inside the optimizer's step
     }
   };
 
@@ -455,7 +468,14 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       }
       case Instr::Kind::issue: issue(in.comm); break;
       case Instr::Kind::wait: finish(in.comm); break;
-      case Instr::Kind::optimizer: stats.grad_norm = optimizer_->step(step_, opt_.steps, comm_); break;
+      case Instr::Kind::optimizer: {
+        const bool scaled = loss_scaled(t.precision);
+        const StepOutcome o = optimizer_->step(step_, opt_.steps, comm_, scaled ? scale_.scale : 0.0);
+        stats.grad_norm = o.grad_norm;
+        stats.skipped = o.skipped;
+        if (scaled && N > 1) stats.comm_bytes += ring_bytes(Collective::AllReduce, 8.0, N);  // the overflow flag
+        break;
+      }
       case Instr::Kind::mark: check_ledger(in); break;
       default: break;
     }

@@ -137,7 +137,7 @@ ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
               (within_group(r.strategy) == Strategy::zero3 ? cat(Category::gathered) : 0);
   const auto& t = r.training;
   out.host_bytes = r.host.per_node;
-  if (t.precision != Precision::bf16_mixed || t.optimizer.kind != OptimizerKind::adamw) return out;  // the formulas' setting
+  if (!mixed(t.precision) || t.optimizer.kind != OptimizerKind::adamw) return out;  // the formulas' setting
   if (t.offload != Offload::none) return offload_model_states(p, r, out);
 
   const double psi = static_cast<double>(p.request.model.parameter_count());

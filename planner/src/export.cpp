@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -146,10 +147,20 @@ std::vector<std::string> ds_comments(const PlanDocument& p, const ExportOptions&
                           zero_stage(t.strategy), to_string(t.strategy),
                           t.micro_batch * t.grad_accum * p.cluster.world(), t.micro_batch, t.grad_accum,
                           p.cluster.world(), o.clip_norm));
-  c.push_back(t.precision == Precision::bf16_mixed
-                  ? "precision bf16-mixed: bf16.enabled (bf16 params and grads, fp32 master weights and optimizer "
-                    "state); no fp16 block, so no loss scaling"
-                  : "precision fp32: neither bf16 nor fp16 (DeepSpeed trains in fp32)");
+  if (t.precision == Precision::bf16_mixed)
+    c.push_back("precision bf16-mixed: bf16.enabled (bf16 params and grads, fp32 master weights and optimizer state); "
+                "no fp16 block, so no loss scaling");
+  else if (t.precision == Precision::fp16_mixed)
+    c.push_back(fmt::format("precision fp16-mixed: fp16.enabled (fp16 params and grads, fp32 master weights and "
+                            "optimizer state) with dynamic loss scaling from 2^{} (the plan's init_scale {}); DeepSpeed "
+                            "grows the scale by 2 and backs off by 2 only{}",
+                            std::lround(std::log2(t.loss_scaling.init_scale)), t.loss_scaling.init_scale,
+                            t.loss_scaling.growth == 2 && t.loss_scaling.backoff == 0.5
+                                ? ", as the plan does"
+                                : fmt::format(": the plan's growth {} and backoff {} have no DeepSpeed setting",
+                                              t.loss_scaling.growth, t.loss_scaling.backoff)));
+  else
+    c.push_back("precision fp32: neither bf16 nor fp16 (DeepSpeed trains in fp32)");
   c.push_back(fmt::format("reduce_bucket_size and allgather_bucket_size count elements, the plan's bucket_mb MiB: "
                           "{} MiB x 1048576 / {} bytes per {} gradient = {} elements",
                           t.bucket_mb, grad_bytes(t.precision), to_string(storage_dtype(t.precision)),
@@ -298,6 +309,12 @@ std::string fsdp_header(const PlanDocument& p, const ExportOptions& opt) {
              ? "#   bf16-mixed         -> MixedPrecision(param_dtype, reduce_dtype, buffer_dtype = torch.bfloat16)\n"
              : "#   bf16-mixed         -> torch.autocast(dtype=torch.bfloat16) around the forward (DDP keeps fp32\n"
                "#                         parameters: more memory than the plan's bf16 copies)\n";
+  else if (t.precision == Precision::fp16_mixed)
+    s += uses_fsdp(t.strategy)
+             ? "#   fp16-mixed         -> MixedPrecision(param_dtype, reduce_dtype, buffer_dtype = torch.float16),\n"
+               "#                         ShardedGradScaler (loss scaling, the overflow flag all-reduced)\n"
+             : "#   fp16-mixed         -> torch.autocast(dtype=torch.float16) around the forward and GradScaler (DDP\n"
+               "#                         keeps fp32 parameters: more memory than the plan's fp16 copies)\n";
   else
     s += "#   fp32               -> no mixed precision\n";
   if (t.checkpointing == Checkpointing::units)
@@ -342,13 +359,15 @@ import torch.nn.functional as F
 )py";
   if (uses_fsdp(t.strategy)) {
     s += "from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy\n";
-    if (t.offload == Offload::params) s += "from torch.distributed.fsdp import CPUOffload\n"
-         "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n";
-    if (t.precision == Precision::bf16_mixed) s += "from torch.distributed.fsdp import MixedPrecision\n";
+    if (t.offload == Offload::params) s += "from torch.distributed.fsdp import CPUOffload\n";
+    s += "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n";
+    if (mixed(t.precision)) s += "from torch.distributed.fsdp import MixedPrecision\n";
+    if (loss_scaled(t.precision)) s += "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\n";
     s += "from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy\n";
   } else {
     s += "from torch.nn.parallel import DistributedDataParallel as DDP\n";
   }
+  if (loss_scaled(t.precision) && !uses_fsdp(t.strategy)) s += "from torch.cuda.amp import GradScaler\n";
   if (t.strategy == Strategy::zero1) s += "from torch.distributed.optim import ZeroRedundancyOptimizer\n";
   if (t.checkpointing == Checkpointing::units)
     s += "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
@@ -378,6 +397,13 @@ std::string fsdp_constants(const PlanDocument& p, const ExportOptions& opt) {
   s += fmt::format("WARMUP_STEPS = {}\n", o.warmup_steps);
   s += fmt::format("MIN_LR = {}\n", py(o.min_lr));
   s += fmt::format("STEPS = {}  # the schedule's total: {}\n", opt.steps, steps_note(opt));
+  if (loss_scaled(t.precision)) {
+    const LossScaling& ls = t.loss_scaling;
+    s += fmt::format("# fp16-mixed: dynamic loss scaling (the plan's loss_scale; GradScaler's defaults)\n"
+                     "SCALER = {}(init_scale={}, growth_factor={}, backoff_factor={}, growth_interval={})\n",
+                     uses_fsdp(t.strategy) ? "ShardedGradScaler" : "GradScaler", py(ls.init_scale), py(ls.growth),
+                     py(ls.backoff), ls.growth_interval);
+  }
   if (uses_fsdp(t.strategy))
     s += fmt::format("FORWARD_PREFETCH = {}  # the plan prefetches {} unit(s) ahead\n", py(t.prefetch > 0),
                      t.prefetch);
@@ -496,11 +522,11 @@ def train_step(model, optimizer, scheduler, micro_batches, loss_fn):
     for i, (inputs, targets) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else model.no_sync():
-@FORWARD@            loss.backward()
+@FORWARD@            @BACKWARD@
         total += loss.item()
-    if CLIP_NORM > 0:
+@UNSCALE@    if CLIP_NORM > 0:
 @CLIP@
-    optimizer.step()
+@STEP@
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return total
@@ -584,9 +610,10 @@ std::string py_optimizer(const TrainingConfig& t) {
 
 std::string py_forward(const TrainingConfig& t) {
   const std::string loss = "loss = loss_fn(model(inputs), targets) / len(micro_batches)\n";
-  if (t.precision == Precision::bf16_mixed && !uses_fsdp(t.strategy))
-    return "            with torch.autocast(device_type=inputs.device.type, dtype=torch.bfloat16):\n"
-           "                " + loss;
+  if (mixed(t.precision) && !uses_fsdp(t.strategy))
+    return fmt::format("            with torch.autocast(device_type=inputs.device.type, dtype={}):\n"
+                       "                {}",
+                       t.precision == Precision::fp16_mixed ? "torch.float16" : "torch.bfloat16", loss);
   return "            " + loss;
 }
 
@@ -613,6 +640,18 @@ OrderedJson deepspeed_config(const PlanDocument& p, const ExportOptions& opt) {
   j["gradient_accumulation_steps"] = t.grad_accum;
   j["gradient_clipping"] = t.optimizer.clip_norm;
   if (t.precision == Precision::bf16_mixed) j["bf16"] = {{"enabled", true}};
+  if (t.precision == Precision::fp16_mixed) {
+    // DeepSpeed's dynamic loss scaler: loss_scale 0 selects it; the initial
+    // scale is 2^initial_scale_power, the window is GradScaler's growth
+    // interval, hysteresis 1 backs off at the first overflow (as GradScaler).
+    const LossScaling& ls = t.loss_scaling;
+    j["fp16"] = {{"enabled", true},
+                 {"loss_scale", 0},
+                 {"initial_scale_power", static_cast<int>(std::lround(std::log2(ls.init_scale)))},
+                 {"loss_scale_window", ls.growth_interval},
+                 {"hysteresis", 1},
+                 {"min_loss_scale", 1}};
+  }
   j["zero_optimization"] = ds_zero(p);
   if (t.optimizer.kind != OptimizerKind::adamw && t.strategy != Strategy::ddp) j["zero_allow_untested_optimizer"] = true;
   j["optimizer"] = ds_optimizer(t.optimizer);
@@ -630,7 +669,8 @@ std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
     throw Error("export: PyTorch FSDP has no optimizer-only CPU offload (its CPUOffload moves the parameters and "
                 "gradients too): export --to deepspeed (offload_optimizer), or plan with --offload params");
   const bool fsdp = uses_fsdp(t.strategy);
-  const bool bf16 = t.precision == Precision::bf16_mixed;
+  const bool scaled = loss_scaled(t.precision);
+  const std::string half = t.precision == Precision::fp16_mixed ? "torch.float16" : "torch.bfloat16";
   const std::string syncbn =
       t.syncbn ? "    model = nn.SyncBatchNorm.convert_sync_batchnorm(model, _syncbn_process_group())\n" : "";
   const std::string checkpoint = t.checkpointing == Checkpointing::units ? kPyCheckpoint : "";
@@ -647,10 +687,11 @@ std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
               {"@PROCESS_GROUP@", py_hybrid_groups(p)},
               {"@OFFLOAD@", t.offload == Offload::params ? "        cpu_offload=CPUOffload(offload_params=True),\n" : ""},
               {"@SYNCBN@", syncbn},
-              {"@MIXED@", bf16 ? "        mixed_precision=MixedPrecision(\n"
-                                 "            param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, "
-                                 "buffer_dtype=torch.bfloat16\n        ),\n"
-                               : ""},
+              {"@MIXED@", mixed(t.precision) ? fmt::format("        mixed_precision=MixedPrecision(\n"
+                                                           "            param_dtype={0}, reduce_dtype={0}, "
+                                                           "buffer_dtype={0}\n        ),\n",
+                                                           half)
+                                             : ""},
               {"@CHECKPOINT@", checkpoint}});
   s += subst(kPyOptimizer,
              {{"@OPTIMIZER@", py_optimizer(t)},
@@ -658,6 +699,10 @@ std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
                                        "than the plan counts when GRAD_ACCUM > 1"
                                      : ""},
               {"@FORWARD@", py_forward(t)},
+              {"@BACKWARD@", scaled ? "SCALER.scale(loss).backward()" : "loss.backward()"},
+              {"@UNSCALE@", scaled ? "    SCALER.unscale_(optimizer)  # the clip and the overflow check see true gradients\n" : ""},
+              {"@STEP@", scaled ? "    SCALER.step(optimizer)  # skipped when a gradient overflowed\n    SCALER.update()"
+                                : "    optimizer.step()"},
               {"@CLIP@", fsdp ? "        model.clip_grad_norm_(CLIP_NORM)  # FSDP: the norm over every rank's shard"
                               : "        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)"}});
   s += subst(kPyMain,

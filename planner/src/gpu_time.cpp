@@ -30,11 +30,10 @@ namespace {
 // The roofline's memory share when a device gives none (legacy cluster files).
 constexpr double kDefaultMemoryEfficiency = 0.85;
 
-double peak_flops(const DeviceSpec& d, Precision p) { return p == Precision::bf16_mixed ? d.bf16_flops : d.fp32_flops; }
 double memory_rate(const DeviceSpec& d) {
   return d.hbm_bytes_per_s * (d.memory_efficiency > 0 ? d.memory_efficiency : kDefaultMemoryEfficiency);
 }
-double elem_bytes(Precision p) { return p == Precision::bf16_mixed ? 2.0 : 4.0; }
+double elem_bytes(Precision p) { return mixed(p) ? 2.0 : 4.0; }
 // What a training step sustains of the kernel curves (clocks under sustained
 // power, the framework's gaps between kernels); fitted to published runs.
 double sustained(const DeviceSpec& d) { return d.sustained_share > 0 ? d.sustained_share : 1.0; }
@@ -45,6 +44,15 @@ double core_forward_flops(const AttentionCore& a) {
 }
 
 }  // namespace
+
+double peak_flops(const DeviceSpec& d, Precision p) {
+  switch (p) {
+    case Precision::fp32: return d.fp32_flops;
+    case Precision::bf16_mixed: return d.bf16_flops;
+    case Precision::fp16_mixed: return d.fp16_flops;
+  }
+  return d.fp32_flops;
+}
 
 double gemm_seconds(const GemmShape& g, const DeviceSpec& d, Precision p) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;

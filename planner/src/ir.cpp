@@ -17,6 +17,7 @@ const char* to_string(DType d) {
     case DType::f32: return "f32";
     case DType::i32: return "i32";
     case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "?";
 }

@@ -147,6 +147,13 @@ OrderedJson plan_json(const Planning& p, const StrategyResult& r) {
   j["micro_batch"] = t.micro_batch;
   j["grad_accum"] = t.grad_accum;
   j["precision"] = to_string(t.precision);
+  if (loss_scaled(t.precision)) {
+    const LossScaling& ls = t.loss_scaling;
+    j["loss_scale"] = {{"init_scale", ls.init_scale},
+                       {"growth", ls.growth},
+                       {"backoff", ls.backoff},
+                       {"growth_interval", ls.growth_interval}};
+  }
   const auto& o = t.optimizer;
   j["optimizer"] = {{"name", to_string(o.kind)}, {"lr", o.lr},           {"betas", {o.beta1, o.beta2}},
                     {"eps", o.eps},              {"weight_decay", o.weight_decay}, {"momentum", o.momentum},

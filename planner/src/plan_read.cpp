@@ -79,6 +79,14 @@ TrainingConfig read_training(const Object& d, int world) {
     if (const std::string why = offload_conflict(t); !why.empty()) d.fail(why);
   }
   t.precision = d.choice("precision", parse_precision);
+  if (loss_scaled(t.precision)) {  // GradScaler's settings (training.hpp, LossScaling)
+    const Object ls = d.object("loss_scale");
+    LossScaling& c = t.loss_scaling;
+    c.init_scale = ls.number("init_scale", doc::Range{1, 1e38});
+    c.growth = ls.number("growth", doc::Range{1, 1e3});
+    c.backoff = ls.number("backoff", doc::Range{0, 1, true, true});
+    c.growth_interval = static_cast<int>(ls.integer("growth_interval", 1, std::numeric_limits<int>::max()));
+  }
   t.checkpointing = d.choice("checkpointing", parse_checkpointing);
   t.attention = d.choice("attention", parse_attention);
   t.micro_batch = d.integer("micro_batch", 1, kMaxMicroBatch);

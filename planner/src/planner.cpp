@@ -48,8 +48,13 @@ std::vector<Strategy> strategies_to_compare(const Cluster& c, const TrainingConf
 void validate(const PlanRequest& r) {
   const auto& d = r.cluster.device;
   const auto& t = r.training;
+  const std::string device = d.description.empty() ? d.kind : d.description;
   if (t.precision == Precision::bf16_mixed && !d.has_bf16())
-    throw UsageError(fmt::format("{} has no bf16 support; use --precision fp32", d.description.empty() ? d.kind : d.description));
+    throw UsageError(fmt::format("{} has no bf16 support; use --precision {}", device,
+                                 d.has_fp16() ? "fp16-mixed (fp16 with loss scaling) or fp32" : "fp32"));
+  if (t.precision == Precision::fp16_mixed && !d.has_fp16())
+    throw UsageError(fmt::format("{} gives no fp16 rate (device.fp16_flops); use --precision {}", device,
+                                 d.has_bf16() ? "bf16-mixed or fp32" : "fp32"));
   if (r.cluster.nodes <= 0 || r.cluster.gpus_per_node <= 0) throw UsageError("--gpus and --nodes must be positive");
   if (t.micro_batch <= 0) throw UsageError(fmt::format("--micro-batch must be positive, got {}", t.micro_batch));
   if (t.grad_accum <= 0) throw UsageError(fmt::format("--grad-accum must be positive, got {}", t.grad_accum));

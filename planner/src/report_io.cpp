@@ -86,6 +86,10 @@ OrderedJson report_json(const RunReport& r) {
   j["steps"] = r.loss.size();
   j["loss"] = OrderedJson::array();
   for (double l : r.loss) j["loss"].push_back(std::isfinite(l) ? OrderedJson(l) : OrderedJson());  // NaN: null
+  if (!r.loss_scale.empty()) {
+    j["loss_scale"] = r.loss_scale;
+    j["skipped_steps"] = r.skipped_steps;
+  }
   j["measured"] = measured;
   j["predicted"] = doc::predicted_json(r.predicted);
   return j;
@@ -114,6 +118,12 @@ RunReport report_from_json(const OrderedJson& ordered, const std::string& src) {
     r.loss.push_back(loss[i].is_null() ? std::nan("")
                                        : doc::number_value(loss[i], src, fmt::format("loss[{}]", i),
                                                            doc::Range{-doc::kInf, doc::kInf}));
+  if (d.has("loss_scale")) {  // fp16-mixed
+    r.loss_scale = d.numbers("loss_scale", static_cast<size_t>(steps), doc::kPositive);
+    for (double s : d.numbers("skipped_steps", d.raw("skipped_steps").is_array() ? d.raw("skipped_steps").size() : 0,
+                              doc::Range{1, static_cast<double>(r.first_step + steps)}))
+      r.skipped_steps.push_back(static_cast<int64_t>(s));
+  }
   r.measured = read_measured(d.object("measured"), r.world_size);
   r.predicted = doc::read_predicted(d.object("predicted"));
   return r;

@@ -166,7 +166,12 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   auto& t = r.training;
   const DeviceSpec& d = r.cluster.device;
   if (f.precision.empty()) {
-    t.precision = d.kind != "cpu" && d.has_bf16() ? Precision::bf16_mixed : Precision::fp32;
+    // A GPU trains in mixed precision: bf16 where it has it, else fp16 with
+    // loss scaling (V100, T4); the CPU engine in fp32.
+    if (d.kind == "cpu") t.precision = Precision::fp32;
+    else if (d.has_bf16()) t.precision = Precision::bf16_mixed;
+    else if (d.has_fp16()) t.precision = Precision::fp16_mixed;
+    else t.precision = Precision::fp32;
   } else {
     try {
       t.precision = parse_precision(f.precision);

@@ -28,8 +28,6 @@
 namespace dlplan {
 namespace {
 
-double peak_flops(const DeviceSpec& d, Precision p) { return p == Precision::bf16_mixed ? d.bf16_flops : d.fp32_flops; }
-
 // An op of `seconds` starting at `start` while the communication stream is
 // busy until `comm_busy_until` runs 1 + s times slower for the overlap.
 double with_contention(double seconds, double start, double comm_busy_until, double s) {

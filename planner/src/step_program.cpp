@@ -103,7 +103,7 @@ std::vector<StateTensor> model_state_tensors(const Model& m, int world, const Tr
   }
   for (const auto& b : m.buffers) out.push_back({Category::params, b.numel * 4, b.name});  // fp32, replicated
   if (cfg.offload != Offload::none) return out;  // the optimizer state is on the host
-  const bool master = cfg.precision == Precision::bf16_mixed;
+  const bool master = mixed(cfg.precision);
   const bool moment1 = cfg.optimizer.kind != OptimizerKind::sgd, moment2 = cfg.optimizer.kind == OptimizerKind::adamw;
   for (size_t u = 0; u < sizes.size(); ++u) {
     const std::string unit = m.units[u].empty() ? "root" : m.units[u];
@@ -683,7 +683,7 @@ class Emitter {
   // ZeRO-2/3: a unit's full gradient is staged in comm from its first
   // contribution (zeroed: contributions accumulate).
   void stage_unit_gradients(int i) {
-    if (!sharding(cfg_.strategy, S_).grads) return;
+    if (!stages_grads(cfg_, N_)) return;
     auto it = contributes_.find(i);
     if (it == contributes_.end()) return;
     for (int k : it->second) {
@@ -699,7 +699,7 @@ class Emitter {
 
   // After node i's backward: DDP buckets and ZeRO-2/3 units now complete.
   void issue_ready_gradients(int i) {
-    if (N_ == 1) return;
+    if (N_ == 1 && !stages_grads(cfg_, N_)) return;
     if (cfg_.strategy == Strategy::ddp) {
       auto it = bucket_ready_at_.find(i);
       if (it == bucket_ready_at_.end()) return;
@@ -720,7 +720,7 @@ class Emitter {
       }
       return;
     }
-    if (!sharding(cfg_.strategy, S_).grads) return;
+    if (!stages_grads(cfg_, N_)) return;
     auto it = params_done_at_.find(i);
     if (it == params_done_at_.end()) return;
     for (int k : it->second) {
@@ -767,7 +767,7 @@ class Emitter {
     }
     while (!inflight_.empty()) {
       // ZeRO-2/3 reduce-scatter every micro-batch (DESIGN.md), ddp and zero1 once a step.
-      wait_oldest(sharding(cfg_.strategy, S_).grads ? When::every : When::last_micro);
+      wait_oldest(stages_grads(cfg_, N_) ? When::every : When::last_micro);
     }
     for (int c : replica_inflight_) wait(c, When::last_micro);
     replica_inflight_.clear();
@@ -792,13 +792,26 @@ class Emitter {
       // rank's) gradient shard down, unless backward streamed it; the
       // updated parameters up, unless they stay on the host.
       const double moments = static_cast<double>(optimizer_bytes_per_param(cfg_.precision, cfg_.optimizer.kind) -
-                                                 (cfg_.precision == Precision::bf16_mixed ? 4 : 0));
+                                                 (mixed(cfg_.precision) ? 4 : 0));
       const bool params_on_host = cfg_.offload == Offload::params && sh.params;
       const double host_bytes = 4.0 + 2.0 * (4.0 + moments) + (params_on_host ? pbytes_ : 0);
       const double link = (offload_streams_grads(cfg_, N_) ? 0.0 : gbytes_) + (params_on_host ? 0.0 : pbytes_);
       compute(Instr::Kind::optimizer, Phase::optimizer, -1, 10.0 * shard, host_bytes * shard);
       out_.compute.back().on_host = true;
       out_.compute.back().link_bytes = link * shard;
+    }
+    if (loss_scaled(cfg_.precision) && N_ > 1) {
+      // GradScaler's found-inf check: one flag (a double) summed over every
+      // rank before the update, which every rank then skips or takes alike.
+      CommEvent ev{.name = "loss-scale overflow flag all-reduce",
+                   .op = Collective::AllReduce,
+                   .purpose = CommPurpose::overflow_flag,
+                   .bytes = 8,
+                   .group = static_cast<int>(N_),
+                   .blocking = true};
+      out_.comm.push_back(ev);  // inside the optimizer's step: no instruction of its own
+      out_.comm.back().issue_after = last_event() - 1;
+      out_.comm.back().wait_before = last_event();
     }
     if (sh.optimizer && !sh.params)  // ZeRO-1/2: the updated shards are all-gathered
       for (size_t u = 0; u < m_.units.size(); ++u)

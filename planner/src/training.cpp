@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,14 @@ std::string to_string(Strategy s) {
   }
   return "?";
 }
-std::string to_string(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16-mixed"; }
+std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16_mixed: return "bf16-mixed";
+    case Precision::fp16_mixed: return "fp16-mixed";
+  }
+  return "?";
+}
 std::string to_string(OptimizerKind o) {
   switch (o) {
     case OptimizerKind::adamw: return "adamw";
@@ -56,7 +64,8 @@ Strategy parse_strategy(std::string_view s) {
                                               {"hsdp2", Strategy::hsdp2}, {"hsdp3", Strategy::hsdp3}});
 }
 Precision parse_precision(std::string_view s) {
-  return parse_enum<Precision>(s, "precision", {{"fp32", Precision::fp32}, {"bf16-mixed", Precision::bf16_mixed}});
+  return parse_enum<Precision>(s, "precision", {{"fp32", Precision::fp32}, {"bf16-mixed", Precision::bf16_mixed},
+                                                            {"fp16-mixed", Precision::fp16_mixed}});
 }
 OptimizerKind parse_optimizer(std::string_view s) {
   return parse_enum<OptimizerKind>(s, "optimizer", {{"adamw", OptimizerKind::adamw}, {"sgd", OptimizerKind::sgd},
@@ -75,7 +84,29 @@ AttentionImpl parse_attention(std::string_view s) {
 int param_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int grad_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 int activation_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
-DType storage_dtype(Precision p) { return p == Precision::fp32 ? DType::f32 : DType::bf16; }
+DType storage_dtype(Precision p) {
+  switch (p) {
+    case Precision::fp32: return DType::f32;
+    case Precision::bf16_mixed: return DType::bf16;
+    case Precision::fp16_mixed: return DType::f16;
+  }
+  return DType::f32;
+}
+bool mixed(Precision p) { return p != Precision::fp32; }
+
+LossScaleState next_loss_scale(const LossScaling& cfg, LossScaleState s, bool found_inf) {
+  // As ATen's _amp_update_scale_ (aten/src/ATen/native/cuda/AmpKernels.cu):
+  // on overflow back off and restart the count; otherwise count, and once the
+  // count reaches the interval grow (unless that would overflow) and restart.
+  if (found_inf) {
+    s.scale *= cfg.backoff;
+    s.good_steps = 0;
+  } else if (++s.good_steps >= cfg.growth_interval) {
+    if (std::isfinite(s.scale * cfg.growth)) s.scale *= cfg.growth;
+    s.good_steps = 0;
+  }
+  return s;
+}
 
 std::string offload_conflict(const TrainingConfig& t) {
   if (t.offload == Offload::none) return "";
@@ -87,7 +118,13 @@ std::string offload_conflict(const TrainingConfig& t) {
 }
 
 bool offload_streams_grads(const TrainingConfig& t, int64_t world) {
-  return t.offload != Offload::none && sharding(t.strategy, shard_world(t, world)).grads;
+  (void)world;  // one rank streams as many do
+  const Strategy s = within_group(t.strategy);
+  return t.offload != Offload::none && (s == Strategy::zero2 || s == Strategy::zero3);
+}
+
+bool stages_grads(const TrainingConfig& t, int64_t world) {
+  return sharding(t.strategy, shard_world(t, world)).grads || offload_streams_grads(t, world);
 }
 
 bool hybrid(Strategy s) { return s == Strategy::hsdp2 || s == Strategy::hsdp3; }
@@ -113,7 +150,7 @@ Sharding sharding(Strategy s, int64_t world) {
 }
 
 int optimizer_bytes_per_param(Precision p, OptimizerKind o) {
-  int master = p == Precision::bf16_mixed ? 4 : 0;  // fp32 master copy
+  int master = mixed(p) ? 4 : 0;  // fp32 master copy
   switch (o) {
     case OptimizerKind::adamw: return master + 8;     // m and v in fp32
     case OptimizerKind::sgd: return master;

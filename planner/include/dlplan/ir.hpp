@@ -15,9 +15,10 @@
 
 namespace dlplan {
 
-// f32 and i32 in the IR; bf16 is a storage type of the executor (bf16-mixed
-// keeps parameters, gradients and activations in it), never an IR dtype.
-enum class DType { f32, i32, bf16 };
+// f32 and i32 in the IR; bf16 and f16 are storage types of the executor
+// (bf16-mixed and fp16-mixed keep parameters, gradients and activations in
+// them), never IR dtypes.
+enum class DType { f32, i32, bf16, f16 };
 const char* to_string(DType d);
 
 using Shape = std::vector<int64_t>;

@@ -96,6 +96,10 @@ struct RunReport {
   int world_size = 1;
   uint64_t seed = 0;
   std::vector<double> loss; // per step (a diverged step's loss is NaN, written null)
+  // fp16-mixed: the loss scale each step ran with, and the steps (1-based)
+  // whose update was skipped because a gradient overflowed. Empty otherwise.
+  std::vector<double> loss_scale;
+  std::vector<int64_t> skipped_steps;
   int first_step = 0;       // steps before these (a run resumed from a checkpoint)
   bool partial = false;     // stopped by a signal before its last step
   Measured measured;

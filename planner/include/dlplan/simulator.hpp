@@ -46,6 +46,10 @@ struct Simulation {
   int64_t peak_bytes = 0;      // the memory model's peak (the same walk)
 };
 
+// The device's dense peak for the precision's GEMMs: fp32, bf16 or fp16
+// tensor cores (FLOP/s).
+double peak_flops(const DeviceSpec& d, Precision p);
+
 // Seconds of one compute event on the device (gpu_time.cpp,
 // docs/gpu-time-model.md): the per-op-class GPU model where the device gives
 // its kernel figures (DeviceSpec::has_kernel_model), else the roofline.

@@ -102,6 +102,7 @@ enum class CommPurpose {
   param_all_gather,
   syncbn,
   shard_all_reduce,  // hsdp: a unit's gradient shard, across the shard groups
+  overflow_flag,     // fp16-mixed: did any rank's gradients overflow? (inside the optimizer's step)
 };
 
 struct CommEvent {

@@ -13,7 +13,7 @@ namespace dlplan {
 
 // In DESIGN.md's order of simplicity (ties go to the earlier one).
 enum class Strategy { ddp, zero1, zero2, zero3, hsdp2, hsdp3 };
-enum class Precision { fp32, bf16_mixed };
+enum class Precision { fp32, bf16_mixed, fp16_mixed };
 enum class OptimizerKind { adamw, sgd, sgd_momentum };
 enum class Checkpointing { none, units };
 enum class AttentionImpl { math, flash };
@@ -48,6 +48,26 @@ Checkpointing parse_checkpointing(std::string_view s);
 AttentionImpl parse_attention(std::string_view s);
 Offload parse_offload(std::string_view s);
 
+// Dynamic loss scaling under fp16-mixed, as PyTorch's torch.cuda.amp.GradScaler
+// does it (its defaults): the loss's gradient is multiplied by `scale`; a step
+// whose gradients hold an inf or a NaN on any rank is skipped and the scale
+// multiplied by `backoff`; after `growth_interval` clean steps in a row it is
+// multiplied by `growth`.
+struct LossScaling {
+  double init_scale = 65536.0;  // 2^16
+  double growth = 2.0;
+  double backoff = 0.5;
+  int growth_interval = 2000;
+};
+
+// The scaler's state between steps (checkpoints carry it).
+struct LossScaleState {
+  double scale = 65536.0;
+  int good_steps = 0;  // clean steps since the last change (GradScaler's growth tracker)
+};
+// GradScaler.update(): the state after a step that found (or not) an overflow.
+LossScaleState next_loss_scale(const LossScaling& cfg, LossScaleState s, bool found_inf);
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::adamw;
   double lr = 3e-4;
@@ -74,6 +94,7 @@ struct TrainingConfig {
   int syncbn_group = 0;        // ranks per SyncBN group; 0: all ranks
   int shard_group = 0;         // hsdp2 / hsdp3: ranks per shard group; 0: all ranks (the request sets one node)
   Offload offload = Offload::none;
+  LossScaling loss_scaling;    // fp16-mixed only
 };
 
 // Why `t.offload` cannot go with `t.strategy` ("" when it can): the
@@ -82,23 +103,35 @@ struct TrainingConfig {
 std::string offload_conflict(const TrainingConfig& t);
 
 // Does the device keep any gradient under offload? The host accumulates the
-// gradient shards that ZeRO-2/3 reduce-scatter in backward; ZeRO-1 (and any
-// strategy on one rank) keeps its full gradients on the device until the
-// step's end, and the optimizer's shard of them goes down then.
+// gradient shards that ZeRO-2/3 (hsdp2/3) reduce-scatter in backward -- on one
+// rank too, where each unit's gradient goes down whole as soon as backward
+// completes it (ZeRO-Offload on a single GPU, Ren et al. 2021, Sec. 4.1);
+// ZeRO-1 keeps its full gradients on the device until the step's end, and the
+// optimizer's shard of them goes down then.
 bool offload_streams_grads(const TrainingConfig& t, int64_t world);
+// Are a unit's gradients accumulated in a per-unit staging buffer (comm) and
+// sent off when backward completes them? Under ZeRO-2/3 over more than one
+// rank (the reduce-scatter), and when they stream to the host.
+bool stages_grads(const TrainingConfig& t, int64_t world);
 
 // Ranks the model states are sharded over: the shard group under hsdp2 /
 // hsdp3, else the whole data-parallel world.
 int64_t shard_world(const TrainingConfig& t, int64_t world);
 
+// bf16-mixed or fp16-mixed: half-precision storage, fp32 master weights.
+bool mixed(Precision p);
+// fp16-mixed scales the loss (LossScaling) and checks the gradients for overflow.
+inline bool loss_scaled(Precision p) { return p == Precision::fp16_mixed; }
+
 // Bytes per element of what the strategy keeps (DESIGN.md, "Strategies"):
-// bf16-mixed keeps bf16 params and grads, fp32 master + moments (ZeRO's K = 12
-// with Adam); fp32 keeps everything in fp32.
+// bf16-mixed and fp16-mixed keep half-precision params and grads, fp32 master
+// + moments (ZeRO's K = 12 with Adam); fp32 keeps everything in fp32.
 int param_bytes(Precision p);
 int grad_bytes(Precision p);
 int activation_bytes(Precision p);
 // The storage type of parameters, gradients and activations (float tensors):
-// f32, or bf16 under bf16-mixed (DESIGN.md: fp32 master weights and moments).
+// f32, bf16 under bf16-mixed, f16 under fp16-mixed (DESIGN.md: fp32 master
+// weights and moments).
 DType storage_dtype(Precision p);
 
 // What a strategy keeps sharded over `world` ranks, its shard world

@@ -14,6 +14,13 @@ namespace dlplan::exec {
 // then cosine decay to min_lr (Loshchilov & Hutter, SGDR).
 double learning_rate(const OptimizerConfig& o, int step, int total);
 
+// What a step did: the global gradient norm before clipping (unscaled), and
+// whether it was skipped (fp16-mixed: a gradient overflowed on some rank).
+struct StepOutcome {
+  double grad_norm = 0;
+  bool skipped = false;
+};
+
 class Optimizer {
  public:
   // `host`: under CPU offload (store.offloaded()), the pool that holds the
@@ -21,9 +28,13 @@ class Optimizer {
   // runs on the CPU; the updated parameters are then uploaded to the device
   // (or, under --offload params, narrowed into the host's parameter shard).
   Optimizer(const OptimizerConfig& cfg, ParamStore& store, Allocator& alloc, Allocator* host = nullptr);
-  // The global gradient norm before clipping. `comm` sums the shards' squares
-  // when the gradients are sharded.
-  double step(int step_index, int total_steps, Communicator& comm);
+  // One update. `comm` sums the shards' squares when the gradients are
+  // sharded. `loss_scale` > 0 (fp16-mixed): the gradients hold loss_scale
+  // times the true ones; every rank's overflow flag is summed over `comm`
+  // (one double, the plan's "loss-scale overflow flag all-reduce") and, if
+  // any rank found an inf or a NaN, no rank updates anything (GradScaler's
+  // skipped step); otherwise the update unscales as it reads (with the clip).
+  StepOutcome step(int step_index, int total_steps, Communicator& comm, double loss_scale = 0);
 
   // This rank's state of unit u for checkpoints, by name: "master" (the fp32
   // master weights; bf16 parameters only), "exp_avg" (m: AdamW, SGD with

@@ -106,6 +106,7 @@ class ParamStore {
   bool sharded_;
   Offload offload_;
   bool streams_grads_;
+  bool stages_grads_;  // backward writes each unit's gradient into its staging buffer
   std::vector<int64_t> size_, padded_;
   std::vector<std::pair<int, int64_t>> where_;
   std::vector<std::vector<DecaySegment>> segments_;

@@ -56,7 +56,7 @@ struct Tensor {
   bool defined() const { return storage != nullptr; }
   int64_t numel() const { return dlplan::numel(shape); }
   int64_t bytes() const { return numel() * dtype_size(dtype); }
-  // Typed access; f() and bf() check the dtype (an fp32 loop over a bf16
+  // Typed access; f(), bf() and h() check the dtype (an fp32 loop over a bf16
   // tensor would read garbage), i() and u8() are the raw ids and masks.
   float* f() const {
     if (dtype != DType::f32) wrong_dtype("f32");
@@ -64,6 +64,11 @@ struct Tensor {
   }
   uint16_t* bf() const {
     if (dtype != DType::bf16) wrong_dtype("bf16");
+    return static_cast<uint16_t*>(storage->data) + offset;
+  }
+  // The 16-bit words of a bf16 or f16 tensor (convert with bf16.hpp's *_half).
+  uint16_t* h() const {
+    if (dtype != DType::bf16 && dtype != DType::f16) wrong_dtype("bf16 or f16");
     return static_cast<uint16_t*>(storage->data) + offset;
   }
   int32_t* i() const { return static_cast<int32_t*>(storage->data) + offset; }

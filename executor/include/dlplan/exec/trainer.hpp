@@ -34,8 +34,12 @@ struct StepStats {
   double seconds = 0;       // wall time of the step (rank 0)
   double wait_seconds = 0;  // compute waiting for collectives (exposed communication)
   double comm_bytes = 0;    // sent by this rank (ring accounting)
-  double grad_norm = 0;
+  double grad_norm = 0;     // NaN on a skipped step
   int64_t peak_bytes = 0;   // allocator peak so far (after the first step: steady state)
+  // fp16-mixed: the loss scale this step ran with (0 otherwise), and whether
+  // its update was skipped because a gradient overflowed (GradScaler).
+  double loss_scale = 0;
+  bool skipped = false;
 };
 
 // The allocator against the program after every op (Trainer::check_ledger):
@@ -85,6 +89,9 @@ class Trainer {
     step_ = started_at_ = steps;
     optimizer_->set_steps_taken(steps);
   }
+  // fp16-mixed's dynamic loss scale, between steps (checkpoints carry it).
+  LossScaleState loss_scale() const { return scale_; }
+  void set_loss_scale(const LossScaleState& s) { scale_ = s; }
   const LedgerCheck& ledger_check() const { return ledger_check_; }
   // Every parameter, full (gathered from shards when sharded), in Model::params order.
   std::vector<float> full_parameters();
@@ -122,7 +129,8 @@ class Trainer {
   int host_replica_group_ = 0;  // offload: the replicas' group on the host communicator
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
-  int started_at_ = 0;  // the step this process began at (resume_at)
+  int started_at_ = 0;
+  LossScaleState scale_;  // fp16-mixed (training.hpp, LossScaling)  // the step this process began at (resume_at)
   double syncbn_bytes_ = 0;  // sent by SyncBN's collectives this step
   std::vector<WorkHandle> pending_param_gathers_;
 };
