@@ -14,9 +14,10 @@ namespace dlplan::exec::cuda {
 namespace {
 
 // p: the fp32 weights updated (the parameters, or their master copy); out:
-// where the model reads them (null when p is the parameters; bf16 params).
+// where the model reads them (null when p is the parameters; else the 16-bit
+// parameters, stored as the gradients are).
 template <typename G>
-__global__ void step_k(int kind, float* p, const G* g, float* m, float* v, __nv_bfloat16* out, int64_t n, double lr,
+__global__ void step_k(int kind, float* p, const G* g, float* m, float* v, G* out, int64_t n, double lr,
                        double beta1, double beta2, double eps, double bc1, double bc2, double wd, double momentum,
                        double clip) {
   DLPLAN_GRID_LOOP(e, n) {
@@ -36,7 +37,7 @@ __global__ void step_k(int kind, float* p, const G* g, float* m, float* v, __nv_
       m[e] = me;
       p[e] = static_cast<float>(p[e] - lr * me);
     }
-    if (out) out[e] = __float2bfloat16_rn(p[e]);
+    if (out) st(out, e, p[e]);
   }
 }
 
@@ -83,29 +84,27 @@ double* partials_buffer(cudaStream_t s) {
 
 }  // namespace
 
-void optimizer_step(int kind, float* p, const void* g, bool bf16, void* bf16_params, float* m, float* v, int64_t n,
-                    double lr, double beta1, double beta2, double eps, double bc1, double bc2, double wd, double momentum,
-                    double clip, cudaStream_t s) {
+void optimizer_step(int kind, float* p, const void* g, Store store, void* half_params, float* m, float* v,
+                    int64_t n, double lr, double beta1, double beta2, double eps, double bc1, double bc2, double wd,
+                    double momentum, double clip, cudaStream_t s) {
   if (n <= 0) return;
-  auto* out = static_cast<__nv_bfloat16*>(bf16_params);
-  if (bf16)
-    step_k<<<blocks_for(n), kThreads, 0, s>>>(kind, p, static_cast<const __nv_bfloat16*>(g), m, v, out, n, lr, beta1,
-                                              beta2, eps, bc1, bc2, wd, momentum, clip);
-  else
-    step_k<<<blocks_for(n), kThreads, 0, s>>>(kind, p, static_cast<const float*>(g), m, v, out, n, lr, beta1, beta2,
-                                              eps, bc1, bc2, wd, momentum, clip);
+  with_store(store, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    step_k<<<blocks_for(n), kThreads, 0, s>>>(kind, p, static_cast<const T*>(g), m, v, static_cast<T*>(half_params), n,
+                                              lr, beta1, beta2, eps, bc1, bc2, wd, momentum, clip);
+  });
 }
 
-void sum_of_squares(const void* x, bool bf16, int64_t n, double* out, cudaStream_t s) {
+void sum_of_squares(const void* x, Store store, int64_t n, double* out, cudaStream_t s) {
   if (n <= 0) return;
   double* partials = partials_buffer(s);
   if (!partials) return;  // the caller's cudaGetLastError() reports it
   unsigned blocks = blocks_for(n);
   if (blocks > kMaxPartials) blocks = kMaxPartials;
-  if (bf16)
-    sumsq_partial_k<<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), n, partials);
-  else
-    sumsq_partial_k<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(x), n, partials);
+  with_store(store, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    sumsq_partial_k<<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), n, partials);
+  });
   sumsq_final_k<<<1, kThreads, 0, s>>>(partials, blocks, out);
 }
 

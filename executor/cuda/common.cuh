@@ -5,6 +5,7 @@
 #include "kernels.hpp"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,12 +14,32 @@ namespace dlplan::exec::cuda {
 
 constexpr int kThreads = 256;
 
-// Storage loads and stores: fp32 as is, bf16 widened exactly and rounded to
-// nearest even (as dlplan/exec/bf16.hpp on the host). Arithmetic is fp32.
+// Storage loads and stores: fp32 as is, bf16 and fp16 widened exactly and
+// rounded to nearest even (as dlplan/exec/bf16.hpp on the host; fp16 beyond
+// 65504 becomes +-inf). Arithmetic is fp32.
 __device__ inline float ld(const float* p, int64_t i) { return p[i]; }
 __device__ inline float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline float ld(const __half* p, int64_t i) { return __half2float(p[i]); }
 __device__ inline void st(float* p, int64_t i, float v) { p[i] = v; }
 __device__ inline void st(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ inline void st(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+
+// The launchers' dispatch on a storage type: calls f(StoreTag<T>{}) with T the
+// device type of `store` (float, __nv_bfloat16, __half), so that a launcher
+// picks the instantiation of a kernel templated on it:
+//   with_store(store, [&](auto tag) { using T = typename decltype(tag)::type; k<T><<<...>>>(...); });
+template <typename T>
+struct StoreTag {
+  using type = T;
+};
+template <typename F>
+inline void with_store(Store store, F&& f) {
+  switch (store) {
+    case Store::f32: f(StoreTag<float>{}); return;
+    case Store::bf16: f(StoreTag<__nv_bfloat16>{}); return;
+    case Store::f16: f(StoreTag<__half>{}); return;
+  }
+}
 
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   int64_t b = (n + threads - 1) / threads;

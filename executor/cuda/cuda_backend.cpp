@@ -189,14 +189,14 @@ void cuda_optimizer_step(const CudaOptimizerStep& s, bool decay, float* param, c
                          int64_t n, void* stream) {
   const double t = static_cast<double>(s.t);
   const double bc1 = 1.0 - std::pow(s.beta1, t), bc2 = 1.0 - std::pow(s.beta2, t);
-  cuda::optimizer_step(static_cast<int>(s.kind), param, grad, /*bf16=*/false, nullptr, m, v, n, s.lr, s.beta1, s.beta2,
-                       s.eps, bc1, bc2,
-                       decay ? s.weight_decay : 0.0, s.momentum, s.clip_scale, cuda::as_stream(stream));
+  cuda::optimizer_step(static_cast<int>(s.kind), param, grad, cuda::Store::f32, nullptr, m, v, n, s.lr, s.beta1,
+                       s.beta2, s.eps, bc1, bc2, decay ? s.weight_decay : 0.0, s.momentum, s.clip_scale,
+                       cuda::as_stream(stream));
   DLPLAN_LAUNCHED(nullptr);
 }
 
 void cuda_sum_of_squares(const float* x, int64_t n, double* device_accum, void* stream) {
-  cuda::sum_of_squares(x, /*bf16=*/false, n, device_accum, cuda::as_stream(stream));
+  cuda::sum_of_squares(x, cuda::Store::f32, n, device_accum, cuda::as_stream(stream));
   DLPLAN_LAUNCHED(nullptr);
 }
 

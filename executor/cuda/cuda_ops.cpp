@@ -8,16 +8,18 @@
 // as C^T = op(B)^T op(A)^T: cublasSgemm(opB, opA, n, m, k, B, ldb, A, lda, C, ldc).
 // gemm() below takes the row-major arguments of the CPU backend's gemm().
 //
-// bf16-mixed (mixed_precision.cpp): the ops see fp32 working copies of their
-// operands; the tensors an op allocates itself in the storage dtype (saved
-// tensors and temporaries declared Elem::compute: attention's, convolution's
-// columns) are filled through an Fp32Buffer and stored (rounded) where the
-// CPU reference stores them, so that later arithmetic reads the stored values.
+// bf16-mixed and fp16-mixed (mixed_precision.cpp): the ops see fp32 working
+// copies of their operands; the tensors an op allocates itself in the storage
+// dtype (saved tensors and temporaries declared Elem::compute: attention's,
+// convolution's columns) are filled through an Fp32Buffer and stored (rounded)
+// where the CPU reference stores them, so that later arithmetic reads the
+// stored values.
 #include "cuda/kernels.hpp"
 #include "cuda/mixed_precision.hpp"
 #include "cuda/runtime.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/exec/bf16.hpp"
 
 #include <fmt/format.h>
 
@@ -44,7 +46,7 @@ Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string
 Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what) {
   return c.alloc->bytes_buffer(bytes, saved_category(c), c.node->name + "." + what);
 }
-// In the storage dtype (bf16 under bf16-mixed), as the CPU's alloc_temp.
+// In the storage dtype (bf16 or f16 under the mixed precisions), as the CPU's alloc_temp.
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero = false) {
   auto name = c.node->name + "." + what;
   return zero ? c.alloc->zeros(shape, c.act_dtype, Category::workspace, std::move(name))
@@ -257,7 +259,7 @@ void conv2d_fwd(Runtime& rt, OpContext& c) {
     if (!g.direct()) {
       im2col(g.g, x, colbuf.data(), rt.stream);
       LAUNCHED();
-      colbuf.store();  // the columns as stored (bf16 under bf16-mixed), read back by the GEMM
+      colbuf.store();  // the columns as stored (16-bit under the mixed precisions), read back by the GEMM
       col = colbuf.data();
     }
     gemm_batched(rt, c, false, false, g.Og(), g.P(), g.K(), 1.0f, w, g.K(), g.Og() * g.K(), col, g.P(), g.K() * g.P(),
@@ -569,7 +571,7 @@ void math_forward(Runtime& rt, OpContext& c, const Attn& a, const float* q, cons
     mask = alloc_saved_bytes(c, d.b * d.H * TT, "probs_mask");
     dropped = alloc_saved(c, {d.b, d.H, d.T, d.T}, c.act_dtype, "probs_dropped");
   }
-  // bf16-mixed: each stage is stored (rounded) once computed, and the next
+  // bf16/fp16-mixed: each stage is stored (rounded) once computed, and the next
   // reads the stored values, as the CPU reference does; fp32: the tensors themselves.
   Fp32Buffer sbuf(rt, c, scores), pbuf(rt, c, probs), dbuf(rt, c, dropped);
   for (int64_t s = 0; s < d.b; ++s)
@@ -580,7 +582,7 @@ void math_forward(Runtime& rt, OpContext& c, const Attn& a, const float* q, cons
   attn_softmax(d, sbuf.data(), pbuf.data(), with_dropout ? mask.u8() : nullptr, with_dropout ? dbuf.data() : nullptr,
                with_dropout, rt.stream);
   LAUNCHED();
-  if (c.act_dtype == DType::bf16) {
+  if (is_half(c.act_dtype)) {
     pbuf.store();
     if (with_dropout) {  // the dropped probabilities from the stored ones (CPU: round(round(P) f))
       CU(cudaMemsetAsync(dbuf.data(), 0, static_cast<size_t>(d.b * d.H * TT) * sizeof(float), rt.stream));
@@ -627,7 +629,7 @@ void math_backward(Runtime& rt, OpContext& c, const Attn& a, const float* dctx, 
   if (!with_dropout) bd.keep_scale = 1.0f;
   attn_softmax_backward(bd, probs, with_dropout ? c.saved[5].u8() : nullptr, dP, rt.stream);
   LAUNCHED();
-  dpbuf.store();  // dS as stored (bf16 under bf16-mixed)
+  dpbuf.store();  // dS as stored (16-bit under the mixed precisions)
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t j = 0; j < d.group; ++j) {
       const float* dS = dP + (s * d.H + j) * TT;

@@ -7,6 +7,7 @@
 #include "dlplan/exec/device_ops.hpp"
 
 #include "cuda/kernels.hpp"
+#include "cuda/mixed_precision.hpp"
 #include "device.hpp"
 
 #include "dlplan/error.hpp"
@@ -22,7 +23,8 @@
 namespace dlplan::exec {
 namespace {
 
-bool is_bf16(const Span& s) { return s.dtype == DType::bf16; }
+// The kernels' storage type of a span (fp32, bf16 or f16).
+cuda::Store store(const Span& s) { return cuda::store_of(s.dtype); }
 
 void same_shape(const Span& a, const Span& b, const char* what) {
   if (a.n != b.n || a.dtype != b.dtype)
@@ -58,27 +60,28 @@ class CudaDeviceOps final : public DeviceOps {
   }
   void scaled_copy(Span dst, Span src, float scale) override {
     same_shape(dst, src, "scaled_copy");
-    cuda::scaled_copy(dst.data, src.data, is_bf16(dst), scale, dst.n, stream_);
+    cuda::scaled_copy(dst.data, src.data, store(dst), scale, dst.n, stream_);
     launched("scaled_copy");
   }
   void scaled_add(Span dst, Span src, float scale) override {
     same_shape(dst, src, "scaled_add");
-    cuda::scaled_add(dst.data, src.data, is_bf16(dst), scale, dst.n, stream_);
+    cuda::scaled_add(dst.data, src.data, store(dst), scale, dst.n, stream_);
     launched("scaled_add");
   }
-  // bf16: converted on the host (round to nearest even, as on the device), then copied.
+  // bf16 and f16: converted on the host (round to nearest even, as on the
+  // device), then copied.
   void upload_floats(Span dst, const float* host_src) override {
-    if (!is_bf16(dst)) return upload(dst.data, host_src, dst.bytes());
+    if (!is_half(dst.dtype)) return upload(dst.data, host_src, dst.bytes());
     std::vector<uint16_t> narrow(static_cast<size_t>(dst.n));
-    f32_to_bf16(host_src, narrow.data(), dst.n);
+    f32_to_half(dst.dtype, host_src, narrow.data(), dst.n);
     upload(dst.data, narrow.data(), dst.bytes());
     synchronize();  // the host buffer dies on return
   }
   void download_floats(float* host_dst, Span src) override {
-    if (!is_bf16(src)) return download(host_dst, src.data, src.bytes());
+    if (!is_half(src.dtype)) return download(host_dst, src.data, src.bytes());
     std::vector<uint16_t> narrow(static_cast<size_t>(src.n));
     download(narrow.data(), src.data, src.bytes());
-    bf16_to_f32(narrow.data(), host_dst, src.n);
+    half_to_f32(src.dtype, narrow.data(), host_dst, src.n);
   }
   void upload(void* dst, const void* host_src, int64_t bytes) override {
     copy_to_device(dst, host_src, bytes, stream_);
@@ -93,28 +96,28 @@ class CudaDeviceOps final : public DeviceOps {
   double sum_of_squares(Span p, double acc) override {
     if (p.n <= 0) return acc;
     cudart::check(cudaMemsetAsync(accum_, 0, sizeof(double), stream_), "cudaMemsetAsync (norm accumulator)");
-    cuda::sum_of_squares(p.data, is_bf16(p), p.n, accum_, stream_);
+    cuda::sum_of_squares(p.data, store(p), p.n, accum_, stream_);
     launched("sum_of_squares");
     double h = 0;
     copy_to_host(&h, accum_, sizeof(double), stream_);
     return acc + h;
   }
   void widen(float* master, Span params) override {
-    if (!is_bf16(params)) {
+    if (!is_half(params.dtype)) {
       cudart::check(cudaMemcpyAsync(master, params.data, static_cast<size_t>(params.bytes()), cudaMemcpyDeviceToDevice,
                                     stream_),
                     "cudaMemcpyAsync (device to device)");
       return;
     }
-    cuda::bf16_widen(master, params.data, params.n, stream_);
-    launched("bf16_widen");
+    cuda::half_widen(master, params.data, store(params), params.n, stream_);
+    launched("half_widen");
   }
   void optimizer_step(const OptimizerConfig& cfg, const OptimizerUpdate& u, Span params, Span grads, float* master,
                       float* m, float* v) override {
     same_shape(params, grads, "optimizer_step");
     if (params.n <= 0) return;
-    if (is_bf16(params) && master == nullptr)
-      throw Error("internal error: a bf16 optimizer step needs fp32 master weights");
+    if (is_half(params.dtype) && master == nullptr)
+      throw Error("internal error: a half-precision optimizer step needs fp32 master weights");
     int kind = 0;
     switch (cfg.kind) {
       case OptimizerKind::adamw: kind = 0; break;
@@ -124,7 +127,7 @@ class CudaDeviceOps final : public DeviceOps {
     const double t = static_cast<double>(u.t);
     const double bc1 = 1.0 - std::pow(cfg.beta1, t), bc2 = 1.0 - std::pow(cfg.beta2, t);
     float* p = master ? master : static_cast<float*>(params.data);
-    cuda::optimizer_step(kind, p, grads.data, is_bf16(grads), master ? params.data : nullptr, m, v, params.n, u.lr,
+    cuda::optimizer_step(kind, p, grads.data, store(grads), master ? params.data : nullptr, m, v, params.n, u.lr,
                          cfg.beta1, cfg.beta2, cfg.eps, bc1, bc2, u.decay ? cfg.weight_decay : 0.0, cfg.momentum,
                          u.clip_scale, stream_);
     launched("optimizer_step");

@@ -172,25 +172,35 @@ cudaError_t flash_backward(const AttnDims& d, const float* q, const float* k, co
                            const float* lse, const float* dctx, float* dq, float* dk, float* dv, float* D,
                            cudaStream_t s);
 
+// ---- storage types ------------------------------------------------------------------
+// What a float buffer holds in memory: fp32, or a 16-bit float (bf16 under
+// bf16-mixed, IEEE fp16 under fp16-mixed). Kernels load it into fp32, compute
+// in fp32 (double in the optimizer) and round once when they store it: to
+// nearest even (__float2bfloat16_rn / __float2half_rn; NaN stays NaN, fp16
+// beyond 65504 becomes +-inf), as dlplan/exec/bf16.hpp does on the host.
+enum class Store { f32, bf16, f16 };
+
 // ---- adamw.cu --------------------------------------------------------------------
-// p: the fp32 weights updated (parameters, or the master copy of bf16 ones);
-// g: the gradients (bf16 when `bf16`); bf16_params: the bf16 parameters
-// rewritten from p (rounded), or null.
-void optimizer_step(int kind, float* p, const void* g, bool bf16, void* bf16_params, float* m, float* v, int64_t n,
-                    double lr, double beta1, double beta2, double eps, double bc1, double bc2, double wd, double momentum,
-                    double clip, cudaStream_t s);
-// *out += sum x^2 (double, device; x bf16 when `bf16`).
-void sum_of_squares(const void* x, bool bf16, int64_t n, double* out, cudaStream_t s);
+// p: the fp32 weights updated (parameters, or the master copy of 16-bit ones);
+// g: the gradients, stored as `store`; half_params: the 16-bit parameters
+// (stored as `store`, which is then bf16 or f16) rewritten from p (rounded),
+// or null.
+void optimizer_step(int kind, float* p, const void* g, Store store, void* half_params, float* m, float* v,
+                    int64_t n, double lr, double beta1, double beta2, double eps, double bc1, double bc2, double wd,
+                    double momentum, double clip, cudaStream_t s);
+// *out += sum x^2 (double, device; x stored as `store`).
+void sum_of_squares(const void* x, Store store, int64_t n, double* out, cudaStream_t s);
 
 // ---- scale.cu ----------------------------------------------------------------------
-// dst = src * scale; dst += src * scale (bf16 buffers when `bf16`).
-void scaled_copy(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s);
-void scaled_add(void* dst, const void* src, bool bf16, float scale, int64_t n, cudaStream_t s);
-// bf16 <-> fp32 over whole buffers (bf16-mixed, mixed_precision.cpp): widening
-// is exact; narrowing rounds to nearest even (__float2bfloat16_rn, NaN stays NaN).
-void bf16_widen(float* dst, const void* src, int64_t n, cudaStream_t s);
-void bf16_narrow(void* dst, const float* src, int64_t n, cudaStream_t s);
-// dst (bf16) = round(twin), and twin = the value stored (one pass).
-void bf16_round_store(void* dst, float* twin, int64_t n, cudaStream_t s);
+// dst = src * scale; dst += src * scale (both buffers stored as `store`).
+void scaled_copy(void* dst, const void* src, Store store, float scale, int64_t n, cudaStream_t s);
+void scaled_add(void* dst, const void* src, Store store, float scale, int64_t n, cudaStream_t s);
+// 16-bit <-> fp32 over whole buffers (the mixed precisions, mixed_precision.cpp);
+// `half` is Store::bf16 or Store::f16 (Store::f32: a plain copy). Widening is
+// exact; narrowing rounds to nearest even.
+void half_widen(float* dst, const void* src, Store half, int64_t n, cudaStream_t s);
+void half_narrow(void* dst, const float* src, Store half, int64_t n, cudaStream_t s);
+// dst (16-bit) = round(twin), and twin = the value stored (one pass).
+void half_round_store(void* dst, float* twin, Store half, int64_t n, cudaStream_t s);
 
 }  // namespace dlplan::exec::cuda

@@ -1,14 +1,15 @@
-// bf16-mixed on the CUDA backend, as executor/cpu/mixed_precision.cpp does it
-// on the CPU: the float tensors an op reads and writes are stored in bf16, its
+// bf16-mixed and fp16-mixed on the CUDA backend, as
+// executor/cpu/mixed_precision.cpp does them on the CPU: the float tensors an
+// op reads and writes are stored in a 16-bit type (bf16, or IEEE fp16), its
 // arithmetic is fp32 (the existing fp32 kernels and cuBLAS SGEMMs).
 //
-// run_in_fp32 gives the op fp32 working copies: each bf16 input, parameter,
+// run_in_fp32 gives the op fp32 working copies: each 16-bit input, parameter,
 // output, saved tensor and output gradient is widened (exactly) into an fp32
 // device buffer, and the output and the gradients the op accumulates into are
 // rounded back (to nearest even) once it has enqueued its work. The copies
 // come from a stream-ordered pool of the runtime, outside the Allocator (as
 // the CPU's come from the heap): the categories count what is stored, in
-// bf16, exactly as the plan does. The op's own saved tensors and temporaries
+// 16 bits, exactly as the plan does. The op's own saved tensors and temporaries
 // are allocated in the storage dtype by the op itself, through Fp32Buffer.
 //
 // Everything here is enqueued on the compute stream; a copy is given back with
@@ -16,6 +17,8 @@
 #include "cuda/mixed_precision.hpp"
 
 #include "cuda/kernels.hpp"
+
+#include "dlplan/exec/bf16.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -40,19 +43,19 @@ cudaMemPool_t f32_pool(Runtime& rt, const OpContext* c) {
   return rt.f32_pool;
 }
 
-void widen_into(Runtime& rt, const OpContext& c, const Tensor& bf, const Tensor& f32) {
-  bf16_widen(f32.f(), bf.data(), bf.numel(), rt.stream);
+void widen_into(Runtime& rt, const OpContext& c, const Tensor& h, const Tensor& f32) {
+  half_widen(f32.f(), h.data(), store_of(h.dtype), h.numel(), rt.stream);
   DLPLAN_LAUNCHED(&c);
 }
 
-// The fp32 copies of one op call's bf16 tensors.
+// The fp32 copies of one op call's 16-bit tensors.
 class Views {
  public:
   Views(Runtime& rt, const OpContext& c) : rt_(rt), c_(c) {}
 
-  // The tensor to read: itself unless bf16, then its widened copy.
+  // The tensor to read: itself unless 16-bit, then its widened copy.
   Tensor read(const Tensor& t) {
-    if (!t.defined() || t.dtype != DType::bf16) return t;
+    if (!t.defined() || !is_half(t.dtype)) return t;
     Tensor w = scratch_f32(rt_, t.shape, &c_);
     widen_into(rt_, c_, t, w);
     return w;
@@ -61,7 +64,7 @@ class Views {
   // one copy per storage, so that two gradients of the same tensor (x + x)
   // accumulate into one; rounded back by store().
   Tensor write(const Tensor& t, bool load) {
-    if (!t.defined() || t.dtype != DType::bf16) return t;
+    if (!t.defined() || !is_half(t.dtype)) return t;
     auto it = written_.find(t.data());
     if (it != written_.end()) return it->second.twin;
     Tensor w = scratch_f32(rt_, t.shape, &c_);
@@ -71,7 +74,7 @@ class Views {
   }
   void store() {
     for (auto& [p, w] : written_) {
-      bf16_narrow(w.target.data(), w.twin.f(), w.target.numel(), rt_.stream);
+      half_narrow(w.target.data(), w.twin.f(), store_of(w.target.dtype), w.target.numel(), rt_.stream);
       DLPLAN_LAUNCHED(&c_);
     }
   }
@@ -107,7 +110,7 @@ Tensor scratch_f32(Runtime& rt, const Shape& shape, const OpContext* c) {
 }
 
 void run_in_fp32(Runtime& rt, OpContext& c, bool backward, void (*op)(Runtime&, OpContext&)) {
-  if (c.act_dtype != DType::bf16) return op(rt, c);
+  if (!is_half(c.act_dtype)) return op(rt, c);
   Views v(rt, c);
   OpContext w = c;
   for (Tensor& t : w.in) t = v.read(t);
@@ -116,7 +119,7 @@ void run_in_fp32(Runtime& rt, OpContext& c, bool backward, void (*op)(Runtime&, 
     w.out = v.write(c.out, /*load=*/false);
     op(rt, w);
     v.store();
-    // The op's own saved tensors, as it allocated them (bf16 where declared
+    // The op's own saved tensors, as it allocated them (16-bit where declared
     // Elem::compute): never the working copies, which die with `v`.
     c.saved = std::move(w.saved);
     return;
@@ -131,7 +134,7 @@ void run_in_fp32(Runtime& rt, OpContext& c, bool backward, void (*op)(Runtime&, 
 }
 
 Fp32Buffer::Fp32Buffer(Runtime& rt, const OpContext& c, const Tensor& t, bool load) : rt_(&rt), c_(&c), target_(t) {
-  if (!t.defined() || t.dtype != DType::bf16) return;
+  if (!t.defined() || !is_half(t.dtype)) return;
   twin_ = scratch_f32(rt, t.shape, &c);
   if (load) widen_into(rt, c, t, twin_);
 }
@@ -143,7 +146,7 @@ float* Fp32Buffer::data() const {
 
 void Fp32Buffer::store() {
   if (!twin_.defined()) return;
-  bf16_round_store(target_.data(), twin_.f(), target_.numel(), rt_->stream);
+  half_round_store(target_.data(), twin_.f(), store_of(target_.dtype), target_.numel(), rt_->stream);
   DLPLAN_LAUNCHED(c_);
 }
 

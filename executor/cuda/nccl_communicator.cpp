@@ -73,7 +73,7 @@ Buffers validate(const Buffers& in, Op op, int group_size, int root, int rank) {
     if (b.n < 0 || (b.n > 0 && b.data == nullptr))
       throw Error(std::string(op_name(op)) + ": bad buffer (count " + std::to_string(b.n) + ", rank " +
                   std::to_string(rank) + ")");
-    if (b.dtype != DType::f32 && b.dtype != DType::bf16)
+    if (b.dtype != DType::f32 && b.dtype != DType::bf16 && b.dtype != DType::f16)
       throw Error(std::string(op_name(op)) + ": " + to_string(b.dtype) + " buffers are not reduced (rank " +
                   std::to_string(rank) + ")");
     if ((op == Op::reduce_scatter || op == Op::all_gather) && b.n % group_size != 0)
@@ -469,7 +469,9 @@ class NcclCommunicator final : public GpuCommunicator {
         const auto n = static_cast<size_t>(b.n);
         const size_t shard = n / static_cast<size_t>(g.size);
         void* mine = b.sub(static_cast<int64_t>(g.rank * shard), static_cast<int64_t>(shard)).data;
-        const ncclDataType_t t = b.dtype == DType::bf16 ? ncclBfloat16 : ncclFloat;
+        const ncclDataType_t t = b.dtype == DType::bf16  ? ncclBfloat16
+                                 : b.dtype == DType::f16 ? ncclFloat16
+                                                         : ncclFloat;
         ncclResult_t r = ncclSuccess;
         switch (op) {
           case Op::all_reduce: r = ncclAllReduce(b.data, b.data, n, t, ncclSum, g.comm, stream_); break;

@@ -33,11 +33,12 @@ struct Runtime {
 
   void* scratch_at_least(size_t bytes, const OpContext* c);
   int scratch_grows = 0;  // reallocations of the scratch (0 after prepare() sized it)
-  // bf16-mixed (mixed_precision.cpp): the fp32 working copies of an op's bf16
-  // tensors come from this stream-ordered pool (cudaMallocFromPoolAsync), made
-  // on the first bf16 op and never for an fp32 run. Outside the Allocator, as
-  // the scratch above: the categories count what is stored, in bf16; what the
-  // pool keeps cached shows as runtime memory.
+  // bf16-mixed and fp16-mixed (mixed_precision.cpp): the fp32 working copies
+  // of an op's 16-bit tensors come from this stream-ordered pool
+  // (cudaMallocFromPoolAsync), made on the first such op and never for an fp32
+  // run. Outside the Allocator, as the scratch above: the categories count
+  // what is stored, in 16 bits; what the pool keeps cached shows as runtime
+  // memory.
   cudaMemPool_t f32_pool = nullptr;
   // DLPLAN_CUDA_SYNC=1: synchronise and check after every op, so that a
   // kernel fault is reported at the op that caused it (debugging).
