@@ -4,6 +4,7 @@
 // names present, the others absent); and the bad inputs.
 #include "cli_helpers.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -28,7 +29,7 @@ void check_deepspeed(const Case& c, const nlohmann::json& plan, const nlohmann::
   const int64_t micro = plan["micro_batch"], accum = plan["grad_accum"];
   const auto& o = plan["optimizer"];
   const int stage = c.strategy == "ddp" ? 0 : c.strategy[4] - '0';
-  const bool bf16 = c.precision == "bf16-mixed";
+  const bool bf16 = c.precision == "bf16-mixed", fp16 = c.precision == "fp16-mixed";
   EXPECT_EQ(world, 8);
   EXPECT_EQ(ds["zero_optimization"]["stage"], stage);
   EXPECT_EQ(ds["train_micro_batch_size_per_gpu"], micro);
@@ -44,9 +45,18 @@ void check_deepspeed(const Case& c, const nlohmann::json& plan, const nlohmann::
   if (bf16) {
     EXPECT_EQ(ds["bf16"]["enabled"], true);
   }
-  EXPECT_FALSE(ds.contains("fp16"));
-  // bucket_mb MiB of gradients (bf16: 2 bytes, fp32: 4) in elements.
-  const auto elements = static_cast<int64_t>(plan["bucket_mb"].get<double>() * 1048576 / (bf16 ? 2 : 4));
+  EXPECT_EQ(ds.contains("fp16"), fp16);
+  if (fp16) {
+    // DeepSpeed's dynamic loss scaler from the plan's GradScaler settings:
+    // 2^16 = 2^initial_scale_power, the growth interval as the window.
+    EXPECT_EQ(ds["fp16"]["enabled"], true);
+    EXPECT_EQ(ds["fp16"]["loss_scale"], 0);
+    EXPECT_EQ(std::ldexp(1.0, ds["fp16"]["initial_scale_power"].get<int>()), plan["loss_scale"]["init_scale"].get<double>());
+    EXPECT_EQ(ds["fp16"]["loss_scale_window"], plan["loss_scale"]["growth_interval"]);
+    EXPECT_EQ(ds["fp16"]["hysteresis"], 1);
+  }
+  // bucket_mb MiB of gradients (bf16, fp16: 2 bytes, fp32: 4) in elements.
+  const auto elements = static_cast<int64_t>(plan["bucket_mb"].get<double>() * 1048576 / (bf16 || fp16 ? 2 : 4));
   EXPECT_EQ(ds["zero_optimization"]["reduce_bucket_size"], elements);
   EXPECT_EQ(ds["zero_optimization"]["allgather_bucket_size"], elements);
   EXPECT_EQ(ds["zero_optimization"]["overlap_comm"], true);
@@ -72,8 +82,20 @@ void check_fsdp(const Case& c, const std::string& py) {
   EXPECT_EQ(contains(py, "return DDP(model"), !fsdp);
   EXPECT_EQ(contains(py, "bucket_cap_mb=BUCKET_CAP_MB"), !fsdp);
   EXPECT_EQ(contains(py, "ZeroRedundancyOptimizer("), c.strategy == "zero1");
-  EXPECT_EQ(contains(py, "mixed_precision=MixedPrecision("), fsdp && c.precision == "bf16-mixed");
-  EXPECT_EQ(contains(py, "torch.autocast("), !fsdp && c.precision == "bf16-mixed");
+  const bool mixed = c.precision != "fp32", fp16 = c.precision == "fp16-mixed";
+  EXPECT_EQ(contains(py, "mixed_precision=MixedPrecision("), fsdp && mixed);
+  EXPECT_EQ(contains(py, "torch.autocast("), !fsdp && mixed);
+  EXPECT_EQ(contains(py, "torch.float16"), fp16);
+  EXPECT_EQ(contains(py, "torch.bfloat16"), c.precision == "bf16-mixed");
+  // GradScaler (ShardedGradScaler under FSDP) around backward and the step.
+  EXPECT_EQ(contains(py, "SCALER = ShardedGradScaler("), fsdp && fp16);
+  EXPECT_EQ(contains(py, "SCALER = GradScaler("), !fsdp && fp16);
+  EXPECT_EQ(contains(py, "SCALER.scale(loss).backward()"), fp16);
+  EXPECT_EQ(contains(py, "SCALER.unscale_(optimizer)"), fp16);
+  EXPECT_EQ(contains(py, "SCALER.step(optimizer)"), fp16);
+  EXPECT_EQ(contains(py, "    optimizer.step()"), !fp16);
+  // FSDP's class is imported whenever it is used (it once came only with --offload params).
+  EXPECT_EQ(contains(py, "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP"), fsdp);
   EXPECT_EQ(contains(py, "apply_activation_checkpointing("), c.checkpointing == "units");
   EXPECT_EQ(contains(py, "model.clip_grad_norm_(CLIP_NORM)"), fsdp);
   EXPECT_TRUE(contains(py, "#   torchrun --nproc_per_node 8 --nnodes 1 ")) << py.substr(0, 600);
@@ -86,7 +108,7 @@ void check_fsdp(const Case& c, const std::string& py) {
 
 TEST(CliExport, EveryStrategyPrecisionAndCheckpointing) {
   for (const char* s : {"ddp", "zero1", "zero2", "zero3"})
-    for (const char* prec : {"fp32", "bf16-mixed"})
+    for (const char* prec : {"fp32", "bf16-mixed", "fp16-mixed"})
       for (const char* ck : {"none", "units"}) {
         const Case c{s, prec, ck};
         SCOPED_TRACE(c.strategy + " " + c.precision + " " + c.checkpointing);

@@ -36,7 +36,7 @@ inline const std::array<std::vector<std::string>, kFactors>& levels() {
   static const std::array<std::vector<std::string>, kFactors> l = {{
       {"tiny-gpt", "tiny-mlp", "tiny-cnn", "tiny-vit"},
       {"ddp", "zero1", "zero2", "zero3", "hsdp2", "hsdp3"},  // hsdp: 2 "nodes" of world/2 from 4 ranks on
-      {"fp32", "bf16-mixed"},
+      {"fp32", "bf16-mixed", "fp16-mixed"},
       {"none", "units"},
       {"math", "flash"},
       {"1", "3"},       // gradient accumulation

@@ -1,12 +1,14 @@
-// bf16-mixed on the CPU backend (DESIGN.md: bf16 storage, fp32 arithmetic):
-//  - the rounding itself against hand-worked bit patterns;
-//  - every op of op_cases.hpp run with bf16 inputs, parameters, output and
-//    gradients: its gradients against central finite differences of the fp32
-//    op at the same (bf16-representable) point, at a tolerance for bf16's
-//    8-bit mantissa; controls: a 10% error fails, and the bf16 gradients are
-//    not the fp32 ones (the run really stored in bf16);
-//  - what each op allocates under bf16 against its declaration with 2-byte
-//    compute elements (ops_decl_test.cpp does the same for fp32).
+// bf16-mixed and fp16-mixed on the CPU backend (DESIGN.md: 16-bit storage,
+// fp32 arithmetic):
+//  - the roundings themselves against hand-worked bit patterns;
+//  - every op of op_cases.hpp run with bf16 (and again with fp16) inputs,
+//    parameters, output and gradients: its gradients against central finite
+//    differences of the fp32 op at the same (representable) point, at a
+//    tolerance for bf16's 8-bit mantissa (fp16's 11 bits meet it with room);
+//    controls: a 10% error fails, and the 16-bit gradients are not the fp32
+//    ones (the run really stored in 16 bits);
+//  - what each op allocates under bf16 and fp16 against its declaration with
+//    2-byte compute elements (ops_decl_test.cpp does the same for fp32).
 #include "op_cases.hpp"
 
 #include "dlplan/exec/bf16.hpp"
@@ -59,30 +61,59 @@ TEST(Bf16, RoundsToNearestEven) {
   }
 }
 
+// IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits; ties to even,
+// subnormals below 2^-14, infinity from 65520 on (the value halfway between
+// the largest finite 65504 and 2^16).
+TEST(Fp16, RoundsToNearestEvenWithSubnormalsAndOverflow) {
+  EXPECT_EQ(to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(to_f16(-2.0f), 0xC000);
+  EXPECT_EQ(to_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(to_f16(65519.0f), 0x7BFF);  // below halfway: the largest finite
+  EXPECT_EQ(to_f16(65520.0f), 0x7C00);  // halfway, the even neighbour is 2^16: infinity
+  EXPECT_EQ(to_f16(-1e6f), 0xFC00);
+  // 1 + 2^-11 lies halfway between 1 (0x3C00, even) and 1 + 2^-10: even wins;
+  // 1 + 3 * 2^-11 between 0x3C01 (odd) and 0x3C02: up.
+  EXPECT_EQ(to_f16(1.0f + 0x1p-11f), 0x3C00);
+  EXPECT_EQ(to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);
+  EXPECT_EQ(to_f16(0x1p-14f), 0x0400);  // the smallest normal
+  EXPECT_EQ(to_f16(0x1p-24f), 0x0001);  // the smallest subnormal
+  EXPECT_EQ(to_f16(0x1p-25f), 0x0000);  // halfway to it: even (zero)
+  EXPECT_EQ(to_f16(0x1.8p-25f), 0x0001);
+  EXPECT_TRUE(std::isnan(from_f16(to_f16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(from_f16(0x7C00)));
+  // Widening is exact: every finite fp16 value comes back bit for bit.
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const auto b = static_cast<uint16_t>(h);
+    if (std::isnan(from_f16(b))) continue;
+    ASSERT_EQ(to_f16(from_f16(b)), b) << h;
+  }
+  EXPECT_EQ(from_f16(0x3555), 0x1.554p-2f);  // 1/3 rounded: 0.333251953125
+}
+
 // ---- ops ---------------------------------------------------------------------------
 
-// A bf16 tensor holding t's values rounded (t itself is rounded in place, so
-// the fp32 reference sees exactly the bf16 point).
-Tensor narrowed(Allocator& a, Tensor& t, Category c, const std::string& what) {
-  Tensor b = a.empty(t.shape, DType::bf16, c, what);
+// A 16-bit tensor (bf16 or f16) holding t's values rounded (t itself is
+// rounded in place, so the fp32 reference sees exactly the 16-bit point).
+Tensor narrowed(Allocator& a, Tensor& t, DType half, Category c, const std::string& what) {
+  Tensor b = a.empty(t.shape, half, c, what);
   for (int64_t i = 0; i < t.numel(); ++i) {
-    b.bf()[i] = to_bf16(t.f()[i]);
-    t.f()[i] = from_bf16(b.bf()[i]);
+    b.h()[i] = to_half(half, t.f()[i]);
+    t.f()[i] = from_half(half, b.h()[i]);
   }
   return b;
 }
 
 std::vector<float> widened(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  if (t.dtype == DType::bf16) bf16_to_f32(t.bf(), v.data(), t.numel());
+  if (is_half(t.dtype)) half_to_f32(t.dtype, t.h(), v.data(), t.numel());
   else std::copy(t.f(), t.f() + t.numel(), v.begin());
   return v;
 }
 
-// random_r with every value representable in bf16: the same dout for both runs.
-std::vector<float> representable_r(int64_t n, uint32_t seed) {
+// random_r with every value representable in `half`: the same dout for both runs.
+std::vector<float> representable_r(int64_t n, uint32_t seed, DType half) {
   std::vector<float> r = random_r(n, seed);
-  for (auto& x : r) x = round_bf16(x);
+  for (auto& x : r) x = from_half(half, to_half(half, x));
   return r;
 }
 
@@ -90,52 +121,59 @@ std::vector<float> representable_r(int64_t n, uint32_t seed) {
 // v, scores, probabilities, context, and back), each at most half a step.
 constexpr double kBf16Tol = 6e-2;
 
-// The bf16 twin of run's context: inputs, parameters, output and gradients in
-// bf16 (the loss stays an fp32 scalar), buffers as they are.
+// The 16-bit twin of run's context: inputs, parameters, output and gradients
+// in bf16 or f16 (the loss stays an fp32 scalar), buffers as they are.
 struct Bf16Run {
   OpContext ctx;
 };
 
-Bf16Run make_bf16(OpRun& run, Allocator& a) {
+Bf16Run make_bf16(OpRun& run, Allocator& a, DType half) {
   Bf16Run b;
   b.ctx = run.ctx;
-  b.ctx.act_dtype = DType::bf16;
+  b.ctx.act_dtype = half;
   b.ctx.saved.clear();
   for (size_t i = 0; i < run.ctx.in.size(); ++i)
     if (run.ctx.in[i].dtype == DType::f32)
-      b.ctx.in[i] = narrowed(a, run.ctx.in[i], Category::workspace, "bf16 input");
+      b.ctx.in[i] = narrowed(a, run.ctx.in[i], half, Category::workspace, "16-bit input");
   for (size_t p = 0; p < run.ctx.params.size(); ++p)
-    b.ctx.params[p] = narrowed(a, run.ctx.params[p], Category::params, "bf16 param");
+    b.ctx.params[p] = narrowed(a, run.ctx.params[p], half, Category::params, "16-bit param");
   const bool loss = run.n().op == OpKind::cross_entropy;
-  b.ctx.out = a.empty(run.out_shape(), loss ? DType::f32 : DType::bf16, Category::activations, "out");
+  b.ctx.out = a.empty(run.out_shape(), loss ? DType::f32 : half, Category::activations, "out");
   return b;
 }
 
 void prepare_bf16_backward(Bf16Run& b, Allocator& a, const std::vector<float>& r) {
+  const DType half = b.ctx.act_dtype;
   const bool loss = b.ctx.out.dtype == DType::f32;
-  b.ctx.dout = a.empty(b.ctx.out.shape, loss ? DType::f32 : DType::bf16, Category::workspace, "dout");
+  b.ctx.dout = a.empty(b.ctx.out.shape, loss ? DType::f32 : half, Category::workspace, "dout");
   for (int64_t i = 0; i < b.ctx.dout.numel(); ++i) {
     if (loss) b.ctx.dout.f()[i] = r[static_cast<size_t>(i)];
-    else b.ctx.dout.bf()[i] = to_bf16(r[static_cast<size_t>(i)]);
+    else b.ctx.dout.h()[i] = to_half(half, r[static_cast<size_t>(i)]);
   }
   b.ctx.din.clear();
   for (const Tensor& x : b.ctx.in)
-    b.ctx.din.push_back(x.dtype == DType::bf16 ? a.zeros(x.shape, DType::bf16, Category::workspace, "din") : Tensor{});
+    b.ctx.din.push_back(x.dtype == half ? a.zeros(x.shape, half, Category::workspace, "din") : Tensor{});
   b.ctx.dparams.clear();
-  for (const Tensor& p : b.ctx.params) b.ctx.dparams.push_back(a.zeros(p.shape, DType::bf16, Category::grads, "dparam"));
+  for (const Tensor& p : b.ctx.params) b.ctx.dparams.push_back(a.zeros(p.shape, half, Category::grads, "dparam"));
 }
 
-class OpBf16 : public ::testing::TestWithParam<OpCase> {};
+using HalfCase = std::tuple<OpCase, DType>;
+std::string half_case_name(const ::testing::TestParamInfo<HalfCase>& i) {
+  return std::get<0>(i.param).name + (std::get<1>(i.param) == DType::f16 ? "_fp16" : "_bf16");
+}
+
+class OpBf16 : public ::testing::TestWithParam<HalfCase> {};
 
 TEST_P(OpBf16, GradientsMatchFp32FiniteDifferences) {
-  const OpCase& c = GetParam();
+  const OpCase& c = std::get<0>(GetParam());
+  const DType half = std::get<1>(GetParam());
   Allocator alloc;
   auto be = make_cpu_backend();
   OpRun run = make_run(c, alloc, 2);
   bind(run);
-  Bf16Run b = make_bf16(run, alloc);  // rounds run's inputs and parameters to the bf16 point
+  Bf16Run b = make_bf16(run, alloc, half);  // rounds run's inputs and parameters to the 16-bit point
   be->forward(b.ctx);
-  const std::vector<float> r = representable_r(b.ctx.out.numel(), 99);
+  const std::vector<float> r = representable_r(b.ctx.out.numel(), 99, half);
   prepare_bf16_backward(b, alloc, r);
   be->backward(b.ctx);
 
@@ -183,27 +221,28 @@ TEST_P(OpBf16, GradientsMatchFp32FiniteDifferences) {
   static const std::set<std::string> exact = {"select", "tokens", "flatten", "dropout", "dropout_p0", "embedding",
                                               "cls_token", "pos_embedding", "relu", "add", "maxpool2d_pad"};
   if (!exact.count(c.name)) {
-    EXPECT_TRUE(any_differs) << c.name << ": the bf16 run equals the fp32 one bit for bit";
+    EXPECT_TRUE(any_differs) << c.name << ": the 16-bit run equals the fp32 one bit for bit";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpBf16, ::testing::ValuesIn(op_cases()),
-                         [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ops, OpBf16, ::testing::Combine(::testing::ValuesIn(op_cases()), ::testing::Values(DType::bf16, DType::f16)),
+                         half_case_name);
 
 // What each op allocates under bf16: its own saved tensors and temporaries at
 // the declaration's size with 2-byte compute elements.
 int64_t bf16_bytes(Elem e) { return e == Elem::u8 ? 1 : e == Elem::compute ? 2 : 4; }
 
-class OpBf16Allocations : public ::testing::TestWithParam<OpCase> {};
+class OpBf16Allocations : public ::testing::TestWithParam<HalfCase> {};
 
 TEST_P(OpBf16Allocations, AllocationsMatchTheDeclaration) {
-  const OpCase& c = GetParam();
+  const OpCase& c = std::get<0>(GetParam());
+  const DType half = std::get<1>(GetParam());
   constexpr int64_t kBatch = 3;
   Allocator alloc;
   auto be = make_cpu_backend();
   OpRun run = make_run(c, alloc, kBatch);
   bind(run);
-  Bf16Run b = make_bf16(run, alloc);
+  Bf16Run b = make_bf16(run, alloc, half);
   int64_t total0 = alloc.allocated_total(), live0 = dlplan::total(alloc.current());
   be->forward(b.ctx);
   const int64_t fwd_alloc = alloc.allocated_total() - total0, fwd_live = dlplan::total(alloc.current()) - live0;
@@ -224,7 +263,7 @@ TEST_P(OpBf16Allocations, AllocationsMatchTheDeclaration) {
   EXPECT_EQ(fwd_alloc - saved_bytes, fwd_temps) << c.name << ": forward temporaries";
   EXPECT_EQ(fwd_live, saved_bytes) << c.name << ": after forward only the saved tensors are new";
 
-  prepare_bf16_backward(b, alloc, representable_r(b.ctx.out.numel(), 5));
+  prepare_bf16_backward(b, alloc, representable_r(b.ctx.out.numel(), 5, half));
   total0 = alloc.allocated_total();
   live0 = dlplan::total(alloc.current());
   be->backward(b.ctx);
@@ -232,8 +271,9 @@ TEST_P(OpBf16Allocations, AllocationsMatchTheDeclaration) {
   EXPECT_EQ(dlplan::total(alloc.current()) - live0, 0) << c.name << ": backward frees its temporaries";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpBf16Allocations, ::testing::ValuesIn(op_cases()),
-                         [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ops, OpBf16Allocations,
+                         ::testing::Combine(::testing::ValuesIn(op_cases()), ::testing::Values(DType::bf16, DType::f16)),
+                         half_case_name);
 
 }  // namespace
 }  // namespace dlplan::exec::testing

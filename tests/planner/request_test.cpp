@@ -40,10 +40,13 @@ TEST(Request, PrecisionFollowsTheDevice) {
   RequestFlags f = flags("tiny-gpt");
   f.gpu = "cpu";
   EXPECT_EQ(build_request(f).training.precision, Precision::fp32);
-  f.gpu = "v100-32g";  // no bf16
-  EXPECT_EQ(build_request(f).training.precision, Precision::fp32);
+  f.gpu = "v100-32g";  // no bf16: fp16 with loss scaling
+  EXPECT_EQ(build_request(f).training.precision, Precision::fp16_mixed);
   f.precision = "bf16-mixed";  // asked for: refused, not changed
   EXPECT_THROW(build_request(f), UsageError);
+  f.precision = "fp32";
+  EXPECT_EQ(build_request(f).training.precision, Precision::fp32);
+  f.precision = "bf16-mixed";
   f.gpu = "a100-80g";
   EXPECT_EQ(build_request(f).training.precision, Precision::bf16_mixed);
 }

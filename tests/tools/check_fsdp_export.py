@@ -46,6 +46,10 @@ TORCH_2_1 = {
     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointImpl.NO_REENTRANT",
     "torch.distributed.optim", "torch.distributed.optim.ZeroRedundancyOptimizer",
     "torch.optim.AdamW", "torch.optim.SGD", "torch.optim.lr_scheduler", "torch.optim.lr_scheduler.LambdaLR",
+    "torch.float16", "torch.cuda.amp", "torch.cuda.amp.GradScaler",
+    # Not on the FSDP page, but a public module of PyTorch 2.1's source
+    # (torch/distributed/fsdp/sharded_grad_scaler.py), the scaler FSDP's own tests use.
+    "torch.distributed.fsdp.sharded_grad_scaler", "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
 }
 
 
@@ -90,7 +94,7 @@ def main():
     # hybrid sharding on 2 nodes and CPU offload (each target only where it has an equivalent).
     cases = []
     for strategy in ("ddp", "zero1", "zero2", "zero3"):
-        for precision in ("fp32", "bf16-mixed"):
+        for precision in ("fp32", "bf16-mixed", "fp16-mixed"):
             for ckpt in ("none", "units"):
                 cases.append((f"{strategy}_{precision}_{ckpt}",
                               ["--gpus", "8", "--strategy", strategy, "--precision", precision, "--checkpointing", ckpt],

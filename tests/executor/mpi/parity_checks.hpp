@@ -36,11 +36,13 @@ inline double relative_l2(const std::vector<float>& a, const std::vector<float>&
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// fp32 on the cpu device, lr 1e-3, buckets of 0.05 MiB (several even for a
-// tiny model). Hybrid sharding at 4 ranks or more runs as 2 "nodes", a shard
-// group each; below that its one group is ZeRO itself.
+// fp32 (unless told) on the cpu device, lr 1e-3, buckets of 0.05 MiB (several
+// even for a tiny model). Hybrid sharding at 4 ranks or more runs as 2
+// "nodes", a shard group each; below that its one group is ZeRO itself.
 inline dlplan::PlanDocument make_plan(const std::string& model, int ranks, int64_t micro_batch, int64_t accum,
-                                      dlplan::Strategy s, bool syncbn, dlplan::Offload offload = dlplan::Offload::none) {
+                                      dlplan::Strategy s, bool syncbn, dlplan::Offload offload = dlplan::Offload::none,
+                                      dlplan::Precision precision = dlplan::Precision::fp32,
+                                      double init_scale = 65536.0) {
   using namespace dlplan;
   PlanRequest req;
   req.model = load_model(model);
@@ -52,7 +54,8 @@ inline dlplan::PlanDocument make_plan(const std::string& model, int ranks, int64
     req.cluster.gpus_per_node = ranks / 2;
     req.training.shard_group = ranks / 2;
   }
-  req.training.precision = Precision::fp32;
+  req.training.precision = precision;
+  req.training.loss_scaling.init_scale = init_scale;
   req.training.micro_batch = micro_batch;
   req.training.grad_accum = accum;
   req.training.optimizer.lr = 1e-3;
