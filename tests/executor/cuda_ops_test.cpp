@@ -8,10 +8,12 @@
 // CPU's saved tensors and temporaries). Controls: a 0.1% perturbation of the
 // reference fails the same check.
 //
-// bf16-mixed (CudaOpBf16): every op case again with bf16 inputs, parameters,
-// output and gradients on both backends (the same bf16 values), compared at
-// bf16's precision, and the GPU's allocations against the op's declaration
-// with 2-byte compute elements (what ops_bf16_test.cpp checks on the CPU).
+// bf16-mixed (CudaOpBf16) and fp16-mixed (CudaOpF16): every op case again
+// with 16-bit inputs, parameters, output and gradients on both backends (the
+// same bf16 / fp16 values), compared at bf16's precision (conservative for
+// fp16, which has 3 more mantissa bits), and the GPU's allocations against the
+// op's declaration with 2-byte compute elements (what ops_bf16_test.cpp checks
+// on the CPU).
 //
 // Without a usable GPU (or a build without CUDA) every test skips, saying why.
 #include <gtest/gtest.h>
@@ -180,13 +182,14 @@ TEST_P(CudaOp, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Ops, CudaOp, ::testing::ValuesIn(op_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
 
-// ---- bf16-mixed: both backends store in bf16, compute in fp32 --------------------------
+// ---- bf16-mixed and fp16-mixed: both backends store in 16 bits, compute in fp32 ---------
 
 // Both sides widen the same bf16 values and round fp32 results back to bf16,
 // but cuBLAS and OpenBLAS sum in different orders, so a stored value may land
 // one bf16 step (2^-8 relative) apart, and later stages of the op read it:
-// relative L2 over the tensor below 1e-2 (about 2.5 bf16 steps).
-constexpr double kBf16Tol = 1e-2;
+// relative L2 over the tensor below 1e-2 (about 2.5 bf16 steps). fp16 (a step
+// of 2^-11 relative) is held to the same bound.
+constexpr double kHalfTol = 1e-2;
 
 int64_t stored_bytes(const Tensor& t) { return is_byte_buffer(t) ? t.numel() : t.bytes(); }
 const char* raw(const Tensor& t) {
@@ -201,10 +204,10 @@ Tensor copy_to(Allocator& dev, const Tensor& h) {
   return d;
 }
 
-// t's values as bf16 (rounded to nearest even), a new host tensor.
-Tensor narrowed(Allocator& a, const Tensor& t, Category c, const std::string& what) {
-  Tensor b = a.empty(t.shape, DType::bf16, c, what);
-  f32_to_bf16(t.f(), b.bf(), t.numel());
+// t's values as `half` (bf16 or f16, rounded to nearest even), a new host tensor.
+Tensor narrowed(Allocator& a, const Tensor& t, DType half, Category c, const std::string& what) {
+  Tensor b = a.empty(t.shape, half, c, what);
+  f32_to_half(half, t.f(), b.h(), t.numel());
   return b;
 }
 
@@ -215,23 +218,23 @@ std::vector<char> raw_bytes(const Tensor& t, bool device) {
   return v;
 }
 
-// The values of an f32 or bf16 tensor, as floats.
+// The values of an f32, bf16 or f16 tensor, as floats.
 std::vector<float> values(const Tensor& t, bool device) {
   const std::vector<char> b = raw_bytes(t, device);
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  if (t.dtype == DType::bf16) {
+  if (is_half(t.dtype)) {
     std::vector<uint16_t> h(v.size());
     std::memcpy(h.data(), b.data(), h.size() * 2);
-    bf16_to_f32(h.data(), v.data(), t.numel());
+    half_to_f32(t.dtype, h.data(), v.data(), t.numel());
   } else {
     std::memcpy(v.data(), b.data(), v.size() * 4);
   }
   return v;
 }
 
-// One tensor, GPU against CPU under bf16-mixed: the same dtype; masks and
-// argmax exactly; floats (stored bf16 or fp32) by relative L2 < kBf16Tol.
-void expect_close_bf16(const std::string& what, const Tensor& cuda_t, const Tensor& cpu_t) {
+// One tensor, GPU against CPU under bf16- or fp16-mixed: the same dtype; masks
+// and argmax exactly; floats (stored 16-bit or fp32) by relative L2 < kHalfTol.
+void expect_close_half(const std::string& what, const Tensor& cuda_t, const Tensor& cpu_t) {
   ASSERT_EQ(cuda_t.defined(), cpu_t.defined()) << what;
   if (!cpu_t.defined()) return;
   ASSERT_EQ(cuda_t.shape, cpu_t.shape) << what;
@@ -244,21 +247,19 @@ void expect_close_bf16(const std::string& what, const Tensor& cuda_t, const Tens
   const auto g = values(cuda_t, true), r = values(cpu_t, false);
   const double err = rel_l2(g, r, &nan);
   EXPECT_FALSE(nan) << what << " has NaN";
-  EXPECT_LT(err, kBf16Tol) << what;
+  EXPECT_LT(err, kHalfTol) << what;
   // Control: the reference 5% off (plus a nudge for zeros) must fail.
   std::vector<float> off = r;
   for (auto& x : off) x = x * 1.05f + 5e-2f;
   bool unused = false;
-  EXPECT_GT(rel_l2(g, off, &unused), kBf16Tol) << what << " (control)";
+  EXPECT_GT(rel_l2(g, off, &unused), kHalfTol) << what << " (control)";
 }
 
 int64_t decl_bytes(Elem e) { return e == Elem::u8 ? 1 : e == Elem::compute ? 2 : 4; }
 
-class CudaOpBf16 : public ::testing::TestWithParam<OpCase> {};
-
-TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
-  DLPLAN_REQUIRE_GPU();
-  const OpCase& c = GetParam();
+// One op case under a mixed precision whose storage dtype is `half` (bf16 or
+// f16): GPU against CPU, and the GPU's allocations against the declaration.
+void check_half_op(const OpCase& c, DType half) {
   constexpr int64_t kBatch = 2;
   auto cpu = make_cpu_backend();
   auto gpu = make_cuda_backend(0);
@@ -268,14 +269,14 @@ TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
   OpRun run = make_run(c, host, kBatch);
   bind(run);
   const bool loss = run.n().op == OpKind::cross_entropy;
-  const DType out_dt = loss ? DType::f32 : DType::bf16;  // the loss is one fp32 scalar in either precision
-  OpContext a = run.ctx;  // the CPU's bf16 context: the run's values rounded to bf16
-  a.act_dtype = DType::bf16;
+  const DType out_dt = loss ? DType::f32 : half;  // the loss is one fp32 scalar in either precision
+  OpContext a = run.ctx;  // the CPU's 16-bit context: the run's values rounded to `half`
+  a.act_dtype = half;
   a.saved.clear();
   for (auto& t : a.in)
-    if (t.dtype == DType::f32) t = narrowed(host, t, Category::workspace, "bf16 input");
-  for (auto& t : a.params) t = narrowed(host, t, Category::params, "bf16 param");
-  OpContext g = a;  // the GPU's: device copies of the same bf16 values (buffers stay fp32)
+    if (t.dtype == DType::f32) t = narrowed(host, t, half, Category::workspace, "half input");
+  for (auto& t : a.params) t = narrowed(host, t, half, Category::params, "half param");
+  OpContext g = a;  // the GPU's: device copies of the same 16-bit values (buffers stay fp32)
   g.alloc = &dev;
   for (auto& t : g.in) t = copy_to(dev, t);
   for (auto& t : g.params) t = copy_to(dev, t);
@@ -292,26 +293,26 @@ TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
     std::mt19937 rng(99);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> v(static_cast<size_t>(a.out.numel()));
-    for (auto& x : v) x = round_bf16(nd(rng));  // representable: the same dout on both
+    for (auto& x : v) x = from_half(half, to_half(half, nd(rng)));  // representable: the same dout on both
     return v;
   }();
   Tensor dout_h = host.empty(a.out.shape, out_dt, Category::workspace, "dout");
   if (loss) std::copy(r.begin(), r.end(), dout_h.f());
-  else f32_to_bf16(r.data(), dout_h.bf(), dout_h.numel());
+  else f32_to_half(half, r.data(), dout_h.h(), dout_h.numel());
   a.dout = dout_h;
   g.dout = copy_to(dev, dout_h);
   a.din.clear();
   g.din.clear();
   for (size_t i = 0; i < a.in.size(); ++i) {
-    const bool fl = a.in[i].dtype == DType::bf16;
-    a.din.push_back(fl ? host.zeros(a.in[i].shape, DType::bf16, Category::workspace, "din") : Tensor{});
-    g.din.push_back(fl ? dev.zeros(a.in[i].shape, DType::bf16, Category::workspace, "din") : Tensor{});
+    const bool fl = a.in[i].dtype == half;
+    a.din.push_back(fl ? host.zeros(a.in[i].shape, half, Category::workspace, "din") : Tensor{});
+    g.din.push_back(fl ? dev.zeros(a.in[i].shape, half, Category::workspace, "din") : Tensor{});
   }
   a.dparams.clear();
   g.dparams.clear();
   for (const Tensor& p : a.params) {
-    a.dparams.push_back(host.zeros(p.shape, DType::bf16, Category::grads, "dparam"));
-    g.dparams.push_back(dev.zeros(p.shape, DType::bf16, Category::grads, "dparam"));
+    a.dparams.push_back(host.zeros(p.shape, half, Category::grads, "dparam"));
+    g.dparams.push_back(dev.zeros(p.shape, half, Category::grads, "dparam"));
   }
   total0 = dev.allocated_total();
   live0 = dlplan::total(dev.current());
@@ -320,15 +321,15 @@ TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
   gpu->synchronize();
   const int64_t bwd_alloc = dev.allocated_total() - total0, bwd_live = dlplan::total(dev.current()) - live0;
 
-  // Values, at bf16's precision.
+  // Values, at bf16's precision (for fp16 too).
   EXPECT_EQ(g.out.dtype, out_dt) << c.name;
-  expect_close_bf16(c.name + ": out", g.out, a.out);
+  expect_close_half(c.name + ": out", g.out, a.out);
   ASSERT_EQ(g.saved.size(), a.saved.size()) << c.name << ": saved tensors";
   for (size_t i = 0; i < a.saved.size(); ++i) {
     EXPECT_EQ(g.saved[i].storage->what, a.saved[i].storage->what) << c.name;
-    expect_close_bf16(c.name + ": saved " + a.saved[i].storage->what, g.saved[i], a.saved[i]);
+    expect_close_half(c.name + ": saved " + a.saved[i].storage->what, g.saved[i], a.saved[i]);
   }
-  for (size_t i = 0; i < a.din.size(); ++i) expect_close_bf16(c.name + ": din " + std::to_string(i), g.din[i], a.din[i]);
+  for (size_t i = 0; i < a.din.size(); ++i) expect_close_half(c.name + ": din " + std::to_string(i), g.din[i], a.din[i]);
   const size_t tied = a.params.size() - run.decl.params.size();
   double scale = 0;  // the largest parameter gradient of the op, on the CPU
   for (const Tensor& d : a.dparams)
@@ -341,10 +342,10 @@ TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
       for (float x : values(g.dparams[i], true)) EXPECT_LE(std::fabs(x), 6e-2 * scale) << what << " (zero in exact arithmetic)";
       continue;
     }
-    expect_close_bf16(what, g.dparams[i], a.dparams[i]);
+    expect_close_half(what, g.dparams[i], a.dparams[i]);
   }
   for (size_t i = 0; i < a.buffers.size(); ++i)
-    expect_close_bf16(c.name + ": buffer " + a.buffers[i].storage->what, g.buffers[i], a.buffers[i]);
+    expect_close_half(c.name + ": buffer " + a.buffers[i].storage->what, g.buffers[i], a.buffers[i]);
 
   // The GPU's allocations against the declaration, 2-byte compute elements.
   std::vector<const SavedTensor*> own;
@@ -366,7 +367,24 @@ TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
   EXPECT_EQ(bwd_live, 0) << c.name << ": backward frees its temporaries";
 }
 
+class CudaOpBf16 : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
+  DLPLAN_REQUIRE_GPU();
+  check_half_op(GetParam(), DType::bf16);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, CudaOpBf16, ::testing::ValuesIn(op_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
+
+class CudaOpF16 : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(CudaOpF16, MatchesCpuAndTheDeclaration) {
+  DLPLAN_REQUIRE_GPU();
+  check_half_op(GetParam(), DType::f16);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaOpF16, ::testing::ValuesIn(op_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
 
 // ---- Philox: the device draws are the host's, bit for bit -------------------------

@@ -1,16 +1,18 @@
 // The trainer on a GPU (--device cuda): one whole training step of every tiny
 // model on the GPU ends with the parameters of the same step on the CPU
 // (relative L2 < 1e-5, fp32), and the measured peak is within 3% of the
-// planner's. bf16-mixed: a few steps of every tiny model on the GPU give the
-// CPU's losses (within 2% relative: both store in bf16 and compute in fp32,
-// but GEMMs sum in another order, so stored values can land a bf16 step
-// apart), and the GPU's memory follows the plan as in fp32 (peak, each
-// category at the peak and after every op within 3% of the planned peak).
+// planner's. bf16-mixed and fp16-mixed: a few steps of every tiny model on
+// the GPU give the CPU's losses (within 2% relative: both store in 16 bits
+// and compute in fp32, but GEMMs sum in another order, so stored values can
+// land a bf16 / fp16 step apart; fp16-mixed also skips the same steps for
+// overflow, with the same loss scale), and the GPU's memory follows the plan
+// as in fp32 (peak, each category at the peak and after every op within 3% of
+// the planned peak).
 // Without a GPU (or a CUDA build) those skip, naming the reason.
 //
 // Always (no GPU needed): the trainer's checks for a device (a cpu plan is
-// refused, a plan over the device's free memory is refused, fp32 and
-// bf16-mixed plans that fit are accepted), through a stand-in device whose
+// refused, a plan over the device's free memory is refused, fp32, bf16-mixed
+// and fp16-mixed plans that fit are accepted), through a stand-in device whose
 // memory the host may not touch; and `dlplan train --device cuda` failing
 // with a clear message where there is no usable GPU.
 #include "dlplan/error.hpp"
@@ -142,6 +144,10 @@ TEST(DeviceTrainer, RefusesACpuPlan) {
 
 TEST(DeviceTrainer, AcceptsAGpuBf16MixedPlanThatFits) {
   EXPECT_EQ(refusal(make_plan("tiny-mlp", "h200-141g", 4, Precision::bf16_mixed), int64_t{1} << 40), "");
+}
+
+TEST(DeviceTrainer, AcceptsAGpuFp16MixedPlanThatFits) {
+  EXPECT_EQ(refusal(make_plan("tiny-mlp", "h200-141g", 4, Precision::fp16_mixed), int64_t{1} << 40), "");
 }
 
 TEST(DeviceTrainer, RefusesAPlanOverTheFreeDeviceMemory) {
@@ -291,23 +297,29 @@ TEST(CudaTrain, MeasuredPeakWithinThreePercentOfThePlanner) {
   }
 }
 
-// bf16-mixed: the same plan (plain SGD, as above, so that rounding noise in
-// near-zero gradients is not turned into lr-sized steps) trained a few steps
-// on the GPU and on the CPU. Both start from the same parameters and see the
-// same batches; each step's loss must agree within 2% relative (bf16 keeps 8
-// bits: a stored value may land one step, 2^-8 relative, apart when the fp32
-// sums that produce it run in another order). The GPU's memory follows the
-// plan with the fp32 test's rule (3% of the planned peak, the caching
-// allocator's 512 B rounding): the peak, each category at the peak, and the
-// largest gap after any op (Trainer::ledger_check).
-TEST(CudaTrain, Bf16MixedTrainsLikeTheCpuAndFollowsThePlan) {
-  SKIP_WITHOUT_GPU();
+// bf16-mixed and fp16-mixed: the same plan (plain SGD, as above, so that
+// rounding noise in near-zero gradients is not turned into lr-sized steps)
+// trained a few steps on the GPU and on the CPU. Both start from the same
+// parameters and see the same batches; each step's loss must agree within 2%
+// relative (bf16 keeps 8 bits: a stored value may land one step, 2^-8
+// relative, apart when the fp32 sums that produce it run in another order;
+// fp16's 11 bits are held to the same bound). fp16-mixed: both run with the
+// same dynamic loss scale and skip the same steps (a gradient overflowed).
+// The GPU's memory follows the plan with the fp32 test's rule (3% of the
+// planned peak, the caching allocator's 512 B rounding): the peak, each
+// category at the peak, and the largest gap after any op
+// (Trainer::ledger_check).
+namespace {
+
+void mixed_trains_like_the_cpu_and_follows_the_plan(Precision precision) {
   constexpr int kSteps = 3;
   constexpr double kLossTol = 2e-2;
+  const std::string prec = to_string(precision);
+  const char* name = prec.c_str();
   for (const Case& c : kCases) {
-    const PlanDocument gpu_plan = make_plan(c.model, "h200-141g", c.micro_batch, Precision::bf16_mixed, Strategy::ddp,
+    const PlanDocument gpu_plan = make_plan(c.model, "h200-141g", c.micro_batch, precision, Strategy::ddp,
                                           OptimizerKind::sgd);
-    ASSERT_EQ(gpu_plan.training.precision, Precision::bf16_mixed) << c.model;
+    ASSERT_EQ(gpu_plan.training.precision, precision) << c.model;
     const PlanDocument cpu_plan = on_cpu(gpu_plan);
     TrainOptions opt;
     opt.steps = kSteps;
@@ -318,12 +330,17 @@ TEST(CudaTrain, Bf16MixedTrainsLikeTheCpuAndFollowsThePlan) {
     ASSERT_EQ(gpu.trainer->full_parameters(), cpu.full_parameters())
         << c.model << ": the same seed must give the same initial parameters";
     for (int s = 0; s < kSteps; ++s) {
-      const double cpu_loss = cpu.step().loss, gpu_loss = gpu.trainer->step().loss;
-      std::printf("%s bf16-mixed step %d: loss %.6f (cpu %.6f)\n", c.model, s + 1, gpu_loss, cpu_loss);
+      const StepStats cs = cpu.step(), gs = gpu.trainer->step();
+      const double cpu_loss = cs.loss, gpu_loss = gs.loss;
+      std::printf("%s %s step %d: loss %.6f (cpu %.6f); loss scale %g (cpu %g)%s%s\n", c.model, name, s + 1, gpu_loss,
+                  cpu_loss, gs.loss_scale, cs.loss_scale, gs.skipped ? "; gpu skipped" : "",
+                  cs.skipped ? "; cpu skipped" : "");
       EXPECT_TRUE(std::isfinite(gpu_loss)) << c.model << " step " << s + 1;
       EXPECT_NEAR(gpu_loss, cpu_loss, kLossTol * std::abs(cpu_loss)) << c.model << " step " << s + 1;
+      EXPECT_EQ(gs.loss_scale, cs.loss_scale) << c.model << " step " << s + 1;
+      EXPECT_EQ(gs.skipped, cs.skipped) << c.model << " step " << s + 1 << ": one side found a gradient overflow";
     }
-    // Control: the run really stored bf16 (the fp32 plan of the same model predicts more).
+    // Control: the run really stored 16-bit values (the fp32 plan of the same model predicts more).
     const StepWalk w = walk_step(gpu_plan.model, gpu_plan.cluster, gpu_plan.training);
     const PlanDocument fp32_plan = make_plan(c.model, "h200-141g", c.micro_batch, Precision::fp32, Strategy::ddp,
                                            OptimizerKind::sgd);
@@ -331,8 +348,8 @@ TEST(CudaTrain, Bf16MixedTrainsLikeTheCpuAndFollowsThePlan) {
 
     const double got = static_cast<double>(gpu.trainer->allocator().peak()), want = static_cast<double>(w.peak);
     const CategoryBytes at = gpu.trainer->allocator().at_peak();
-    std::printf("%s bf16-mixed: peak measured %.0f B, predicted %.0f B (%+.3f%%); at the peak, measured / predicted:",
-                c.model, got, want, (got - want) / want * 100);
+    std::printf("%s %s: peak measured %.0f B, predicted %.0f B (%+.3f%%); at the peak, measured / predicted:", c.model,
+                name, got, want, (got - want) / want * 100);
     for (size_t k = 0; k < at.size(); ++k) {
       std::printf(" %s %lld/%lld", to_string(static_cast<Category>(k)), static_cast<long long>(at[k]),
                   static_cast<long long>(w.at_peak[k]));
@@ -349,13 +366,26 @@ TEST(CudaTrain, Bf16MixedTrainsLikeTheCpuAndFollowsThePlan) {
   }
 }
 
+}  // namespace
+
+TEST(CudaTrain, Bf16MixedTrainsLikeTheCpuAndFollowsThePlan) {
+  SKIP_WITHOUT_GPU();
+  mixed_trains_like_the_cpu_and_follows_the_plan(Precision::bf16_mixed);
+}
+
+TEST(CudaTrain, Fp16MixedTrainsLikeTheCpuAndFollowsThePlan) {
+  SKIP_WITHOUT_GPU();
+  mixed_trains_like_the_cpu_and_follows_the_plan(Precision::fp16_mixed);
+}
+
 // A checkpoint saved from device memory and loaded back into another GPU
 // trainer (executor checkpoint.hpp): 4 steps straight against 2, save, a new
 // trainer resumed from it, 2 more; the same losses and parameters, bit for
-// bit, under fp32 and bf16-mixed (master weights and moments travel too).
+// bit, under fp32, bf16-mixed and fp16-mixed (master weights, moments and
+// fp16's loss scale travel too).
 TEST(CudaTrain, CheckpointResumeIsBitExact) {
   SKIP_WITHOUT_GPU();
-  for (Precision precision : {Precision::fp32, Precision::bf16_mixed}) {
+  for (Precision precision : {Precision::fp32, Precision::bf16_mixed, Precision::fp16_mixed}) {
     const PlanDocument plan = make_plan("tiny-gpt", "h200-141g", 8, precision, Strategy::ddp, OptimizerKind::adamw);
     TrainOptions opt;
     opt.steps = 4;
