@@ -28,19 +28,53 @@ void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t e = 0; e < n; ++e) dst[e] = to_bf16(src[e]);
 }
 
-// The compiler's _Float16 (GCC >= 12 on x86-64; IEEE binary16, conversions
-// rounding to nearest even) does the rounding; the bits are moved in and out.
+// IEEE binary16 by bit manipulation (no compiler's _Float16: clang on x86-64
+// lacks it). float = 1 + 8 + 23 bits, exponent bias 127; half = 1 + 5 + 10,
+// bias 15.
 uint16_t to_f16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t u;
-  std::memcpy(&u, &h, sizeof u);
-  return u;
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN stays (quiet) NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to infinity (and inf)
+  if (a >= 0x38800000u) {
+    // A normal half (>= 2^-14): rebias the exponent (127 - 15 = 112) and drop
+    // 13 mantissa bits, rounding to nearest even (a carry moves the exponent).
+    uint32_t h = a - (112u << 23);
+    h += 0x0fffu + ((h >> 13) & 1u);
+    return static_cast<uint16_t>(sign | (h >> 13));
+  }
+  if (a <= 0x33000000u) return sign;  // <= 2^-25: zero (2^-25 is the tie, and zero is even)
+  // A subnormal half: k units of 2^-24, k = mantissa (with its leading 1)
+  // x 2^(e - 150 + 24) = mantissa >> (126 - e), rounded to nearest even.
+  const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+  uint32_t k = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1), tie = 1u << (shift - 1);
+  if (rest > tie || (rest == tie && (k & 1u))) ++k;  // k = 0x400 is the smallest normal: still right
+  return static_cast<uint16_t>(sign | k);
 }
 
-float from_f16(uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, sizeof h);
-  return static_cast<float>(h);
+float from_f16(uint16_t h) {
+  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0x1f) {
+    x = sign | 0x7f800000u | (m << 13);  // inf, NaN
+  } else if (e != 0) {
+    x = sign | ((e + 112) << 23) | (m << 13);
+  } else if (m == 0) {
+    x = sign;
+  } else {  // subnormal: m x 2^-24, normalised
+    e = 113;
+    while ((m & 0x400u) == 0) {
+      m <<= 1;
+      --e;
+    }
+    x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
 }
 
 void half_to_f32(DType d, const uint16_t* src, float* dst, int64_t n) {

@@ -88,6 +88,22 @@ TEST(Fp16, RoundsToNearestEvenWithSubnormalsAndOverflow) {
     ASSERT_EQ(to_f16(from_f16(b)), b) << h;
   }
   EXPECT_EQ(from_f16(0x3555), 0x1.554p-2f);  // 1/3 rounded: 0.333251953125
+  EXPECT_EQ(from_f16(0x0001), 0x1p-24f);
+  EXPECT_EQ(from_f16(0x03FF), 0x3FFp-24f);     // the largest subnormal
+  EXPECT_EQ(from_f16(0x7BFF), 65504.0f);
+  EXPECT_EQ(from_f16(0x8000), -0.0f);
+  EXPECT_TRUE(std::signbit(from_f16(0x8000)));
+  // Rounding, exhaustively: between each pair of neighbouring positive fp16
+  // values a and b (b the next), the midpoint (exact in float) goes to the
+  // even one of the two, a float just below it to a, just above to b.
+  for (uint16_t lo = 0; lo < 0x7BFF; ++lo) {
+    const auto hi = static_cast<uint16_t>(lo + 1);
+    const float a = from_f16(lo), b = from_f16(hi), mid = (a + b) / 2;
+    ASSERT_EQ(to_f16(mid), (lo & 1u) ? hi : lo) << lo;
+    ASSERT_EQ(to_f16(std::nextafter(mid, 0.0f)), lo) << lo;
+    ASSERT_EQ(to_f16(std::nextafter(mid, 1e9f)), hi) << lo;
+    ASSERT_EQ(to_f16(-mid), static_cast<uint16_t>(0x8000u | ((lo & 1u) ? hi : lo))) << lo;
+  }
 }
 
 // ---- ops ---------------------------------------------------------------------------
