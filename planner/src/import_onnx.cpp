@@ -515,6 +515,14 @@ class Importer {
   void map_node(int i) {
     const auto& n = g_.node(i);
     const auto& op = n.op_type();
+    // The inputs the mappings below index. A file whose nodes were not
+    // verified against their schemas (no opset declared) can hold fewer.
+    static const std::map<std::string, int> kInputsRead = {
+        {"MatMul", 2}, {"Gemm", 2}, {"Conv", 2}, {"Gather", 2}, {"SoftmaxCrossEntropyLoss", 2},
+        {"BatchNormalization", 1}, {"LayerNormalization", 1}};
+    if (auto it = kInputsRead.find(op); it != kInputsRead.end() && n.input_size() < it->second)
+      fail(fmt::format("{}: has {} input{}; {} takes {}", label(n, i), n.input_size(), n.input_size() == 1 ? "" : "s",
+                       op, it->second));
     const auto data = data_inputs(n);
     auto in0 = [&]() -> const std::string& {
       if (data.empty()) fail(fmt::format("{}: has no data input", label(n, i)));

@@ -36,9 +36,16 @@ void check_dims(const onnx::ValueInfoProto& vi, const std::string& src) {
 void check_initializer(const onnx::TensorProto& t, const std::string& src) {
   if (t.dims_size() > kMaxRank)
     throw Error(fmt::format("{}: initializer '{}' has rank {}, more than {}", src, t.name(), t.dims_size(), kMaxRank));
-  for (int64_t d : t.dims())
+  // Each dimension, then their product (checked before it can overflow: the
+  // importer multiplies initializer shapes freely from here on).
+  int64_t elements = 1;
+  for (int64_t d : t.dims()) {
     if (d < 0 || d > kMaxTensorElements)
       throw Error(fmt::format("{}: initializer '{}' has dimension {}, outside [0, 2^48]", src, t.name(), d));
+    if (d > 0 && elements > kMaxTensorElements / d)
+      throw Error(fmt::format("{}: initializer '{}' has more than 2^48 elements", src, t.name()));
+    elements *= d;
+  }
 }
 
 // kernel_shape, strides, dilations >= 1; pads >= 0; group >= 1 (every op that has them).
