@@ -30,7 +30,11 @@ inline std::string slurp(const std::string& path) {
   return s.str();
 }
 
-inline std::string temp_path(const std::string& name) { return ::testing::TempDir() + "dlplan_cli_" + name; }
+// Per process: ctest runs each test in its own process, two at a time, and
+// two tests writing the same fixture name must not remove each other's file.
+inline std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "dlplan_cli_" + std::to_string(::getpid()) + "_" + name;
+}
 
 // Runs `dlplan <args>` in the source folder (so models/... paths resolve).
 inline Result run(const std::string& args, const std::string& env = "") {
