@@ -95,6 +95,13 @@ Runner add_plan_command(CLI::App& app) {
                  "CPU offload: none, optimizer (ZeRO-Offload: gradients, optimizer state and step on the host) or "
                  "params (zero3, hsdp3: the parameter shards too)")
       ->capture_default_str();
+  app.add_option("--freeze", r.freeze,
+                 "Freeze parameters: comma-separated globs over node or unit names ('wte,wpe,h.0.*'); they get no "
+                 "gradients and no optimizer state");
+  app.add_option("--lora", r.lora, "LoRA adapters of this rank beside the targeted weights; the base model is frozen");
+  app.add_option("--lora-targets", r.lora_targets,
+                 "With --lora: globs over linear nodes, and q, k, v, o for attention's projections (default q,v)");
+  app.add_option("--lora-alpha", r.lora_alpha, "With --lora: the adapters' scale is alpha / r (default alpha = r)");
   app.add_option("--syncbn", r.syncbn, "SyncBatchNorm: auto, on or off")->capture_default_str();
   app.add_option("--syncbn-group", f->syncbn_group, "Ranks per SyncBN group (default: the advice's, or all)");
   app.add_option("--bucket-mb", f->bucket_mb, "DDP / ZeRO-1 gradient bucket size, MiB (default 25)");

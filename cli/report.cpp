@@ -3,6 +3,7 @@
 // or KiB by the largest peak) so that a tiny model does not read 0.00.
 #include "report.hpp"
 
+#include "dlplan/fine_tuning.hpp"
 #include "dlplan/format.hpp"
 #include "dlplan/loader.hpp"
 
@@ -71,6 +72,9 @@ void print_header(const Planning& p) {
                "skipped on overflow); one flag all-reduced per step\n",
                number(t.loss_scaling.init_scale), number(t.loss_scaling.growth), t.loss_scaling.growth_interval,
                number(t.loss_scaling.backoff));
+  if (t.fine_tuning.active())
+    fmt::print("         fine-tuning: {}; frozen parameters have no gradients and no optimizer state\n",
+               describe(t.fine_tuning, r.model));
   fmt::print("         bucket {} MiB (ddp, zero1), prefetch {} unit{} (zero3){}\n\n", number(t.bucket_mb), t.prefetch,
              t.prefetch == 1 ? "" : "s",
              t.offload == Offload::none ? ""

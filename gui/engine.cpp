@@ -64,6 +64,12 @@ RequestFlags Engine::flags(const Inputs& in) {
   // strategy refuses --shard-group).
   if (in.shard_group > 0 && (!in.forced || hybrid(*in.forced))) f.shard_group = in.shard_group;
   f.offload = in.offload;
+  f.freeze = in.freeze;
+  if (in.lora > 0) {
+    f.lora = in.lora;
+    f.lora_targets = in.lora_targets;
+    if (in.lora_alpha > 0) f.lora_alpha = in.lora_alpha;
+  }
   f.lr = in.lr;
   f.explain = in.explain;
   return f;

@@ -45,6 +45,10 @@ struct Inputs {
   int prefetch = 1;                  // ZeRO-3 units gathered ahead
   int shard_group = 0;               // hsdp2 / hsdp3: ranks per shard group; 0: one node
   std::string offload = "none";      // CPU offload: none, optimizer, params (--offload)
+  std::string freeze;                // --freeze: comma-separated globs over node / unit names
+  int64_t lora = 0;                  // --lora: adapter rank, 0: none
+  std::string lora_targets;          // --lora-targets ("": q,v)
+  double lora_alpha = 0;             // --lora-alpha (0: alpha = rank)
   double lr = kDefaultLr;            // written into a saved plan
   std::optional<Strategy> forced;    // --strategy
   std::optional<Strategy> show;      // the row the timeline, Gantt and tensors show (default: recommended, else the last)

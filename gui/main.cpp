@@ -57,6 +57,10 @@ void describe(QCommandLineParser& p) {
   opt("prefetch", "ZeRO-3 units gathered ahead (default 1)", "U");
   opt("shard-group", "hsdp2 / hsdp3: ranks per shard group, contiguous (default: one node)", "G");
   opt("offload", "CPU offload: none, optimizer or params (zero3, hsdp3)", "O");
+  opt("freeze", "Freeze parameters: comma-separated globs over node or unit names", "GLOBS");
+  opt("lora", "LoRA adapters of this rank; the base model is frozen", "R");
+  opt("lora-targets", "With --lora: globs over linear nodes, and q, k, v, o (default q,v)", "LIST");
+  opt("lora-alpha", "With --lora: the adapters' scale is alpha / r (default alpha = r)", "A");
   opt("screenshot", "Render the window after the first recompute to this PNG and exit", "FILE");
   opt("size", "Window size for --screenshot, WxH (default 1680x1050)", "WxH");
 }
@@ -109,6 +113,13 @@ Inputs parse(const QCommandLineParser& p) {
   if (p.isSet("prefetch")) in.prefetch = static_cast<int>(num("prefetch"));
   if (p.isSet("shard-group")) in.shard_group = static_cast<int>(num("shard-group"));
   if (p.isSet("offload")) in.offload = str("offload");
+  if (p.isSet("freeze")) in.freeze = str("freeze");
+  if (p.isSet("lora")) {
+    in.lora = num("lora");
+    if (in.lora <= 0) throw UsageError("--lora must be a positive integer (the adapters' rank)");
+  }
+  if (p.isSet("lora-targets")) in.lora_targets = str("lora-targets");
+  if (p.isSet("lora-alpha")) in.lora_alpha = real("lora-alpha");
   if (p.isSet("strategy")) {
     try {
       in.forced = parse_strategy(str("strategy"));

@@ -1,5 +1,6 @@
 #include "main_window.hpp"
 
+#include "dlplan/fine_tuning.hpp"
 #include "dlplan/format.hpp"
 #include "dlplan/hardware.hpp"
 #include "dlplan/loader.hpp"
@@ -15,6 +16,7 @@
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
+#include <QLineEdit>
 #include <QMenuBar>
 #include <QMessageBox>
 #include <QPlainTextEdit>
@@ -261,13 +263,35 @@ QWidget* MainWindow::buildInputs() {
   offload_->setToolTip(tr("CPU offload (--offload): optimizer keeps gradients, optimizer state and its step on the host "
                           "(ZeRO-Offload); params also the parameter shards (zero3, hsdp3)"));
   f->addRow(tr("CPU offload"), offload_);
+  freeze_ = new QLineEdit(box);
+  freeze_->setPlaceholderText(tr("none"));
+  freeze_->setToolTip(tr("Frozen parameters (--freeze): comma-separated globs over node or unit names, e.g. "
+                         "wte,wpe,h.0.*; they get no gradients and no optimizer state"));
+  f->addRow(tr("Freeze"), freeze_);
+  lora_ = new QSpinBox(box);
+  lora_->setRange(0, 1 << 20);
+  lora_->setSpecialValueText(tr("off"));
+  lora_->setToolTip(tr("LoRA adapters of this rank beside the targeted weights (--lora); the base model is frozen"));
+  f->addRow(tr("LoRA rank"), lora_);
+  loraTargets_ = new QLineEdit(box);
+  loraTargets_->setPlaceholderText(QStringLiteral("q,v"));
+  loraTargets_->setToolTip(tr("LoRA targets (--lora-targets): globs over linear nodes, and q, k, v, o for attention's "
+                              "projections"));
+  f->addRow(tr("LoRA targets"), loraTargets_);
+  loraAlpha_ = new QDoubleSpinBox(box);
+  loraAlpha_->setRange(0, 1e6);
+  loraAlpha_->setSpecialValueText(tr("= rank"));
+  loraAlpha_->setToolTip(tr("LoRA alpha (--lora-alpha): the adapters' output is scaled by alpha / rank"));
+  f->addRow(tr("LoRA alpha"), loraAlpha_);
+  for (QLineEdit* e : {freeze_, loraTargets_})
+    connect(e, &QLineEdit::editingFinished, this, &MainWindow::inputsEdited);
   f->addRow(tr("Learning rate"), lr_);
 
   for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, syncbn_, strategy_, offload_})
     connect(c, &QComboBox::currentIndexChanged, this, &MainWindow::inputsEdited);
-  for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_, shardGroup_})
+  for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_, shardGroup_, lora_})
     connect(s, &QSpinBox::valueChanged, this, &MainWindow::inputsEdited);
-  for (QDoubleSpinBox* s : {bucketMb_, lr_})
+  for (QDoubleSpinBox* s : {bucketMb_, lr_, loraAlpha_})
     connect(s, &QDoubleSpinBox::valueChanged, this, &MainWindow::inputsEdited);
 
   auto* save = new QPushButton(tr("Save plan…"), box);
@@ -322,6 +346,10 @@ void MainWindow::fillControls(const Inputs& in) {
   setComboText(attention_, qs(in.attention));
   setComboText(syncbn_, qs(in.syncbn));
   setComboText(offload_, qs(in.offload));
+  freeze_->setText(qs(in.freeze));
+  lora_->setValue(static_cast<int>(in.lora));
+  loraTargets_->setText(qs(in.lora_targets));
+  loraAlpha_->setValue(in.lora_alpha);
   strategy_->setCurrentIndex(in.forced ? static_cast<int>(*in.forced) + 1 : 0);
   filling_ = false;
 }
@@ -354,6 +382,10 @@ void MainWindow::readControls() {
   in.attention = attention_->currentText().toStdString();
   in.syncbn = syncbn_->currentText().toStdString();
   in.offload = offload_->currentText().toStdString();
+  in.freeze = freeze_->text().toStdString();
+  in.lora = lora_->value();
+  in.lora_targets = loraTargets_->text().toStdString();
+  in.lora_alpha = loraAlpha_->value();
   in.forced = strategy_->currentIndex() == 0 ? std::nullopt
                                              : std::optional<Strategy>(kAllStrategies[static_cast<size_t>(strategy_->currentIndex() - 1)]);
 }
@@ -439,6 +471,8 @@ void MainWindow::showResults(quint64 generation) {
               .arg(t.optimizer.lr)
               .arg(t.bucket_mb)
               .arg(t.prefetch);
+  if (t.fine_tuning.active())
+    html += tr("Fine-tuning: %1<br>").arg(qs(describe(t.fine_tuning, req.model)).toHtmlEscaped());
   html += recommendationText().toHtmlEscaped().replace(QLatin1Char('\n'), QStringLiteral("<br>"));
   for (const auto& note : req.model.notes) html += QStringLiteral("<br><i>note: %1</i>").arg(qs(note).toHtmlEscaped());
   advice_->setHtml(html);

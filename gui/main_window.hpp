@@ -16,6 +16,7 @@
 class QComboBox;
 class QDoubleSpinBox;
 class QLabel;
+class QLineEdit;
 class QPlainTextEdit;
 class QPushButton;
 class QSpinBox;
@@ -104,6 +105,9 @@ class MainWindow : public QMainWindow {
   std::optional<Strategy> selectedStrategy_;  // the user's pick survives recomputes
 
   QComboBox *offload_ = nullptr;
+  QLineEdit *freeze_ = nullptr, *loraTargets_ = nullptr;  // fine-tuning (--freeze, --lora-targets)
+  QSpinBox *lora_ = nullptr;                               // --lora (0: none)
+  QDoubleSpinBox *loraAlpha_ = nullptr;                    // --lora-alpha (0: alpha = rank)
   QComboBox *modelCombo_ = nullptr, *gpuCombo_ = nullptr, *batchMode_ = nullptr, *precision_ = nullptr,
             *optimizer_ = nullptr, *checkpointing_ = nullptr, *attention_ = nullptr, *syncbn_ = nullptr,
             *strategy_ = nullptr;

@@ -145,6 +145,26 @@ ModelStates compare_model_states(const Planning& p, const StrategyResult& r) {
   const Strategy s = within_group(r.strategy);
   const double N = static_cast<double>(shard_world(t, p.request.cluster.world()));
   const double K = optimizer_bytes_per_param(t.precision, t.optimizer.kind);
+  if (t.fine_tuning.active()) {
+    // The formulas assume every parameter trains; with Ψt of Ψ training,
+    // gradients and optimizer state cover Ψt only (docs/fine-tuning.md).
+    const double pt = static_cast<double>(p.request.model.trainable_parameter_count());
+    StateEstimate ft{"ZeRO paper's formulas (Rajbhandari et al. 2020, Fig. 1) with Ψt of Ψ trainable", "", 0, {}};
+    switch (s) {
+      case Strategy::ddp: ft.formula = "2Ψ + (2+K)Ψt"; ft.bytes = 2 * psi + (2 + K) * pt; break;
+      case Strategy::zero1: ft.formula = "2Ψ + 2Ψt + KΨt/N"; ft.bytes = 2 * psi + 2 * pt + K * pt / N; break;
+      case Strategy::zero2: ft.formula = "2Ψ + (2+K)Ψt/N"; ft.bytes = 2 * psi + (2 + K) * pt / N; break;
+      case Strategy::zero3: ft.formula = "2Ψ/N + (2+K)Ψt/N"; ft.bytes = (2 * psi + (2 + K) * pt) / N; break;
+      case Strategy::hsdp2:
+      case Strategy::hsdp3: break;  // not reached
+    }
+    ft.formula += fmt::format(" with K = {}, Ψt = {}", K, format_count(static_cast<int64_t>(pt)));
+    if (s == Strategy::zero3)
+      ft.differences.push_back(fmt::format("dlplan adds the units gathered at the peak ({})",
+                                           gib(static_cast<double>(cat(Category::gathered)))));
+    out.estimates.push_back(std::move(ft));
+    return out;  // DeepSpeed's estimators know no frozen parameters
+  }
   StateEstimate paper{"ZeRO paper (Rajbhandari et al. 2020, Fig. 1)", "", 0, {}};
   switch (s) {
     case Strategy::ddp: paper.formula = "(2+2+K)Ψ"; paper.bytes = (4 + K) * psi; break;

@@ -5,6 +5,7 @@
 #include "dlplan/export.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/fine_tuning.hpp"
 
 #include <fmt/format.h>
 
@@ -147,6 +148,10 @@ std::vector<std::string> ds_comments(const PlanDocument& p, const ExportOptions&
                           zero_stage(t.strategy), to_string(t.strategy),
                           t.micro_batch * t.grad_accum * p.cluster.world(), t.micro_batch, t.grad_accum,
                           p.cluster.world(), o.clip_norm));
+  if (t.fine_tuning.active())
+    c.push_back(fmt::format("fine-tuning is model code, not config: the plan has {}; freeze with "
+                            "requires_grad_(False) and add LoRA with peft's LoraConfig before deepspeed.initialize",
+                            describe(t.fine_tuning, p.model)));
   if (t.precision == Precision::bf16_mixed)
     c.push_back("precision bf16-mixed: bf16.enabled (bf16 params and grads, fp32 master weights and optimizer state); "
                 "no fp16 block, so no loss scaling");
@@ -668,6 +673,11 @@ std::string fsdp_script(const PlanDocument& p, const ExportOptions& opt) {
   if (t.offload == Offload::optimizer)
     throw Error("export: PyTorch FSDP has no optimizer-only CPU offload (its CPUOffload moves the parameters and "
                 "gradients too): export --to deepspeed (offload_optimizer), or plan with --offload params");
+  if (t.fine_tuning.active())
+    throw Error(fmt::format("export: the plan fine-tunes ({}), and the FSDP script trains every parameter of the "
+                            "model; export --to deepspeed and freeze (requires_grad_(False)) or add LoRA (peft) in "
+                            "your model code",
+                            describe(t.fine_tuning, p.model)));
   const bool fsdp = uses_fsdp(t.strategy);
   const bool scaled = loss_scaled(t.precision);
   const std::string half = t.precision == Precision::fp16_mixed ? "torch.float16" : "torch.bfloat16";

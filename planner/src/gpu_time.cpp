@@ -112,9 +112,8 @@ double compute_event_seconds(const ComputeEvent& e, const DeviceSpec& d, Precisi
   int launches = 0;
   for (const GemmShape& g : e.gemms) {
     if (backward) {
-      t += gemm_seconds({g.m, g.k, g.n, g.batch}, d, p);  // dX = dY W^T
-      t += gemm_seconds({g.k, g.n, g.m, g.batch}, d, p);  // dW = X^T dY
-      launches += 2;
+      if (g.input_grad) t += gemm_seconds({g.m, g.k, g.n, g.batch}, d, p), ++launches;   // dX = dY W^T
+      if (g.weight_grad) t += gemm_seconds({g.k, g.n, g.m, g.batch}, d, p), ++launches;  // dW = X^T dY
     } else {
       t += gemm_seconds(g, d, p);
       launches += 1;

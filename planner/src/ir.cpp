@@ -47,6 +47,20 @@ int64_t Model::parameter_count() const {
   return n;
 }
 
+int64_t Model::trainable_parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : params)
+    if (p.trainable) n += p.numel;
+  return n;
+}
+
+int64_t Model::base_parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : params)
+    if (!p.adapter) n += p.numel;
+  return n;
+}
+
 int64_t Model::buffer_count() const {
   int64_t n = 0;
   for (const auto& b : buffers) n += b.numel;

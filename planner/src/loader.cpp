@@ -195,18 +195,23 @@ void check_model_limits(const Model& m, const std::string& src) {
     fail(src, fmt::format("one sample's tensors hold {:.4g} elements, more than dlplan's limit of 2^48", elements));
 }
 
+}  // namespace
+
 void collect_params(Model& m) {
+  m.params.clear();
+  m.buffers.clear();
   for (size_t i = 0; i < m.nodes.size(); ++i) {
     const Node& n = m.nodes[i];
     OpDecl d = declare(m, n);
-    for (const auto& p : d.params)
+    for (const auto& p : d.params) {
       m.params.push_back({n.name + "." + p.suffix, static_cast<int>(i), n.unit, p.numel, p.weight_decay, p.shape});
+      m.params.back().adapter = p.adapter;
+    }
     for (const auto& b : d.buffers)
       m.buffers.push_back({n.name + "." + b.suffix, static_cast<int>(i), n.unit, b.numel, false, b.shape});
   }
 }
 
-}  // namespace
 
 Model parse_model(const Json& ir, const std::string& src) {
   if (!ir.is_object()) fail(src, "the model must be a JSON object with 'name', 'inputs' and 'nodes'");

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace dlplan {
@@ -80,6 +81,26 @@ void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, Op
     d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", T * KV * hd, Elem::compute},
                    {"dv", T * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute},
                    {"dprobs", H * T * T, Elem::compute}};
+  }
+}
+
+// LoRA (Hu et al. 2021, Sec. 4.1; peft's Linear layer): h = x W^T + (alpha/r)
+// (x A^T) B^T beside each targeted weight. Parameters A [r, in] and B [out, r]
+// (adapters: they alone train); forward two thin GEMMs and the scaled add;
+// backward dB, d(xA), dA and the input's share dX; kept for backward: the
+// input (for dA, already kept by the base op unless its weight is frozen, see
+// restrict_to_needs) and the thin x A^T [rows, r] (for dB); a temporary
+// d(x A^T) [rows, r] in backward.
+void declare_lora(const Model& m, const Node& n, OpDecl& d) {
+  for (const LoraAdapter& a : lora_adapters(m, n)) {
+    check_size(m, n, "the LoRA adapter", {a.out, a.rank});
+    d.params.push_back({a.prefix + "lora_A", a.rank * a.in, true, {a.rank, a.in}, true});
+    d.params.push_back({a.prefix + "lora_B", a.out * a.rank, true, {a.out, a.rank}, true});
+    d.fwd_flops += 2.0 * a.rows * a.rank * (a.in + a.out) + 2.0 * a.rows * a.out;
+    d.bwd_flops += 2.0 * a.rows * a.rank * (2 * a.out + 2 * a.in);
+    d.saved.push_back(keep_own(a.prefix + "lora_xa", a.rows * a.rank, Elem::compute));
+    d.bwd_temps.push_back({a.prefix + "lora_dxa", a.rows * a.rank, Elem::compute});  // d(x A^T)
+    d.gemms += 2;
   }
 }
 
@@ -262,7 +283,101 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     }
   }
+  declare_lora(m, n, d);
   return d;
+}
+
+std::vector<LoraAdapter> lora_adapters(const Model& m, const Node& n) {
+  std::vector<LoraAdapter> out;
+  if (!n.attrs.has("lora_rank")) return out;
+  const int64_t r = n.attrs.integer("lora_rank");
+  const double s = n.attrs.has("lora_scale") ? n.attrs.number("lora_scale") : 1.0;
+  if (n.op == OpKind::linear) {
+    const Shape& x = m.tensor(n.inputs[0]).shape;
+    out.push_back({"", x.back(), n.attrs.integer("out"), rows(x), r, false, s});
+  } else if (n.op == OpKind::attention) {
+    const AttentionShape a = attention_shape(m, n);
+    const std::string targets = n.attrs.text("lora_targets");  // "q,v": in q, k, v, o order
+    auto has = [&](char c) { return targets.find(c) != std::string::npos; };
+    if (has('q')) out.push_back({"q.", a.D, a.H * a.hd, a.T, r, false, s});
+    if (has('k')) out.push_back({"k.", a.D, a.KV * a.hd, a.T, r, false, s});
+    if (has('v')) out.push_back({"v.", a.D, a.KV * a.hd, a.T, r, false, s});
+    if (has('o')) out.push_back({"o.", a.H * a.hd, a.D, a.T, r, true, s});
+  }
+  return out;
+}
+
+bool needs_backward(const Node& n, const GradNeeds& g, const OpDecl& d) {
+  (void)n;
+  bool adapters = false;
+  for (const auto& p : d.params) adapters |= p.adapter;
+  for (bool in : g.inputs)
+    if (in) return true;
+  return g.base || adapters;
+}
+
+void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl& d) {
+  if (!needs_backward(n, g, d)) {
+    // No backward: nothing kept. The op still makes its own tensors (the
+    // step program then counts them as temporaries, as in a checkpointed
+    // unit's no-grad forward), so only the references go.
+    d.saved.erase(std::remove_if(d.saved.begin(), d.saved.end(), [](const SavedTensor& s) { return s.ref != Ref::own; }),
+                  d.saved.end());
+    d.bwd_temps.clear();
+    d.bwd_flops = 0;
+    return;
+  }
+  const std::vector<LoraAdapter> lora = lora_adapters(m, n);
+  auto input_grad = [&](size_t k) { return k < g.inputs.size() && g.inputs[k]; };
+  auto drop = [&](auto pred) { d.saved.erase(std::remove_if(d.saved.begin(), d.saved.end(), pred), d.saved.end()); };
+  auto is_input = [](int k) { return [k](const SavedTensor& s) { return s.ref == Ref::input && s.input == k; }; };
+  // The adapters' own GEMMs (declare_lora): forward 2 r (in + out) per row;
+  // backward dB and d(xA) 2 r out each, dA 2 r in, and dX 2 r in only when
+  // the input needs its gradient.
+  double lora_bwd = 0, lora_bwd_dx = 0;
+  for (const auto& a : lora) {
+    lora_bwd += 2.0 * a.rows * a.rank * (2 * a.out + a.in);
+    lora_bwd_dx += 2.0 * a.rows * a.rank * a.in;
+  }
+  const double base_bwd = d.bwd_flops - lora_bwd - lora_bwd_dx;  // as declared: every gradient
+  switch (n.op) {
+    case OpKind::linear:
+    case OpKind::conv2d: {
+      // dX = dY W and dW = dY^T X: one forward GEMM's FLOPs each.
+      if (!g.base && lora.empty()) drop(is_input(0));
+      d.bwd_flops = base_bwd / 2 * ((input_grad(0) ? 1 : 0) + (g.base ? 1 : 0)) + lora_bwd +
+                    (input_grad(0) ? lora_bwd_dx : 0);
+      break;
+    }
+    case OpKind::embedding:
+      if (!g.base) drop(is_input(0));
+      break;
+    case OpKind::mul:
+      if (!input_grad(1)) drop(is_input(0));
+      if (!input_grad(0)) drop(is_input(1));
+      break;
+    case OpKind::attention: {
+      const AttentionShape a = attention_shape(m, n);
+      bool lora_x = false, lora_o = false;
+      for (const auto& ad : lora) (ad.reads_context ? lora_o : lora_x) = true;
+      if (!g.base && !lora_x) drop(is_input(0));
+      // The context feeds dW_o, and in the flash form the core's backward too
+      // (D_i = dO_i . O_i): the math form with W_o frozen drops it.
+      if (!g.base && !lora_o && !keeps_log_sum_exp(d)) {  // still made in forward: a temporary there
+        d.saved.erase(std::remove_if(d.saved.begin(), d.saved.end(),
+                                     [](const SavedTensor& s) { return s.ref == Ref::own && s.what == "context"; }),
+                      d.saved.end());
+        d.fwd_temps.push_back({"context", a.T * a.H * a.hd, Elem::compute});
+      }
+      // Projections: 2x their forward FLOPs when every gradient is computed;
+      // the core's backward runs whenever any does.
+      const double proj = 2.0 * a.T * a.D * (a.H + 2 * a.KV) * a.hd + 2.0 * a.T * a.H * a.hd * a.D;
+      d.bwd_flops = base_bwd - proj * ((input_grad(0) ? 0 : 1) + (g.base ? 0 : 1)) + lora_bwd +
+                    (input_grad(0) ? lora_bwd_dx : 0);
+      break;
+    }
+    default: break;
+  }
 }
 
 }  // namespace dlplan

@@ -82,13 +82,32 @@ std::string plan_content_hash(const nlohmann::json& plan) {
   return fmt::format("fnv1a64:{:016x}", h);
 }
 
+namespace {
+
+// What a fine-tuning plan adapts (fine_tuning.hpp), and how much then trains.
+OrderedJson fine_tuning_json(const FineTuning& f, const Model& m) {
+  OrderedJson j = {{"freeze", f.freeze}};
+  if (f.lora_rank > 0)
+    j["lora"] = {{"rank", f.lora_rank},
+                 {"targets", f.lora_targets.empty() ? kDefaultLoraTargets : f.lora_targets},
+                 {"alpha", f.lora_scale() * static_cast<double>(f.lora_rank)}};
+  j["trainable_params"] = m.trainable_parameter_count();
+  return j;
+}
+
+}  // namespace
+
 OrderedJson planning_json(const Planning& p) {
   const auto& req = p.request;
   const auto& t = req.training;
   OrderedJson j;
   j["schema_version"] = 1;
   j["kind"] = "planning";
-  j["model"] = {{"name", req.model.name}, {"params", req.model.parameter_count()}};
+  j["model"] = {{"name", req.model.name}, {"params", req.model.base_parameter_count()}};
+  if (t.fine_tuning.active()) {
+    j["model"]["adapter_params"] = req.model.parameter_count() - req.model.base_parameter_count();
+    j["model"]["trainable_params"] = req.model.trainable_parameter_count();
+  }
   if (!req.model.notes.empty()) j["model"]["notes"] = req.model.notes;
   if (req.model.unaccounted_bytes > 0) j["model"]["unaccounted_bytes_per_sample"] = req.model.unaccounted_bytes;
   j["cluster"] = {{"gpu", req.cluster.device.kind},
@@ -104,6 +123,7 @@ OrderedJson planning_json(const Planning& p) {
                    {"checkpointing", to_string(t.checkpointing)},
                    {"attention", to_string(t.attention)},
                    {"offload", to_string(t.offload)}};
+  if (t.fine_tuning.active()) j["training"]["fine_tuning"] = fine_tuning_json(t.fine_tuning, req.model);
   j["strategies"] = OrderedJson::array();
   for (const auto& r : p.results) {
     const Predicted pr = predicted_of(r);
@@ -135,7 +155,10 @@ OrderedJson plan_json(const Planning& p, const StrategyResult& r) {
   OrderedJson j;
   j["schema_version"] = 1;
   j["kind"] = "plan";
-  j["model"] = {{"name", req.model.name}, {"params", req.model.parameter_count()}, {"ir", req.model.ir}};
+  // The IR is the user's model; fine_tuning says how the plan adapts it
+  // (fine_tuning.hpp), and every reader applies it the same way.
+  j["model"] = {{"name", req.model.name}, {"params", req.model.base_parameter_count()}, {"ir", req.model.ir}};
+  if (t.fine_tuning.active()) j["fine_tuning"] = fine_tuning_json(t.fine_tuning, req.model);
   j["cluster"] = cluster_to_json(req.cluster);
   j["strategy"] = to_string(t.strategy);
   if (hybrid(t.strategy)) j["shard_group"] = shard_world(t, req.cluster.world());

@@ -4,6 +4,7 @@
 
 #include "document_fields.hpp"
 #include "dlplan/error.hpp"
+#include "dlplan/fine_tuning.hpp"
 #include "dlplan/json_file.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
@@ -103,6 +104,39 @@ TrainingConfig read_training(const Object& d, int world) {
   return t;
 }
 
+// fine_tuning {freeze, lora {rank, targets, alpha}, trainable_params}:
+// applied to the plan's model as the planner applied it, and checked
+// against the count it wrote.
+void read_fine_tuning(const Object& o, Model& m, FineTuning& f) {
+  auto strings = [&](const Object& from, const char* key) {
+    const doc::Json& a = from.raw(key);
+    std::vector<std::string> out;
+    if (!a.is_array()) from.fail(from.field(key) + " must be an array of strings");
+    for (const doc::Json& e : a) {
+      if (!e.is_string()) from.fail(from.field(key) + " must be an array of strings");
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  };
+  f.freeze = strings(o, "freeze");
+  if (o.has("lora")) {
+    const Object l = o.object("lora");
+    f.lora_rank = l.integer("rank", 1, int64_t{1} << 20);
+    f.lora_targets = strings(l, "targets");
+    f.lora_alpha = l.number("alpha", doc::kPositive);
+  }
+  if (!f.active()) o.fail(o.path() + " freezes nothing and has no lora");
+  try {
+    apply_fine_tuning(m, f);
+  } catch (const Error& e) {
+    o.fail(fmt::format("{}: {}", o.path(), e.what()));
+  }
+  const int64_t trainable = o.integer("trainable_params", 0, kMaxParameters);
+  if (trainable != m.trainable_parameter_count())
+    o.fail(fmt::format("{} = {} but the adapted model has {} trainable parameters", o.field("trainable_params"),
+                       trainable, m.trainable_parameter_count()));
+}
+
 }  // namespace
 
 PlanDocument plan_from_json(const nlohmann::json& j, const std::string& src, const PlanReadOptions& opt) {
@@ -138,6 +172,7 @@ PlanDocument plan_from_json(const OrderedJson& ordered, const std::string& src, 
   d.object("cluster");
   p.cluster = cluster_from_json(d.raw("cluster"), src);
   p.training = read_training(d, p.cluster.world());
+  if (d.has("fine_tuning")) read_fine_tuning(d.object("fine_tuning"), p.model, p.training.fine_tuning);
   check_training_limits(p.model, p.cluster, p.training, src);
   p.predicted = doc::read_predicted(d.object("predicted"));
 

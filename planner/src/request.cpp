@@ -3,6 +3,7 @@
 // flag, never a silent default.
 #include "dlplan/request.hpp"
 
+#include "dlplan/fine_tuning.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
@@ -263,6 +264,16 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
     throw UsageError(fmt::format("--offload params moves parameter shards, and {} shards nothing: use --offload "
                                  "optimizer, or 2 or more GPUs",
                                  N == 1 ? "one GPU" : "a shard group of one GPU"));
+  // ---- fine-tuning: adapters added, frozen parameters marked ----
+  t.fine_tuning.freeze = split_list(f.freeze);
+  t.fine_tuning.lora_targets = split_list(f.lora_targets);
+  if (f.lora) t.fine_tuning.lora_rank = positive(f.lora, 0, "--lora", int64_t{1} << 20);
+  if (f.lora_alpha) {
+    if (!(*f.lora_alpha > 0) || !std::isfinite(*f.lora_alpha))
+      throw UsageError(fmt::format("--lora-alpha must be a positive number, got {}", *f.lora_alpha));
+    t.fine_tuning.lora_alpha = *f.lora_alpha;
+  }
+  apply_fine_tuning(r.model, t.fine_tuning);
   r.explain = f.explain;
   validate(r);
   try {  // the limits every reader enforces (limits.hpp), here as usage errors

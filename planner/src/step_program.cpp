@@ -54,13 +54,33 @@ std::vector<int64_t> unit_parameter_counts(const Model& m) {
   return counts;
 }
 
+std::vector<int64_t> unit_trainable_counts(const Model& m) {
+  std::vector<int64_t> counts(m.units.size(), 0);
+  for (const auto& p : m.params)
+    if (p.trainable) counts[static_cast<size_t>(p.unit)] += p.numel;
+  return counts;
+}
+
+std::vector<int64_t> unit_frozen_counts(const Model& m) {
+  std::vector<int64_t> counts(m.units.size(), 0);
+  for (const auto& p : m.params)
+    if (!p.trainable) counts[static_cast<size_t>(p.unit)] += p.numel;
+  return counts;
+}
+
 CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg) {
   const int64_t N = shard_world(cfg, world);  // hsdp: the shard group
-  int64_t full = 0, padded = 0, shard = 0;
-  for (int64_t p : unit_parameter_counts(m)) {
-    full += p;
-    padded += pad_to(p, N);
-    shard += pad_to(p, N) / N;
+  // Per unit, the trainable run (T) and the frozen run (F), each padded when
+  // sharded: parameters count both, gradients and optimizer state only T.
+  int64_t full = 0, padded = 0, shard = 0, train_full = 0, train_shard = 0;
+  const std::vector<int64_t> trainable = unit_trainable_counts(m), frozen = unit_frozen_counts(m);
+  for (size_t u = 0; u < trainable.size(); ++u) {
+    const int64_t T = trainable[u], F = frozen[u];
+    full += T + F;
+    padded += pad_to(T, N) + pad_to(F, N);
+    shard += pad_to(T, N) / N + pad_to(F, N) / N;
+    train_full += T;
+    train_shard += pad_to(T, N) / N;
   }
   const int64_t pb = param_bytes(cfg.precision), gb = grad_bytes(cfg.precision);
   const int64_t ob = optimizer_bytes_per_param(cfg.precision, cfg.optimizer.kind);
@@ -68,14 +88,14 @@ CategoryBytes model_states(const Model& m, int world, const TrainingConfig& cfg)
   // ZeRO-1/2 keep full parameters in padded flat buffers, so that the updated
   // shards are all-gathered in place.
   switch (within_group(cfg.strategy)) {
-    case Strategy::ddp: s[0] = full * pb; s[1] = full * gb; s[2] = full * ob; break;
-    case Strategy::zero1: s[0] = padded * pb; s[1] = full * gb; s[2] = shard * ob; break;
-    case Strategy::zero2: s[0] = padded * pb; s[1] = shard * gb; s[2] = shard * ob; break;
-    case Strategy::zero3: s[0] = shard * pb; s[1] = shard * gb; s[2] = shard * ob; break;
+    case Strategy::ddp: s[0] = full * pb; s[1] = train_full * gb; s[2] = train_full * ob; break;
+    case Strategy::zero1: s[0] = padded * pb; s[1] = train_full * gb; s[2] = train_shard * ob; break;
+    case Strategy::zero2: s[0] = padded * pb; s[1] = train_shard * gb; s[2] = train_shard * ob; break;
+    case Strategy::zero3: s[0] = shard * pb; s[1] = train_shard * gb; s[2] = train_shard * ob; break;
     case Strategy::hsdp2:
     case Strategy::hsdp3: break;  // not reached: within_group() maps them to zero2 / zero3
   }
-  if (N == 1) s[0] = full * pb, s[1] = full * gb, s[2] = full * ob;
+  if (N == 1) s[0] = full * pb, s[1] = train_full * gb, s[2] = train_full * ob;
   if (cfg.offload != Offload::none) {  // on the host instead (host_states)
     s[2] = 0;
     if (offload_streams_grads(cfg, world)) s[1] = 0;
@@ -90,14 +110,17 @@ std::vector<StateTensor> model_state_tensors(const Model& m, int world, const Tr
   const Sharding sh = sharding(cfg.strategy, N);
   const bool sharded = sh.optimizer, shard_params = sh.params, shard_grads = sh.grads;
   const int64_t pb = param_bytes(cfg.precision), gb = grad_bytes(cfg.precision);
-  const std::vector<int64_t> sizes = unit_parameter_counts(m);
+  const std::vector<int64_t> sizes = unit_trainable_counts(m), frozen = unit_frozen_counts(m);
   std::vector<StateTensor> out;
   auto shard = [&](int64_t size) { return sharded ? pad_to(size, N) / N : size; };
+  // ZeRO-1/2 keep the full parameters padded, so the updated shards are all-gathered in place.
+  auto params = [&](int64_t size) { return shard_params ? shard(size) : sharded ? pad_to(size, N) : size; };
   for (size_t u = 0; u < sizes.size(); ++u) {
     const std::string unit = m.units[u].empty() ? "root" : m.units[u];
-    // ZeRO-1/2 keep the full parameters padded, so the updated shards are all-gathered in place.
-    const int64_t params = shard_params ? shard(sizes[u]) : sharded ? pad_to(sizes[u], N) : sizes[u];
-    if (!(cfg.offload == Offload::params && shard_params)) out.push_back({Category::params, params * pb, unit + " parameters"});
+    if (!(cfg.offload == Offload::params && shard_params)) {
+      out.push_back({Category::params, params(sizes[u]) * pb, unit + " parameters"});
+      if (frozen[u] > 0) out.push_back({Category::params, params(frozen[u]) * pb, unit + " frozen parameters"});
+    }
     if (!offload_streams_grads(cfg, world))
       out.push_back({Category::grads, (shard_grads ? shard(sizes[u]) : sizes[u]) * gb, unit + " gradients"});
   }
@@ -120,12 +143,15 @@ std::vector<StateTensor> host_state_tensors(const Model& m, int world, const Tra
   if (cfg.offload == Offload::none) return out;
   const int64_t N = shard_world(cfg, world);
   const Sharding sh = sharding(cfg.strategy, N);
-  const std::vector<int64_t> sizes = unit_parameter_counts(m);
+  const std::vector<int64_t> sizes = unit_trainable_counts(m), frozen = unit_frozen_counts(m);
   auto shard = [&](int64_t size) { return sh.optimizer ? pad_to(size, N) / N : size; };
   for (size_t u = 0; u < sizes.size(); ++u) {
     const std::string unit = m.units[u].empty() ? "root" : m.units[u];
-    if (cfg.offload == Offload::params && sh.params)
+    if (cfg.offload == Offload::params && sh.params) {
       out.push_back({Category::params, shard(sizes[u]) * param_bytes(cfg.precision), unit + " parameters (host)"});
+      if (frozen[u] > 0)
+        out.push_back({Category::params, shard(frozen[u]) * param_bytes(cfg.precision), unit + " frozen parameters (host)"});
+    }
     out.push_back({Category::grads, shard(sizes[u]) * 4, unit + " gradients (host, fp32)"});
   }
   const bool moment1 = cfg.optimizer.kind != OptimizerKind::sgd, moment2 = cfg.optimizer.kind == OptimizerKind::adamw;
@@ -160,9 +186,11 @@ class Emitter {
     act_ = activation_bytes(cfg.precision);
     pbytes_ = param_bytes(cfg.precision);
     gbytes_ = grad_bytes(cfg.precision);
-    unit_params_ = unit_parameter_counts(m);
+    unit_params_ = unit_trainable_counts(m);  // gradients and their collectives
+    unit_frozen_ = unit_frozen_counts(m);
     index_units();
     index_params();
+    analyze_gradients();
   }
 
   void run() {
@@ -278,6 +306,18 @@ class Emitter {
       }
       default: break;
     }
+    // Fine-tuning: a frozen weight has no weight-gradient GEMM, an input
+    // without a gradient no input-gradient GEMM; LoRA's thin GEMMs x A^T
+    // [rows, r] and (x A^T) B^T [rows, out] always compute their weight's.
+    const bool dx = input_needs_grad(i, 0);
+    for (GemmShape& g : ev.gemms) {
+      g.input_grad = dx;
+      g.weight_grad = base_trains_[static_cast<size_t>(i)];
+    }
+    for (const LoraAdapter& a : lora_adapters(m_, n)) {
+      ev.gemms.push_back({b * d(a.rows), d(a.rank), d(a.in), 1, a.reads_context || dx, true});
+      ev.gemms.push_back({b * d(a.rows), d(a.out), d(a.rank), 1, true, true});
+    }
   }
 
   int issue(CommEvent ev, When when = When::every) {
@@ -329,24 +369,70 @@ class Emitter {
       for (size_t k = 0; k < m_.params.size(); ++k)
         if (m_.params[k].node == owner) {
           done[k] = std::min(done[k], static_cast<int>(i));
-          contributes_[static_cast<int>(i)].push_back(static_cast<int>(k));
+          uses_[static_cast<int>(i)].push_back(static_cast<int>(k));
         }
     }
-    for (size_t k = 0; k < m_.params.size(); ++k) {
-      contributes_[m_.params[k].node].push_back(static_cast<int>(k));
-      params_done_at_[done[k]].push_back(static_cast<int>(k));
-    }
+    for (size_t k = 0; k < m_.params.size(); ++k) uses_[m_.params[k].node].push_back(static_cast<int>(k));
+    // Only trainable parameters have gradients (fine_tuning.hpp).
+    for (const auto& [i, list] : uses_)
+      for (int k : list)
+        if (m_.params[static_cast<size_t>(k)].trainable) contributes_[i].push_back(k);
+    for (size_t k = 0; k < m_.params.size(); ++k)
+      if (m_.params[k].trainable) params_done_at_[done[k]].push_back(static_cast<int>(k));
     unit_params_left_.assign(m_.units.size(), 0);
-    for (const auto& p : m_.params) unit_params_left_[static_cast<size_t>(p.unit)]++;
+    for (const auto& p : m_.params)
+      if (p.trainable) unit_params_left_[static_cast<size_t>(p.unit)]++;
     unit_staging_.assign(m_.units.size(), -1);
     if (cfg_.strategy == Strategy::ddp) make_buckets(done);
+  }
+
+  // Which tensors need a gradient and which nodes a backward (fine-tuning:
+  // fine_tuning.hpp). A tensor needs one when its producer has a trainable
+  // parameter or an input that needs one; the declarations then lose what
+  // only the skipped gradients would read (ops.hpp, restrict_to_needs).
+  // Without fine-tuning every node runs its backward, as declared.
+  void analyze_gradients() {
+    const bool fine_tuned = cfg_.fine_tuning.active();
+    tensor_grad_.assign(m_.tensors.size(), true);
+    node_bwd_.assign(m_.nodes.size(), true);
+    unit_bwd_.assign(m_.units.size(), true);
+    base_trains_.assign(m_.nodes.size(), true);
+    if (!fine_tuned) return;
+    for (int t : m_.inputs) tensor_grad_[static_cast<size_t>(t)] = false;
+    std::fill(unit_bwd_.begin(), unit_bwd_.end(), false);
+    for (size_t i = 0; i < m_.nodes.size(); ++i) {
+      const Node& n = m_.nodes[i];
+      GradNeeds g;
+      for (int t : n.inputs) g.inputs.push_back(tensor_grad_[static_cast<size_t>(t)] && m_.tensor(t).dtype == DType::f32);
+      g.base = false;
+      if (auto it = uses_.find(static_cast<int>(i)); it != uses_.end())
+        for (int k : it->second) {
+          const ParamInfo& p = m_.params[static_cast<size_t>(k)];
+          g.base = g.base || (p.trainable && !p.adapter);
+        }
+      OpDecl& d = out_.decls[i];
+      restrict_to_needs(m_, n, g, d);
+      base_trains_[i] = g.base;
+      node_bwd_[i] = needs_backward(n, g, d);
+      tensor_grad_[static_cast<size_t>(n.output)] = node_bwd_[i];
+      if (node_bwd_[i]) unit_bwd_[static_cast<size_t>(n.unit)] = true;
+      if (!node_bwd_[i]) continue;
+      input_grad_[static_cast<int>(i)] = g.inputs;
+    }
+    std::erase_if(units_bwd_, [&](int u) { return !unit_bwd_[static_cast<size_t>(u)]; });
+    out_.has_backward = node_bwd_;
+  }
+  bool input_needs_grad(int i, size_t k) const {
+    auto it = input_grad_.find(i);
+    return it == input_grad_.end() || (k < it->second.size() && it->second[k]);
   }
 
   // DDP buckets: parameters in the order their gradients complete in
   // backward, greedily packed up to bucket_mb (a larger parameter gets its own).
   void make_buckets(const std::vector<int>& done) {
-    std::vector<int> order(m_.params.size());
-    for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
+    std::vector<int> order;
+    for (size_t k = 0; k < m_.params.size(); ++k)
+      if (m_.params[k].trainable) order.push_back(static_cast<int>(k));
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return done[static_cast<size_t>(a)] > done[static_cast<size_t>(b)]; });
     const double cap = cfg_.bucket_mb * 1024 * 1024;
     Bucket cur;
@@ -418,8 +504,8 @@ class Emitter {
       alloc(Role::gemm_workspace, Category::workspace, cl_.device.gemm_workspace_bytes, When::first_micro);
       name_last("GEMM workspace", "cuBLAS");
     }
-    if (sharding(cfg_.strategy, S_).params && unit_params_[0] > 0) {
-      const int64_t bytes = pad_to(unit_params_[0], S_) * pbytes_;
+    if (sharding(cfg_.strategy, S_).params && gathered_elements(0) > 0) {
+      const int64_t bytes = gathered_elements(0) * pbytes_;
       root_gathered_ = alloc(Role::gathered, Category::gathered, bytes, When::first_micro);
       last().unit = 0;
       name_last("root unit parameters", "zero3");
@@ -460,7 +546,7 @@ class Emitter {
     if (cfg_.checkpointing != Checkpointing::units) return;
     for (size_t i = 0; i < m_.nodes.size(); ++i) {
       int u = m_.nodes[i].unit;
-      if (u == 0) continue;
+      if (u == 0 || !unit_bwd_[static_cast<size_t>(u)]) continue;  // a unit without backward is never recomputed
       for (int t : m_.nodes[i].inputs) {
         int p = m_.tensor(t).producer;
         bool outside = p < 0 || node(p).unit != u;
@@ -511,17 +597,20 @@ class Emitter {
             d.fwd_flops * static_cast<double>(b_), traffic(i));
     std::vector<int> temps;
     op_temps(i, d.fwd_temps, temps);
-    const bool keep = ph == Phase::recompute || !checkpointed(i);
+    // A node without backward (fine-tuning's frozen prefix) keeps nothing:
+    // its own tensors are temporaries, as in a checkpointed unit's first forward.
+    const bool keep = (ph == Phase::recompute || !checkpointed(i)) && node_bwd_[static_cast<size_t>(i)];
     for (size_t k = 0, own = 0; k < d.saved.size(); ++k) {
       const auto& s = d.saved[k];
       if (s.ref != SavedTensor::Ref::own) continue;
       if (!keep) {
-        // The no-grad forward of a checkpointed unit: the op still makes the
-        // tensor (attention's probabilities, norm statistics), but nothing
-        // keeps it past the op.
+        // The no-grad forward of a checkpointed unit (or of a node without
+        // backward): the op still makes the tensor (attention's
+        // probabilities, norm statistics), but nothing keeps it past the op.
         temps.push_back(alloc(Role::op_temp, Category::workspace, own_bytes(s)));
         last().node = i;
-        name_last(n.name + "." + s.what + " (not kept: checkpointed)", n.name);
+        name_last(n.name + "." + s.what + (checkpointed(i) ? " (not kept: checkpointed)" : " (not kept: no backward)"),
+                  n.name);
         continue;
       }
       own_[static_cast<size_t>(i)].push_back(alloc(Role::op_saved, Category::activations, own_bytes(s)));
@@ -572,8 +661,8 @@ class Emitter {
     for (size_t k = pos; k < order.size() && k <= pos + ahead; ++k) {
       const int u = order[k];
       auto& slot = gathered_.try_emplace(u, -1).first->second;
-      if (slot >= 0 || unit_params_[static_cast<size_t>(u)] == 0) continue;
-      const int64_t bytes = pad_to(unit_params_[static_cast<size_t>(u)], S_) * pbytes_;
+      if (slot >= 0 || gathered_elements(u) == 0) continue;
+      const int64_t bytes = gathered_elements(u) * pbytes_;
       slot = alloc(Role::gathered, Category::gathered, bytes);
       last().unit = u;
       name_last(unit_name(u) + " parameters", "zero3");
@@ -636,35 +725,12 @@ class Emitter {
       const Node& n = node(i);
       const OpDecl& d = decl(i);
       const int u = n.unit;
-      if (u != 0 && unit_last_[static_cast<size_t>(u)] == i) {
+      if (u != 0 && unit_last_[static_cast<size_t>(u)] == i && unit_bwd_[static_cast<size_t>(u)]) {
         gather_units(units_bwd_, static_cast<size_t>(std::find(units_bwd_.begin(), units_bwd_.end(), u) - units_bwd_.begin()),
                      "backward");
         if (checkpointed(i)) recompute_unit(u);
       }
-      stage_unit_gradients(i);
-      for (int t : n.inputs) {
-        if (is_model_input(t) || m_.tensor(t).dtype != DType::f32 || grad_[static_cast<size_t>(t)] >= 0) continue;
-        grad_[static_cast<size_t>(t)] = alloc(Role::grad, Category::workspace, tensor_bytes(t));
-        last().tensor = t;
-        name_last("grad of " + m_.tensor(t).name, n.name);
-      }
-      compute(Instr::Kind::backward, Phase::backward, i, d.bwd_flops * static_cast<double>(b_), 2 * traffic(i));
-      std::vector<int> temps;
-      op_temps(i, d.bwd_temps, temps);
-      if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
-        const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
-        CommEvent ev{.name = n.name + " syncbn grads",
-                     .op = Collective::AllReduce,
-                     .purpose = CommPurpose::syncbn,
-                     .bytes = 2 * c * 4,
-                     .group = syncbn_group(),
-                     .blocking = true,
-                     .per_step = static_cast<int>(cfg_.grad_accum)};
-        out_.comm.push_back(ev);
-        out_.comm.back().issue_after = last_event() - 1;
-        out_.comm.back().wait_before = last_event();
-      }
-      for (auto& s : temps) free_slot(s);
+      if (node_bwd_[static_cast<size_t>(i)]) backward_op(i);
       issue_ready_gradients(i);
       free_slot(grad_[static_cast<size_t>(n.output)]);
       for (auto& s : own_[static_cast<size_t>(i)]) free_slot(s);
@@ -672,12 +738,45 @@ class Emitter {
       for (const auto& s : d.saved)
         if (s.ref != SavedTensor::Ref::own) release(saved_tensor_id(i, s));
       if (u != 0 && unit_first_[static_cast<size_t>(u)] == i) {
-        for (int t : unit_inputs_[static_cast<size_t>(u)]) release(t);
+        if (unit_bwd_[static_cast<size_t>(u)])
+          for (int t : unit_inputs_[static_cast<size_t>(u)]) release(t);
         release_gathered(u);
       }
       mark();
     }
     after_backward();
+  }
+
+  // Node i's backward: its gradient staging, its inputs' gradients, the op.
+  void backward_op(int i) {
+    const Node& n = node(i);
+    const OpDecl& d = decl(i);
+    stage_unit_gradients(i);
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const int t = n.inputs[k];
+      if (is_model_input(t) || m_.tensor(t).dtype != DType::f32 || grad_[static_cast<size_t>(t)] >= 0) continue;
+      if (!input_needs_grad(i, k)) continue;
+      grad_[static_cast<size_t>(t)] = alloc(Role::grad, Category::workspace, tensor_bytes(t));
+      last().tensor = t;
+      name_last("grad of " + m_.tensor(t).name, n.name);
+    }
+    compute(Instr::Kind::backward, Phase::backward, i, d.bwd_flops * static_cast<double>(b_), 2 * traffic(i));
+    std::vector<int> temps;
+    op_temps(i, d.bwd_temps, temps);
+    if (n.op == OpKind::batchnorm && syncbn_group() > 1) {
+      const double c = static_cast<double>(m_.tensor(n.inputs[0]).shape[0]);
+      CommEvent ev{.name = n.name + " syncbn grads",
+                   .op = Collective::AllReduce,
+                   .purpose = CommPurpose::syncbn,
+                   .bytes = 2 * c * 4,
+                   .group = syncbn_group(),
+                   .blocking = true,
+                   .per_step = static_cast<int>(cfg_.grad_accum)};
+      out_.comm.push_back(ev);
+      out_.comm.back().issue_after = last_event() - 1;
+      out_.comm.back().wait_before = last_event();
+    }
+    for (auto& s : temps) free_slot(s);
   }
 
   // ZeRO-2/3: a unit's full gradient is staged in comm from its first
@@ -830,7 +929,11 @@ class Emitter {
   // --offload params: a unit's shard, uploaded from the host before each gather.
   double offloaded_shard_bytes(int u) const {
     if (cfg_.offload != Offload::params) return 0;
-    return static_cast<double>(pad_to(unit_params_[static_cast<size_t>(u)], S_) / S_ * pbytes_);
+    return static_cast<double>(gathered_elements(u) / S_ * pbytes_);
+  }
+  // ZeRO-3: a unit's gathered parameters, trainable and frozen runs each padded.
+  int64_t gathered_elements(int u) const {
+    return pad_to(unit_params_[static_cast<size_t>(u)], S_) + pad_to(unit_frozen_[static_cast<size_t>(u)], S_);
   }
 
   const Model& m_;
@@ -844,8 +947,14 @@ class Emitter {
   int64_t act_ = 2, pbytes_ = 2, gbytes_ = 2;
 
   std::vector<int> unit_first_, unit_last_, units_fwd_, units_bwd_;
-  std::vector<int64_t> unit_params_;
-  std::map<int, std::vector<int>> contributes_, params_done_at_, bucket_ready_at_;
+  std::vector<int64_t> unit_params_;  // trainable elements per unit
+  std::vector<int64_t> unit_frozen_;  // frozen elements per unit
+  std::map<int, std::vector<int>> uses_;         // node -> every parameter it reads (a tied weight too)
+  std::map<int, std::vector<int>> contributes_;  // node -> the trainable ones: its gradient contributions
+  std::map<int, std::vector<int>> params_done_at_, bucket_ready_at_;
+  // analyze_gradients(): all true without fine-tuning.
+  std::vector<bool> tensor_grad_, node_bwd_, unit_bwd_, base_trains_;
+  std::map<int, std::vector<bool>> input_grad_;  // fine-tuning: node -> which inputs need a gradient
   std::vector<int> unit_params_left_, unit_staging_;
   std::set<int> unit_staged_;
 

@@ -119,6 +119,9 @@ void TableTest::tableEqualsCliJson_data() {
   QTest::newRow("vit-b16 fp32 sgd seq") << QStringList{"--model", "vit-b16", "--gpus", "2", "--precision", "fp32",
                                                         "--optimizer", "sgd-momentum", "--micro-batch", "16"};
   QTest::newRow("tiny-gpt cpu seq-len 32") << QStringList{"--model", "tiny-gpt", "--gpus", "2", "--gpu", "cpu", "--seq-len", "32"};
+  QTest::newRow("gpt2 8 gpus lora 8 on q,v,mlp") << QStringList{"--model", "gpt2", "--gpus", "8", "--micro-batch", "4", "--lora",
+                                                                 "8", "--lora-targets", "q,v,*.mlp.*", "--lora-alpha", "16"};
+  QTest::newRow("gpt2 4 gpus freeze embeddings and h.0") << QStringList{"--model", "gpt2", "--gpus", "4", "--freeze", "wte,wpe,h.0.*"};
   QTest::newRow("llama2-7b 2 gpus mb16: nothing fits") << QStringList{"--model", "llama2-7b", "--gpus", "2", "--micro-batch", "16"};
 }
 
@@ -142,6 +145,10 @@ void TableTest::tableEqualsCliJson() {
   if (!flag("--precision").isEmpty()) in.precision = flag("--precision").toStdString();
   if (!flag("--optimizer").isEmpty()) in.optimizer = flag("--optimizer").toStdString();
   if (!flag("--syncbn").isEmpty()) in.syncbn = flag("--syncbn").toStdString();
+  in.freeze = flag("--freeze").toStdString();
+  if (!flag("--lora").isEmpty()) in.lora = flag("--lora").toLongLong();
+  in.lora_targets = flag("--lora-targets").toStdString();
+  if (!flag("--lora-alpha").isEmpty()) in.lora_alpha = flag("--lora-alpha").toDouble();
   w_.setInputs(in);
   QVERIFY(waitForResults(w_));
 

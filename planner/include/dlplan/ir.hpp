@@ -67,6 +67,8 @@ struct ParamInfo {
   int64_t numel = 0;
   bool weight_decay = false;  // weights of linear, conv and embedding
   Shape shape;                // PyTorch's layout (ParamDecl::shape), for exported weights
+  bool trainable = true;      // false: frozen (--freeze, or a base weight under --lora)
+  bool adapter = false;       // a LoRA adapter (lora_A, lora_B), added by apply_fine_tuning
 };
 
 // "node 'h.0.attn' (attention)": how every message names a node.
@@ -90,7 +92,9 @@ struct Model {
   std::vector<std::string> notes;
   int64_t unaccounted_bytes = 0;
 
-  int64_t parameter_count() const;
+  int64_t parameter_count() const;            // adapters included
+  int64_t trainable_parameter_count() const;  // what the optimizer updates
+  int64_t base_parameter_count() const;       // the model's own, without adapters
   int64_t buffer_count() const;
   const TensorInfo& tensor(int id) const { return tensors.at(static_cast<size_t>(id)); }
   const TensorInfo& output_of(const Node& n) const { return tensor(n.output); }

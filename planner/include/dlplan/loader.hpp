@@ -27,6 +27,10 @@ Model load_model(const std::string& name_or_path, const ImportOptions& opt);
 // against position tables; a model without token inputs is an error.
 Model with_seq_len(const Model& m, int64_t seq_len);
 
+// Model::params and Model::buffers from each node's declaration (ops.hpp),
+// in node order; run again after a node's attributes change (LoRA adapters).
+void collect_params(Model& m);
+
 // Tokens per sample (the length of the token inputs) or 0 for non-token models.
 int64_t tokens_per_sample(const Model& m);
 

@@ -44,6 +44,7 @@ struct ParamDecl {
   int64_t numel = 0;
   bool weight_decay = false;
   Shape shape;         // PyTorch's layout (linear [out, in], conv [out, in/groups, kh, kw]); numel elements
+  bool adapter = false;  // a LoRA adapter (lora_A, lora_B)
 };
 
 struct OpDecl {
@@ -72,6 +73,39 @@ std::vector<std::string> op_names();
 
 // The declaration of `n` in model `m` (shapes already inferred).
 OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt = {});
+
+// LoRA adapters (Hu et al. 2021) a node carries: beside the weight W [out, in]
+// of a linear node (attribute lora_rank), or of attention's q, k, v, o
+// projections named in lora_targets, A [r, in] and B [out, r] with
+// y = x W^T + b + s (x A^T) B^T, s = alpha / r (attribute lora_scale). Set by
+// apply_fine_tuning. Their parameters follow the node's own, A then B per
+// adapter, in q, k, v, o order.
+struct LoraAdapter {
+  std::string prefix;   // "" for a linear node, "q." ... "o." for attention
+  int64_t in = 0, out = 0, rows = 0;  // rows: of x per sample
+  int64_t rank = 0;
+  bool reads_context = false;  // attention's o: its input is the context, not x
+  double scale = 1;            // alpha / r
+};
+std::vector<LoraAdapter> lora_adapters(const Model& m, const Node& n);
+
+// What backward must produce for one node of a plan with frozen parameters:
+// a gradient for each input, and for the node's own (base) parameters;
+// its LoRA adapters always train.
+struct GradNeeds {
+  std::vector<bool> inputs;
+  bool base = true;
+};
+// Drops from `d` what backward then needs no longer, as PyTorch's autograd
+// saves a tensor only for a gradient it will compute: a linear, convolution
+// or embedding with a frozen weight keeps no input (dX = dY W needs only W);
+// mul keeps an operand only for the other's gradient; attention with frozen
+// projections keeps neither its input nor its context (they only serve the
+// weight gradients). A node whose inputs need no gradient and whose
+// parameters are all frozen has no backward at all: it keeps nothing. The
+// backward FLOPs lose the GEMMs that are not run.
+void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl& d);
+bool needs_backward(const Node& n, const GradNeeds& g, const OpDecl& d);
 
 // An attention node's shape and options, read in one place for its
 // declaration and for every backend's kernels.

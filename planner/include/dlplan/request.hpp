@@ -36,6 +36,10 @@ struct RequestFlags {
   std::string offload = "none";          // CPU offload: none, optimizer or params
   std::optional<double> bucket_mb, lr, min_lr, clip_norm, weight_decay, eps, momentum;
   std::optional<std::pair<double, double>> betas;
+  // Fine-tuning (fine_tuning.hpp): --freeze GLOBS, --lora R, --lora-targets LIST, --lora-alpha A.
+  std::string freeze, lora_targets;
+  std::optional<int64_t> lora;
+  std::optional<double> lora_alpha;
   bool explain = false;
 };
 

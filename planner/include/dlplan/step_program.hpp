@@ -72,6 +72,9 @@ const char* to_string(Phase p);
 struct GemmShape {
   double m = 0, n = 0, k = 0;  // C[m, n] = A[m, k] B[k, n]
   double batch = 1;            // independent products of that shape (grouped convolution, attention heads)
+  // Backward runs the input-gradient GEMM (dX = dY W^T) when the input needs
+  // its gradient, and the weight-gradient GEMM (dW = X^T dY) when W trains.
+  bool input_grad = true, weight_grad = true;
 };
 struct AttentionCore {
   double batch = 0;            // micro-batch x query heads (0: not attention)
@@ -179,6 +182,12 @@ struct StepProgram {
   std::vector<SlotName> names;         // per slot, only when built with names
   int slot_count = 0;  // (not "slots": a Qt keyword, and the GUI includes this)
   int backward_start = -1;             // index of the first backward compute event
+  // Per node: does it run a backward? Empty when every node does (no
+  // fine-tuning); a node without one keeps nothing (has_backward_at).
+  std::vector<bool> has_backward;
+  bool has_backward_at(int node) const {
+    return has_backward.empty() || has_backward[static_cast<size_t>(node)];
+  }
 };
 
 // Does activation checkpointing recompute this node in backward? (Every node
@@ -219,5 +228,11 @@ CategoryBytes host_states(const Model& m, int world, const TrainingConfig& cfg);
 // node order, padded to a multiple of the world size for the sharded strategies.
 int64_t pad_to(int64_t n, int64_t multiple);
 std::vector<int64_t> unit_parameter_counts(const Model& m);
+// Under fine-tuning (fine_tuning.hpp) a unit's parameters form two runs, the
+// trainable ones, then the frozen ones, each padded alike when sharded:
+// gradients, optimizer state and the gradient collectives cover only the
+// first; the parameters (and ZeRO-3's gathers) both.
+std::vector<int64_t> unit_trainable_counts(const Model& m);
+std::vector<int64_t> unit_frozen_counts(const Model& m);
 
 }  // namespace dlplan

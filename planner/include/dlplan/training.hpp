@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dlplan {
 
@@ -68,6 +69,23 @@ struct LossScaleState {
 // GradScaler.update(): the state after a step that found (or not) an overflow.
 LossScaleState next_loss_scale(const LossScaling& cfg, LossScaleState s, bool found_inf);
 
+// Fine-tuning (docs/fine-tuning.md): which parameters
+// train. `freeze`: globs over node names and unit names (fnmatch(3)); a
+// node's parameters are frozen when its name or its unit's matches. `lora_rank`
+// > 0 adds LoRA adapters (Hu et al. 2021) beside the weights `lora_targets`
+// names -- globs over linear nodes, and q, k, v, o for attention's own
+// projections -- and freezes every parameter that is not an adapter.
+struct FineTuning {
+  std::vector<std::string> freeze;
+  int64_t lora_rank = 0;
+  std::vector<std::string> lora_targets;  // empty with lora_rank > 0: kDefaultLoraTargets
+  double lora_alpha = 0;                  // 0: alpha = rank (scale 1)
+  bool active() const { return !freeze.empty() || lora_rank > 0; }
+  double lora_scale() const { return lora_rank > 0 ? (lora_alpha > 0 ? lora_alpha : static_cast<double>(lora_rank)) / static_cast<double>(lora_rank) : 0; }
+};
+// The LoRA paper's choice (Hu et al. 2021, Sec. 7.1): the query and value projections.
+inline const std::vector<std::string> kDefaultLoraTargets = {"q", "v"};
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::adamw;
   double lr = 3e-4;
@@ -95,6 +113,7 @@ struct TrainingConfig {
   int shard_group = 0;         // hsdp2 / hsdp3: ranks per shard group; 0: all ranks (the request sets one node)
   Offload offload = Offload::none;
   LossScaling loss_scaling;    // fp16-mixed only
+  FineTuning fine_tuning;      // frozen parameters and LoRA (the model is adapted by apply_fine_tuning)
 };
 
 // Why `t.offload` cannot go with `t.strategy` ("" when it can): the
