@@ -239,6 +239,10 @@ Runner add_train_command(CLI::App& app) {
         throw Error(fmt::format("{}: --checkpoint-dir does not save CPU-offloaded state (--offload {}) in this version; "
                                 "plan without --offload to checkpoint",
                                 f->plan, to_string(plan.training.offload)));
+      if (plan.training.fine_tuning.active() && !f->checkpoint_dir.empty())
+        throw Error(fmt::format("{}: --checkpoint-dir does not save frozen parameters (--freeze) in this version; "
+                                "train without it, or start from --init weights",
+                                f->plan));
       // Sample indices (data and dropout are keyed by them) stay within 2^62.
       const int64_t global = plan.training.micro_batch * plan.training.grad_accum * plan.cluster.world();
       if (f->steps > kMaxSampleIndex / global)

@@ -7,6 +7,8 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace dlplan::exec {
 namespace cpu {
 
@@ -35,6 +37,22 @@ Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, boo
   auto name = c.node->name + "." + what;
   return zero ? c.alloc->zeros(shape, compute(c), Category::workspace, std::move(name))
               : c.alloc->empty(shape, compute(c), Category::workspace, std::move(name));
+}
+
+const Tensor& saved_named(const OpContext& c, const std::string& what) {
+  static const Tensor none;
+  size_t own = 0;
+  for (const SavedTensor& s : c.decl->saved) {
+    if (s.ref != SavedTensor::Ref::own) continue;
+    if (s.what == what) return own < c.saved.size() ? c.saved[own] : none;
+    ++own;
+  }
+  return none;
+}
+
+bool keeps_own(const OpContext& c, const std::string& what) {
+  return std::any_of(c.decl->saved.begin(), c.decl->saved.end(),
+                     [&](const SavedTensor& s) { return s.ref == SavedTensor::Ref::own && s.what == what; });
 }
 
 void op_error(const OpContext& c, const std::string& message) {

@@ -35,6 +35,13 @@ inline DType compute(const OpContext& c) { return c.act_dtype; }
 Tensor alloc_saved(OpContext& c, const Shape& shape, DType dt, const std::string& what, bool zero = false);
 Tensor alloc_saved_bytes(OpContext& c, int64_t bytes, const std::string& what);
 Tensor alloc_temp(OpContext& c, const Shape& shape, const std::string& what, bool zero = false);
+// A gradient to accumulate into, or null where none is wanted: a frozen
+// parameter's (docs/fine-tuning.md), an input's that needs none.
+inline float* grad_or_null(const Tensor& t) { return t.defined() ? t.f() : nullptr; }
+// Node c's own saved tensor named `what` (its declaration's order), or an
+// undefined tensor when the plan does not keep it.
+const Tensor& saved_named(const OpContext& c, const std::string& what);
+bool keeps_own(const OpContext& c, const std::string& what);
 
 // ---- mixed_precision.cpp: bf16 storage, fp32 arithmetic ------------------------
 // Runs a forward (backward) op on fp32 views of c's bf16 inputs, parameters,
@@ -66,6 +73,15 @@ class Fp32Buffer {
 // (m x k) * (k x n); lda/ldb/ldc are row strides in elements.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// ---- ops_lora.cpp: LoRA adapters beside a projection ----------------------------
+// x [R, in], A [r, in], B [out, r], s = alpha / r; xa [R, r] receives x A^T and
+// y [R, out] gains s xa B^T. Backward: any of dA, dB, dx may be null (not
+// wanted); dxa is [R, r] scratch.
+void lora_forward(const float* x, const float* A, const float* B, float s, float* xa, float* y, int64_t R, int64_t in,
+                  int64_t out, int64_t r);
+void lora_backward(const float* x, const float* A, const float* B, float s, const float* xa, const float* dy,
+                   float* dxa, float* dA, float* dB, float* dx, int64_t R, int64_t in, int64_t out, int64_t r);
 
 // ---- ops_dense.cpp -------------------------------------------------------------
 void embedding_forward(OpContext& c);

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 namespace dlplan::exec::cpu {
@@ -69,11 +70,12 @@ void project(const float* x, const float* w, const float* bias, float* y, int64_
   gemm(false, true, R, o, in, 1.0f, x, in, w, in, bias ? 1.0f : 0.0f, y, o);
 }
 
-// dx += dy W;  dW += dy^T x;  dbias += sum_r dy.
+// dx += dy W;  dW += dy^T x;  dbias += sum_r dy. A null dx, dw or dbias is
+// not wanted (frozen weights read no x).
 void project_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* dbias, int64_t R,
                       int64_t in, int64_t o) {
   if (dx) gemm(false, false, R, in, o, 1.0f, dy, o, w, in, 1.0f, dx, in);
-  gemm(true, false, o, in, R, 1.0f, dy, o, x, in, 1.0f, dw, in);
+  if (dw) gemm(true, false, o, in, R, 1.0f, dy, o, x, in, 1.0f, dw, in);
   if (dbias)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t j = 0; j < o; ++j) dbias[j] += dy[r * o + j];
@@ -191,11 +193,11 @@ void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, c
 // dS = P (dP - rowsum(P dP)) (softmax's Jacobian);  dq += scale dS k;  dk += scale dS^T q.
 void math_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, float* dk, float* dv) {
   const int64_t TT = d.T * d.T;
-  const float* q = c.saved[0].f();
-  const float* k = c.saved[1].f();
-  const float* v = c.saved[2].f();
-  const float* probs = c.saved[4].f();
-  const bool with_dropout = c.saved.size() > 5;
+  const float* q = saved_named(c, "q").f();
+  const float* k = saved_named(c, "k").f();
+  const float* v = saved_named(c, "v").f();
+  const float* probs = saved_named(c, "probs").f();
+  const bool with_dropout = keeps_own(c, "probs_mask");
   Tensor dprobs = alloc_temp(c, {d.b, d.H, d.T, d.T}, "dprobs");
   Fp32Buffer dpbuf(dprobs);
   const float keep_scale = d.p > 0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 1.0f;
@@ -203,13 +205,13 @@ void math_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, fl
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t g = h / d.group, sh = s * d.H + h;
       const float* P = probs + sh * TT;
-      const float* Pv = with_dropout ? c.saved[6].f() + sh * TT : P;
+      const float* Pv = with_dropout ? saved_named(c, "probs_dropped").f() + sh * TT : P;
       float* dP = dpbuf.data() + sh * TT;
       const float* dctx_h = dctx + s * d.T * d.qw() + h * d.hd;
       gemm(false, true, d.T, d.T, d.hd, 1.0f, dctx_h, d.qw(), v + s * d.T * d.kw() + g * d.hd, d.kw(), 0.0f, dP, d.T);
       gemm(true, false, d.T, d.hd, d.T, 1.0f, Pv, d.T, dctx_h, d.qw(), 1.0f, dv + s * d.T * d.kw() + g * d.hd, d.kw());
       if (with_dropout) {
-        const uint8_t* m = c.saved[5].u8() + sh * TT;
+        const uint8_t* m = saved_named(c, "probs_mask").u8() + sh * TT;
         for (int64_t e = 0; e < TT; ++e) dP[e] = m[e] ? dP[e] * keep_scale : 0.0f;
       }
       for (int64_t i = 0; i < d.T; ++i) {
@@ -293,11 +295,11 @@ void flash_forward(OpContext& c, const Dims& d, const float* q, const float* k, 
 // dv += P~^T dO;  dP = (dO v^T) mask / (1 - p);  dS = P (dP - D_i);
 // dq += scale dS k;  dk += scale dS^T q.
 void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, float* dk, float* dv) {
-  const float* q = c.saved[0].f();
-  const float* k = c.saved[1].f();
-  const float* v = c.saved[2].f();
-  const float* ctx = c.saved[3].f();
-  const float* lse_all = c.saved[4].f();
+  const float* q = saved_named(c, "q").f();
+  const float* k = saved_named(c, "k").f();
+  const float* v = saved_named(c, "v").f();
+  const float* ctx = saved_named(c, "context").f();
+  const float* lse_all = saved_named(c, "lse").f();
   const ProbDropout drop(c, d);
   const size_t blk = static_cast<size_t>(kBlock * kBlock);
   std::vector<float> P(blk), Pd(blk), dP(blk), Dvec(static_cast<size_t>(d.T));
@@ -345,6 +347,24 @@ void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, f
 
 }  // namespace
 
+// LoRA adapters on the projections (ops_lora.cpp): in q, k, v, o order, each
+// with its A and B after the node's own parameters, its input width and the
+// projection it adds to.
+struct Adapter {
+  LoraAdapter a;
+  int param = 0;  // index of A in c.params (B follows)
+  int proj = 0;   // 0 q, 1 k, 2 v, 3 o
+};
+std::vector<Adapter> adapters_of(const OpContext& c, const Dims& d) {
+  std::vector<Adapter> out;
+  int next = d.bias ? 8 : 4;
+  for (const LoraAdapter& a : lora_adapters(*c.model, *c.node)) {
+    out.push_back({a, next, static_cast<int>(std::string_view("qkvo").find(a.prefix[0]))});
+    next += 2;
+  }
+  return out;
+}
+
 // x: [b, T, D] -> out: [b, T, D].
 void attention_forward(OpContext& c) {
   const Dims d = dims_of(c);
@@ -353,11 +373,28 @@ void attention_forward(OpContext& c) {
   Tensor q = alloc_saved(c, {d.b, d.T, d.qw()}, compute(c), "q");
   Tensor k = alloc_saved(c, {d.b, d.T, d.kw()}, compute(c), "k");
   Tensor v = alloc_saved(c, {d.b, d.T, d.kw()}, compute(c), "v");
-  Tensor ctx = alloc_saved(c, {d.b, d.T, d.qw()}, compute(c), "context");
+  // Not kept when only dW_o would read it (W_o frozen, math form): a temporary.
+  const bool keep_context = keeps_own(c, "context");
+  Tensor ctx = keep_context ? alloc_saved(c, {d.b, d.T, d.qw()}, compute(c), "context")
+                            : alloc_temp(c, {d.b, d.T, d.qw()}, "context");
   Fp32Buffer qb(q), kb(k), vb(v), cb(ctx);  // each stored (bf16 under bf16-mixed) once computed
   project(x, weight(c, 0), bias_of(c, d, 0), qb.data(), R, d.D, d.qw());
   project(x, weight(c, 1), bias_of(c, d, 1), kb.data(), R, d.D, d.kw());
   project(x, weight(c, 2), bias_of(c, d, 2), vb.data(), R, d.D, d.kw());
+  // LoRA on q, k, v: added to the projection before RoPE; each keeps x A^T,
+  // saved after the core's tensors (the declaration's order).
+  const std::vector<Adapter> lora = adapters_of(c, d);
+  std::vector<Tensor> lora_xa;
+  std::vector<Fp32Buffer> lora_xb;
+  lora_xb.reserve(lora.size());
+  float* proj_out[3] = {qb.data(), kb.data(), vb.data()};
+  for (const Adapter& ad : lora) {
+    lora_xa.push_back(alloc_saved(c, {R, ad.a.rank}, compute(c), ad.a.prefix + "lora_xa"));
+    lora_xb.emplace_back(lora_xa.back());
+    if (ad.proj < 3)
+      lora_forward(x, weight(c, ad.param), weight(c, ad.param + 1), static_cast<float>(ad.a.scale), lora_xb.back().data(),
+                   proj_out[ad.proj], R, ad.a.in, ad.a.out, ad.a.rank);
+  }
   if (d.rope) {
     rope(qb.data(), d, d.H, false);
     rope(kb.data(), d, d.KV, false);
@@ -369,27 +406,55 @@ void attention_forward(OpContext& c) {
   c.saved.push_back(q);
   c.saved.push_back(k);
   c.saved.push_back(v);
-  c.saved.push_back(ctx);
+  if (keep_context) c.saved.push_back(ctx);
   if (d.flash)
     flash_forward(c, d, qb.data(), kb.data(), vb.data(), cb.data());
   else
     math_forward(c, d, qb.data(), kb.data(), vb.data(), cb.data());
   cb.store();
   project(cb.data(), weight(c, 3), bias_of(c, d, 3), c.out.f(), R, d.qw(), d.D);
+  for (size_t j = 0; j < lora.size(); ++j) {
+    const Adapter& ad = lora[j];
+    if (ad.proj == 3)  // LoRA on o reads the context
+      lora_forward(cb.data(), weight(c, ad.param), weight(c, ad.param + 1), static_cast<float>(ad.a.scale),
+                   lora_xb[j].data(), c.out.f(), R, ad.a.in, ad.a.out, ad.a.rank);
+    lora_xb[j].store();
+    c.saved.push_back(lora_xa[j]);
+  }
 }
 
 void attention_backward(OpContext& c) {
   const Dims d = dims_of(c);
   const int64_t R = d.b * d.T;
-  const float* x = c.in[0].f();
+  const float* x = c.in[0].defined() ? c.in[0].f() : nullptr;  // not kept when the projections are frozen
   const float* dy = c.dout.f();
-  auto dparam = [&](int i) { return c.dparams[static_cast<size_t>(i)].f(); };
+  auto dparam = [&](int i) { return grad_or_null(c.dparams[static_cast<size_t>(i)]); };  // null: frozen
   auto dbias = [&](int i) { return d.bias ? dparam(4 + i) : nullptr; };
 
   // Output projection: dcontext = dy Wo; dWo += dy^T context; dbo += sum dy.
+  // LoRA: one d(x A^T) scratch per adapter, as declared (bwd_temps).
+  const std::vector<Adapter> lora = adapters_of(c, d);
+  std::vector<Tensor> dxa;
+  std::vector<Fp32Buffer> dxab;
+  dxab.reserve(lora.size());
+  for (const Adapter& ad : lora) {
+    dxa.push_back(alloc_temp(c, {R, ad.a.rank}, ad.a.prefix + "lora_dxa"));
+    dxab.emplace_back(dxa.back());
+  }
+  auto lora_back = [&](size_t j, const float* in, const float* dproj, float* din) {
+    const Adapter& ad = lora[j];
+    lora_backward(in, weight(c, ad.param), weight(c, ad.param + 1), static_cast<float>(ad.a.scale),
+                  saved_named(c, ad.a.prefix + "lora_xa").f(), dproj, dxab[j].data(), dparam(ad.param),
+                  dparam(ad.param + 1), din, R, ad.a.in, ad.a.out, ad.a.rank);
+  };
+
   Tensor dctx = alloc_temp(c, {d.b, d.T, d.qw()}, "dcontext", true);
   Fp32Buffer dcb(dctx, /*load=*/true);
-  project_backward(c.saved[3].f(), weight(c, 3), dy, dcb.data(), dparam(3), dbias(3), R, d.qw(), d.D);
+  const Tensor& context = saved_named(c, "context");  // undefined when W_o is frozen (then not read)
+  project_backward(context.defined() ? context.f() : nullptr, weight(c, 3), dy, dcb.data(), dparam(3), dbias(3), R,
+                   d.qw(), d.D);
+  for (size_t j = 0; j < lora.size(); ++j)
+    if (lora[j].proj == 3) lora_back(j, context.f(), dy, dcb.data());
   dcb.store();
 
   Tensor dq = alloc_temp(c, {d.b, d.T, d.qw()}, "dq", true);
@@ -411,6 +476,9 @@ void attention_backward(OpContext& c) {
   project_backward(x, weight(c, 0), dqb.data(), dx, dparam(0), dbias(0), R, d.D, d.qw());
   project_backward(x, weight(c, 1), dkb.data(), dx, dparam(1), dbias(1), R, d.D, d.kw());
   project_backward(x, weight(c, 2), dvb.data(), dx, dparam(2), dbias(2), R, d.D, d.kw());
+  const float* dproj[3] = {dqb.data(), dkb.data(), dvb.data()};
+  for (size_t j = 0; j < lora.size(); ++j)
+    if (lora[j].proj < 3) lora_back(j, x, dproj[lora[j].proj], dx);
 }
 
 }  // namespace dlplan::exec::cpu

@@ -107,20 +107,22 @@ void conv2d_backward(OpContext& c) {
   if (!g.direct()) cols = alloc_temp(c, {g.rows(), g.P()}, "im2col");  // reused sample by sample
   Fp32Buffer colbuf(cols);
   const float* w = c.params[0].f();
-  float* dw = c.dparams[0].f();
+  float* dw = grad_or_null(c.dparams[0]);  // null: a frozen weight, whose input is not kept
   for (int64_t s = 0; s < c.batch; ++s) {
-    const float* x = c.in[0].f() + s * in_sz;
     const float* dy = c.dout.f() + s * out_sz;
     float* cs = g.direct() ? nullptr : colbuf.data();
-    const float* col = x;
-    if (cs) {
-      im2col(g, x, cs);
-      colbuf.store();
-      col = cs;
+    if (dw) {
+      const float* x = c.in[0].f() + s * in_sz;
+      const float* col = x;
+      if (cs) {
+        im2col(g, x, cs);
+        colbuf.store();
+        col = cs;
+      }
+      for (int64_t gi = 0; gi < g.groups; ++gi)
+        gemm(false, true, g.Og(), g.K(), g.P(), 1.0f, dy + gi * g.Og() * g.P(), g.P(), col + gi * g.K() * g.P(), g.P(),
+             1.0f, dw + gi * g.Og() * g.K(), g.K());
     }
-    for (int64_t gi = 0; gi < g.groups; ++gi)
-      gemm(false, true, g.Og(), g.K(), g.P(), 1.0f, dy + gi * g.Og() * g.P(), g.P(), col + gi * g.K() * g.P(), g.P(),
-           1.0f, dw + gi * g.Og() * g.K(), g.K());
     if (!need_dx) continue;
     float* dx = c.din[0].f() + s * in_sz;
     // Direct: the column gradient is dx itself (accumulate); else overwrite
@@ -134,7 +136,7 @@ void conv2d_backward(OpContext& c) {
       col2im_add(g, cs, dx);
     }
   }
-  if (c.node->attrs.flag("bias")) {
+  if (c.node->attrs.flag("bias") && c.dparams[1].defined()) {
     float* db = c.dparams[1].f();
     for (int64_t s = 0; s < c.batch; ++s)
       for (int64_t o = 0; o < g.O; ++o) {

@@ -27,9 +27,10 @@ void embedding_forward(OpContext& c) {
 void embedding_backward(OpContext& c) {
   const int64_t dim = c.node->attrs.integer("dim");
   const int64_t n = c.batch * numel(in_shape(c, 0));
+  float* dw = grad_or_null(c.dparams[0]);
+  if (!dw) return;  // frozen: the ids get no gradient either
   const int32_t* ids = c.in[0].i();
   const float* dy = c.dout.f();
-  float* dw = c.dparams[0].f();
   for (int64_t r = 0; r < n; ++r) {
     float* row = dw + int64_t{ids[r]} * dim;
     for (int64_t j = 0; j < dim; ++j) row[j] += dy[r * dim + j];
@@ -51,9 +52,9 @@ void pos_embedding_forward(OpContext& c) {
 void pos_embedding_backward(OpContext& c) {
   const int64_t td = numel(in_shape(c, 0));
   const float* dy = c.dout.f();
-  float* dw = c.dparams[0].f();
-  for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < td; ++i) dw[i] += dy[s * td + i];
+  if (float* dw = grad_or_null(c.dparams[0]))
+    for (int64_t s = 0; s < c.batch; ++s)
+      for (int64_t i = 0; i < td; ++i) dw[i] += dy[s * td + i];
   if (c.din[0].defined()) {
     float* dx = c.din[0].f();
     for (int64_t i = 0; i < c.batch * td; ++i) dx[i] += dy[i];
@@ -78,10 +79,11 @@ void cls_token_forward(OpContext& c) {
 void cls_token_backward(OpContext& c) {
   const int64_t T = in_shape(c, 0)[0], D = in_shape(c, 0)[1];
   const float* dy = c.dout.f();
-  float* dw = c.dparams[0].f();
+  float* dw = grad_or_null(c.dparams[0]);
   for (int64_t s = 0; s < c.batch; ++s) {
     const float* dys = dy + s * (T + 1) * D;
-    for (int64_t j = 0; j < D; ++j) dw[j] += dys[j];
+    if (dw)
+      for (int64_t j = 0; j < D; ++j) dw[j] += dys[j];
     if (c.din[0].defined()) {
       float* dx = c.din[0].f() + s * T * D;
       for (int64_t i = 0; i < T * D; ++i) dx[i] += dys[D + i];
@@ -104,6 +106,16 @@ void linear_forward(OpContext& c) {
     for (int64_t r = 0; r < R; ++r) std::memcpy(y + r * o, bv, static_cast<size_t>(o) * sizeof(float));
   }
   gemm(false, true, R, o, in, 1.0f, c.in[0].f(), in, c.params[0].f(), in, bias ? 1.0f : 0.0f, y, o);
+  // LoRA (ops_lora.cpp): its A and B are the node's last two parameters.
+  for (const LoraAdapter& a : lora_adapters(*c.model, *c.node)) {
+    const size_t n = c.params.size();
+    Tensor xa = alloc_saved(c, {R, a.rank}, compute(c), "lora_xa");
+    Fp32Buffer xb(xa);
+    lora_forward(c.in[0].f(), c.params[n - 2].f(), c.params[n - 1].f(), static_cast<float>(a.scale), xb.data(), y, R,
+                 in, o, a.rank);
+    xb.store();
+    c.saved.push_back(xa);
+  }
 }
 
 // dx += dy W;  dW += dy^T x;  dbias += sum_r dy.
@@ -112,11 +124,20 @@ void linear_backward(OpContext& c) {
   const int64_t R = c.batch * numel(in_shape(c, 0)) / in;
   const float* dy = c.dout.f();
   if (c.din[0].defined()) gemm(false, false, R, in, o, 1.0f, dy, o, c.params[0].f(), in, 1.0f, c.din[0].f(), in);
-  gemm(true, false, o, in, R, 1.0f, dy, o, c.in[0].f(), in, 1.0f, c.dparams[0].f(), in);
-  if (c.node->attrs.flag("bias")) {
+  // A frozen weight: no dW, and the input (not kept) is not read.
+  if (float* dw = grad_or_null(c.dparams[0])) gemm(true, false, o, in, R, 1.0f, dy, o, c.in[0].f(), in, 1.0f, dw, in);
+  if (c.node->attrs.flag("bias") && c.dparams[1].defined()) {
     float* db = c.dparams[1].f();
     for (int64_t r = 0; r < R; ++r)
       for (int64_t j = 0; j < o; ++j) db[j] += dy[r * o + j];
+  }
+  for (const LoraAdapter& a : lora_adapters(*c.model, *c.node)) {
+    const size_t n = c.params.size();
+    Tensor dxa = alloc_temp(c, {R, a.rank}, "lora_dxa");
+    Fp32Buffer dxb(dxa);
+    lora_backward(c.in[0].f(), c.params[n - 2].f(), c.params[n - 1].f(), static_cast<float>(a.scale),
+                  saved_named(c, "lora_xa").f(), dy, dxb.data(), grad_or_null(c.dparams[n - 2]),
+                  grad_or_null(c.dparams[n - 1]), grad_or_null(c.din[0]), R, in, o, a.rank);
   }
 }
 

@@ -146,8 +146,8 @@ void batchnorm_backward(OpContext& c) {
       sdyx[static_cast<size_t>(ch)] += bx;
     }
   for (int64_t ch = 0; ch < C; ++ch) {
-    c.dparams[0].f()[ch] += static_cast<float>(sdyx[static_cast<size_t>(ch)]);
-    c.dparams[1].f()[ch] += static_cast<float>(sdy[static_cast<size_t>(ch)]);
+    if (c.dparams[0].defined()) c.dparams[0].f()[ch] += static_cast<float>(sdyx[static_cast<size_t>(ch)]);
+    if (c.dparams[1].defined()) c.dparams[1].f()[ch] += static_cast<float>(sdy[static_cast<size_t>(ch)]);
   }
   if (!c.din[0].defined()) return;
   float* dx = c.din[0].f();
@@ -222,7 +222,8 @@ void layernorm_backward(OpContext& c) {
   const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
   const bool bias = c.node->attrs.flag("bias");
   const float* w = c.params[0].f();
-  float* dw = c.dparams[0].f();
+  float* dw = grad_or_null(c.dparams[0]);
+  float* db = bias ? grad_or_null(c.dparams[1]) : nullptr;
   std::vector<float> xh(static_cast<size_t>(D));
   for (int64_t r = 0; r < R; ++r) {
     const float* x = c.in[0].f() + r * D;
@@ -235,8 +236,8 @@ void layernorm_backward(OpContext& c) {
       const float g = dy[j] * w[j];
       mg += g;
       mgx += g * xh[jj];
-      dw[j] += dy[j] * xh[jj];
-      if (bias) c.dparams[1].f()[j] += dy[j];
+      if (dw) dw[j] += dy[j] * xh[jj];
+      if (db) db[j] += dy[j];
     }
     if (!c.din[0].defined()) continue;
     const float a = static_cast<float>(mg / static_cast<double>(D)), bb = static_cast<float>(mgx / static_cast<double>(D));
@@ -270,7 +271,7 @@ void rmsnorm_forward(OpContext& c) {
 void rmsnorm_backward(OpContext& c) {
   const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
   const float* w = c.params[0].f();
-  float* dw = c.dparams[0].f();
+  float* dw = grad_or_null(c.dparams[0]);
   for (int64_t r = 0; r < R; ++r) {
     const float* x = c.in[0].f() + r * D;
     const float* dy = c.dout.f() + r * D;
@@ -278,7 +279,7 @@ void rmsnorm_backward(OpContext& c) {
     double mgx = 0;
     for (int64_t j = 0; j < D; ++j) {
       mgx += double{dy[j]} * w[j] * x[j];
-      dw[j] += dy[j] * x[j] * rstd;
+      if (dw) dw[j] += dy[j] * x[j] * rstd;
     }
     if (!c.din[0].defined()) continue;
     const float k = static_cast<float>(mgx / static_cast<double>(D)) * rstd * rstd * rstd;

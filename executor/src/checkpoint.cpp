@@ -403,6 +403,9 @@ void check_model(const Manifest& m, const PlanDocument& plan, const CheckpointRu
 // ---- save ------------------------------------------------------------------------------
 
 std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm, const CheckpointRun& run) {
+  if (trainer.plan().training.fine_tuning.active())
+    throw Error(fmt::format("{}: checkpoints of a fine-tuning plan (frozen parameters) are not written in this version",
+                            dir));
   ParamStore& store = trainer.store();
   Optimizer& opt = trainer.optimizer();
   const PlanDocument& plan = trainer.plan();
@@ -849,8 +852,11 @@ void set_parameters(Trainer& trainer, const std::vector<NamedTensor>& tensors, c
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
   std::set<std::string> used;
   const bool full = !params_sharded(store);
-  std::vector<std::vector<float>> units(static_cast<size_t>(store.units()));
-  for (int u = 0; u < store.units(); ++u) units[static_cast<size_t>(u)].assign(static_cast<size_t>(store.unit_size(u)), 0.0f);
+  std::vector<std::vector<float>> units(static_cast<size_t>(store.units())), frozen(units.size());
+  for (int u = 0; u < store.units(); ++u) {
+    units[static_cast<size_t>(u)].assign(static_cast<size_t>(store.unit_size(u)), 0.0f);
+    frozen[static_cast<size_t>(u)].assign(static_cast<size_t>(store.frozen_padded(u)), 0.0f);  // fine-tuning
+  }
   for (size_t k = 0; k < model.params.size(); ++k) {
     const ParamInfo& p = model.params[k];
     const auto it = by_name.find(p.name);
@@ -860,7 +866,8 @@ void set_parameters(Trainer& trainer, const std::vector<NamedTensor>& tensors, c
       throw Error(fmt::format("{}: tensor '{}' has shape {}, model '{}' expects {}", source, p.name,
                               to_string(it->second->shape), model.name, to_string(want)));
     const auto [u, off] = store.locate(static_cast<int>(k));
-    std::copy(it->second->values.begin(), it->second->values.end(), units[static_cast<size_t>(u)].begin() + off);
+    auto& run = store.trainable(static_cast<int>(k)) ? units : frozen;
+    std::copy(it->second->values.begin(), it->second->values.end(), run[static_cast<size_t>(u)].begin() + off);
     used.insert(p.name);
   }
   for (const ParamInfo& b : model.buffers) used.insert(b.name);  // running statistics may be present; not loaded
@@ -875,6 +882,10 @@ void set_parameters(Trainer& trainer, const std::vector<NamedTensor>& tensors, c
     else if (os > 0) ops.upload_floats(store.owned_params(u), v.data() + ob);
     for (const auto& [name, t] : opt.state(u))
       if (name == "master" && os > 0) ops.upload(t.f(), v.data() + ob, os * 4);
+    if (store.frozen_size(u) == 0) continue;  // the frozen run: all of it, or (zero3) this rank's shard
+    const auto& f = frozen[static_cast<size_t>(u)];
+    if (full) ops.upload_floats(store.frozen(u).span().sub(0, store.frozen_size(u)), f.data());
+    else ops.upload_floats(store.frozen(u).span(), f.data() + static_cast<int64_t>(store.rank()) * store.frozen_shard(u));
   }
   ops.synchronize();
 }

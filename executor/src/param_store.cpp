@@ -32,6 +32,9 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
 enum class Init { uniform_fan_in, normal_002, ones, zeros };
 
 Init init_of(const Node& n, const std::string& suffix) {
+  // LoRA (Hu et al. 2021, Sec. 4.1; peft's default): A as the layer's weight,
+  // B zero, so that training starts from the base model.
+  if (suffix.size() >= 6 && suffix.compare(suffix.size() - 6, 6, "lora_B") == 0) return Init::zeros;
   switch (n.op) {
     case OpKind::linear:
     case OpKind::conv2d:
@@ -63,16 +66,31 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
     throw Error(fmt::format("shard group of {} ranks does not divide the world of {}", world_, world));
   if (offload_ != Offload::none && host == nullptr) throw Error("CPU offload needs a host memory pool");
   if (const std::string why = offload_conflict(t); !why.empty()) throw Error(why);
-  size_ = unit_parameter_counts(m);
+  if (t.fine_tuning.active() && t.offload == Offload::params)
+    throw Error("--offload params with frozen parameters or LoRA is planned, not executed in this version: use "
+                "--offload optimizer or none");
+  size_ = unit_trainable_counts(m);
+  frozen_size_ = unit_frozen_counts(m);
   const size_t U = size_.size();
   padded_.resize(U);
-  for (size_t u = 0; u < U; ++u) padded_[u] = sharded_ ? pad_to(size_[u], world_) : size_[u];
+  frozen_padded_.resize(U);
+  for (size_t u = 0; u < U; ++u) {
+    padded_[u] = sharded_ ? pad_to(size_[u], world_) : size_[u];
+    frozen_padded_[u] = sharded_ ? pad_to(frozen_size_[u], world_) : frozen_size_[u];
+  }
 
-  // Flat layout: unit u's parameters in Model::params order.
-  std::vector<int64_t> fill(U, 0);
+  // Flat layout: unit u's trainable parameters in Model::params order; its
+  // frozen ones likewise in the frozen run.
+  std::vector<int64_t> fill(U, 0), fill_frozen(U, 0);
   segments_.resize(U);
   for (const auto& p : m.params) {
     auto u = static_cast<size_t>(p.unit);
+    frozen_param_.push_back(p.trainable ? 0 : 1);
+    if (!p.trainable) {
+      where_.emplace_back(p.unit, fill_frozen[u]);
+      fill_frozen[u] += p.numel;
+      continue;
+    }
     where_.emplace_back(p.unit, fill[u]);
     auto& seg = segments_[u];
     if (!seg.empty() && seg.back().decay == p.weight_decay) seg.back().end += p.numel;
@@ -90,6 +108,7 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   }
 
   params_.resize(U);
+  frozen_.resize(U);
   grads_.resize(U);
   gathered_.resize(U);
   staging_.resize(U);
@@ -104,6 +123,9 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
     // pool holds what step_program.hpp's host_state_tensors lists, in its order.
     if (params_on_host()) params_[u] = host->zeros({shard}, dtype_, Category::params, label + " parameters (host)");
     else params_[u] = alloc.zeros({shard_params ? shard : padded_[u]}, dtype_, Category::params, label + " parameters");
+    if (frozen_size_[u] > 0)  // as model_state_tensors lists it, right after the unit's parameters
+      frozen_[u] = alloc.zeros({shard_params ? frozen_shard(static_cast<int>(u)) : frozen_padded_[u]}, dtype_,
+                               Category::params, label + " frozen parameters");
     if (!streams_grads_)
       grads_[u] = alloc.zeros({shard_grads ? shard : size_[u]}, dtype_, Category::grads, label + " gradients");
     if (offload_ != Offload::none)
@@ -123,22 +145,33 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
 
 // Deterministic initialisation keyed by (seed, parameter index, element), the
 // same on every rank and for every strategy; each rank keeps what it owns.
+// The index counts the model's own parameters first and LoRA's adapters
+// after them, so that an adapted model starts from the same base weights.
 // Each unit is built in a host buffer (zeros where nothing is owned, like the
 // padding), then uploaded.
 void ParamStore::initialize(const Model& m, uint64_t seed) {
   const uint64_t init_seed = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
   const bool shard_params = sharding(strategy_, world_).params;
-  for (size_t unit = 0; unit < params_.size(); ++unit) {
-    std::vector<float> dst(static_cast<size_t>(params_[unit].numel()), 0.0f);
+  std::vector<int> key(m.params.size());
+  int next = 0;
+  for (int adapters = 0; adapters < 2; ++adapters)
+    for (size_t k = 0; k < m.params.size(); ++k)
+      if (m.params[k].adapter == (adapters == 1)) key[k] = next++;
+  for (size_t run = 0; run < 2 * params_.size(); ++run) {
+    const size_t unit = run / 2;
+    const bool frozen_run = run % 2 == 1;
+    Tensor& target = frozen_run ? frozen_[unit] : params_[unit];
+    if (!target.defined()) continue;
+    std::vector<float> dst(static_cast<size_t>(target.numel()), 0.0f);
     for (size_t k = 0; k < m.params.size(); ++k) {
       auto [u, off] = where_[k];
-      if (static_cast<size_t>(u) != unit) continue;
+      if (static_cast<size_t>(u) != unit || (frozen_param_[k] != 0) != frozen_run) continue;
       const ParamInfo& p = m.params[k];
       const Node& n = m.nodes[static_cast<size_t>(p.node)];
       const std::string suffix = p.name.substr(n.name.size() + 1);
       const Init init = init_of(n, suffix);
       const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in(m, n, suffix)));
-      const int64_t lo = shard_params ? shard_offset(u) : 0;
+      const int64_t lo = shard_params ? (frozen_run ? rank_ * frozen_shard(u) : shard_offset(u)) : 0;
       const int64_t hi = lo + static_cast<int64_t>(dst.size());
       for (int64_t e = 0; e < p.numel; ++e) {
         const int64_t flat = off + e;
@@ -146,11 +179,11 @@ void ParamStore::initialize(const Model& m, uint64_t seed) {
         float v = 0;
         switch (init) {
           case Init::uniform_fan_in:
-            v = static_cast<float>((2.0 * dropout_uniform(init_seed, static_cast<int>(k), 0, e) - 1.0) * bound);
+            v = static_cast<float>((2.0 * dropout_uniform(init_seed, key[k], 0, e) - 1.0) * bound);
             break;
           case Init::normal_002: {  // Box-Muller
-            double u1 = std::max(1e-12, static_cast<double>(dropout_uniform(init_seed, static_cast<int>(k), 1, e)));
-            double u2 = dropout_uniform(init_seed, static_cast<int>(k), 2, e);
+            double u1 = std::max(1e-12, static_cast<double>(dropout_uniform(init_seed, key[k], 1, e)));
+            double u2 = dropout_uniform(init_seed, key[k], 2, e);
             v = static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
             break;
           }
@@ -160,7 +193,7 @@ void ParamStore::initialize(const Model& m, uint64_t seed) {
         dst[static_cast<size_t>(flat - lo)] = v;
       }
     }
-    ops_->upload_floats(params_[unit].span(), dst.data());  // rounded once under bf16-mixed
+    ops_->upload_floats(target.span(), dst.data());  // rounded once under bf16-mixed
   }
 }
 
@@ -174,10 +207,22 @@ const Tensor& ParamStore::grad_target(int u) const {
   return grads_[static_cast<size_t>(u)];
 }
 
+Tensor ParamStore::frozen_view(int u, int64_t off, int64_t n) const {
+  if (sharding(strategy_, world_).params) {  // after the trainable run in the gathered unit
+    const Tensor& g = gathered_[static_cast<size_t>(u)];
+    return g.defined() ? g.slice(unit_padded(u) + off, {n}) : Tensor{};
+  }
+  return frozen_[static_cast<size_t>(u)].slice(off, {n});
+}
+
 std::vector<Tensor> ParamStore::param_views(int node) const {
   std::vector<Tensor> v;
   for (int k : node_params_[static_cast<size_t>(node)]) {
     auto [u, off] = where_[static_cast<size_t>(k)];
+    if (frozen_param_[static_cast<size_t>(k)]) {
+      v.push_back(frozen_view(u, off, m_.params[static_cast<size_t>(k)].numel));
+      continue;
+    }
     const Tensor& base = full_unit(u);
     v.push_back(base.defined() ? base.slice(off, {m_.params[static_cast<size_t>(k)].numel}) : Tensor{});
   }
@@ -188,6 +233,10 @@ std::vector<Tensor> ParamStore::grad_views(int node) const {
   std::vector<Tensor> v;
   for (int k : node_params_[static_cast<size_t>(node)]) {
     auto [u, off] = where_[static_cast<size_t>(k)];
+    if (frozen_param_[static_cast<size_t>(k)]) {  // no gradient: the op skips it
+      v.emplace_back();
+      continue;
+    }
     const Tensor& base = grad_target(u);
     v.push_back(base.defined() ? base.slice(off, {m_.params[static_cast<size_t>(k)].numel}) : Tensor{});
   }
@@ -236,6 +285,16 @@ std::vector<float> ParamStore::snapshot_full_params(const std::function<void(flo
       ops_->download_floats(unit.data(), p.sub(0, unit_size(u)));
     }
     all.insert(all.end(), unit.begin(), unit.begin() + unit_size(u));
+    if (frozen_size(u) == 0) continue;
+    std::vector<float> fz(static_cast<size_t>(frozen_padded(u)), 0.0f);  // then the frozen run
+    const Span f = frozen_[static_cast<size_t>(u)].span();
+    if (sharding(strategy_, world_).params) {
+      ops_->download_floats(fz.data() + rank_ * frozen_shard(u), f.sub(0, frozen_shard(u)));
+      gather(fz.data(), frozen_padded(u));
+    } else {
+      ops_->download_floats(fz.data(), f.sub(0, frozen_size(u)));
+    }
+    all.insert(all.end(), fz.begin(), fz.begin() + frozen_size(u));
   }
   return all;
 }

@@ -63,6 +63,11 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     throw Error(fmt::format("{}: the plan is for {} ranks ({} node{} x {}), but {} {} launched; run mpirun -np {}", plan.path,
                             c.world(), c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, comm.size(),
                             comm.size() == 1 ? "was" : "were", c.world()));
+  // Fine-tuning runs on the CPU engine in this version (docs/fine-tuning.md).
+  if (plan.training.fine_tuning.active() && !ops_->host())
+    throw Error(fmt::format("{}: the plan freezes parameters or adds LoRA adapters ({}); the CPU engine (--device cpu) "
+                            "trains them in this version, the {} engine does not yet",
+                            plan.path, plan.training.fine_tuning.lora_rank > 0 ? "--lora" : "--freeze", ops_->name()));
   if (ops_->host() != alloc_.memory().host_visible())
     throw Error(fmt::format("the trainer's device operations ({}) and its memory ({}) disagree", ops_->name(),
                             alloc_.memory().host_visible() ? "host" : "device"));
@@ -319,7 +324,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         break;
       }
       case Role::gathered:
-        out = alloc_.empty({store_->unit_padded(in.unit)}, store_->dtype(), Category::gathered, "gathered");
+        out = alloc_.empty({store_->gathered_size(in.unit)}, store_->dtype(), Category::gathered, "gathered");
         store_->set_gathered(in.unit, out);
         break;
       case Role::staging: {
@@ -385,6 +390,14 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
         if (store_->params_on_host()) ops_->upload(mine.data, store_->params(u).data(), mine.bytes());  // --offload params
         else ops_->copy(mine, store_->params(u).span().sub(0, shard));
         work[static_cast<size_t>(c)] = comm_.all_gather(buf.span().sub(0, store_->unit_padded(u)), shard_group_);
+        if (store_->frozen_size(u) > 0) {
+          // Fine-tuning: the frozen run after it, gathered the same way; the
+          // program's one event waits for both.
+          const int64_t fs = store_->frozen_shard(u);
+          const Span frozen_all = buf.span().sub(store_->unit_padded(u), store_->frozen_padded(u));
+          ops_->copy(frozen_all.sub(static_cast<int64_t>(store_->rank()) * fs, fs), store_->frozen(u).span().sub(0, fs));
+          frozen_gathers_[c] = comm_.all_gather(frozen_all, shard_group_);
+        }
         break;
       }
       case CommPurpose::param_all_gather:
@@ -405,6 +418,10 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
     // does (MPI-staged); either way the copies back below, enqueued on the
     // compute stream, come after the collective.
     work[static_cast<size_t>(c)]->wait();
+    if (auto it = frozen_gathers_.find(c); it != frozen_gathers_.end()) {
+      it->second->wait();
+      frozen_gathers_.erase(it);
+    }
     stats.wait_seconds += since(wait_start);
     if (ev.purpose == CommPurpose::bucket_all_reduce) {
       const Bucket& bk = program_.buckets[static_cast<size_t>(ev.bucket)];
@@ -443,7 +460,8 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       case Instr::Kind::recompute: {
         OpContext ctx = make_context(in.node);
         ctx.recompute = in.kind == Instr::Kind::recompute;
-        ctx.keep_saved = ctx.recompute || !checkpointed(*ctx.node, t);
+        // A node without backward (fine-tuning) keeps nothing either.
+        ctx.keep_saved = (ctx.recompute || !checkpointed(*ctx.node, t)) && program_.has_backward_at(in.node);
         backend_.forward(ctx);
         // Not kept (a checkpointed unit's first forward): freed here, as the
         // program frees them with the op's temporaries.

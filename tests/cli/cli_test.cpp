@@ -230,3 +230,46 @@ TEST(CliError, FailedPlanningLeavesOutFileIntact) {
 }
 
 }  // namespace
+
+// Fine-tuning (docs/fine-tuning.md): the flags reach the table and the JSON,
+// the plan file carries them, and what cannot run says so.
+TEST(CliFineTuning, LoraInTableJsonAndPlanFile) {
+  Result t = run("--model gpt2 --gpus 8 --lora 8 --lora-targets q,v");
+  ASSERT_EQ(t.status, 0) << t.err;
+  // 12 layers x 2 targets x r (768 + 768) adapters train.
+  EXPECT_TRUE(contains(t.out, "fine-tuning: LoRA r=8 (alpha 8) on q, v; 294,912 of 124,734,720 parameters train")) << t.out;
+  Result j = run("--model gpt2 --gpus 8 --lora 8 --format json");
+  ASSERT_EQ(j.status, 0) << j.err;
+  auto doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["model"]["params"], 124439808);
+  EXPECT_EQ(doc["model"]["trainable_params"], 294912);
+  EXPECT_EQ(doc["training"]["fine_tuning"]["lora"]["rank"], 8);
+
+  const std::string path = temp_path("lora_plan.json");
+  Result p = run("--model tiny-gpt --gpus 1 --gpu cpu --lora 4 --out '" + path + "'");
+  ASSERT_EQ(p.status, 0) << p.err;
+  auto plan = nlohmann::json::parse(slurp(path));
+  EXPECT_EQ(plan["fine_tuning"]["lora"]["targets"], nlohmann::json({"q", "v"}));
+  // The CPU engine trains it; the FSDP export cannot express it.
+  Result train = run("train --plan '" + path + "' --steps 2 --progress json");
+  EXPECT_EQ(train.status, 0) << train.err;
+  expect_user_error("export --plan '" + path + "' --to fsdp", {"fine-tunes", "LoRA r=4"});
+  std::remove(path.c_str());
+}
+
+TEST(CliFineTuning, FrozenPlanTrainsOnTheCpuEngine) {
+  const std::string path = temp_path("freeze_plan.json");
+  Result p = run("--model tiny-gpt --gpus 1 --gpu cpu --freeze 'wte,wpe,h.0.*' --out '" + path + "'");
+  ASSERT_EQ(p.status, 0) << p.err;
+  Result t = run("train --plan '" + path + "' --steps 2 --progress json");
+  EXPECT_EQ(t.status, 0) << t.err;
+  std::remove(path.c_str());
+}
+
+TEST(CliFineTuning, BadFlagsAreUsageErrors) {
+  expect_usage_error("--model gpt2 --gpus 8 --freeze 'nope*'", {"--freeze", "'nope*' matches no node"});
+  expect_usage_error("--model gpt2 --gpus 8 --freeze '*'", {"nothing would train"});
+  expect_usage_error("--model resnet50 --gpus 8 --lora 4", {"--lora-targets", "no attention node"});
+  expect_usage_error("--model gpt2 --gpus 8 --lora-alpha 16", {"need --lora R"});
+  expect_usage_error("--model gpt2 --gpus 8 --lora 0", {"--lora"});
+}

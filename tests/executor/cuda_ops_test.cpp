@@ -47,6 +47,14 @@ namespace {
 
 constexpr double kTol = 1e-5;
 
+// The CUDA engine does not run fine-tuning plans (LoRA adapters) in this
+// version (docs/fine-tuning.md): those cases are the CPU's alone.
+std::vector<OpCase> cuda_op_cases() {
+  std::vector<OpCase> v = op_cases();
+  std::erase_if(v, [](const OpCase& c) { return c.fine_tuning.active(); });
+  return v;
+}
+
 bool is_byte_buffer(const Tensor& t) {
   const std::string& w = t.storage->what;
   return w.size() >= 4 && w.compare(w.size() - 4, 4, "mask") == 0;
@@ -179,7 +187,7 @@ TEST_P(CudaOp, MatchesCpu) {
   EXPECT_EQ(dev.peak(), host.peak()) << c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaOp, ::testing::ValuesIn(op_cases()),
+INSTANTIATE_TEST_SUITE_P(Ops, CudaOp, ::testing::ValuesIn(cuda_op_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
 
 // ---- bf16-mixed and fp16-mixed: both backends store in 16 bits, compute in fp32 ---------
@@ -374,7 +382,7 @@ TEST_P(CudaOpBf16, MatchesCpuAndTheDeclaration) {
   check_half_op(GetParam(), DType::bf16);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaOpBf16, ::testing::ValuesIn(op_cases()),
+INSTANTIATE_TEST_SUITE_P(Ops, CudaOpBf16, ::testing::ValuesIn(cuda_op_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
 
 class CudaOpF16 : public ::testing::TestWithParam<OpCase> {};
@@ -384,7 +392,7 @@ TEST_P(CudaOpF16, MatchesCpuAndTheDeclaration) {
   check_half_op(GetParam(), DType::f16);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CudaOpF16, ::testing::ValuesIn(op_cases()),
+INSTANTIATE_TEST_SUITE_P(Ops, CudaOpF16, ::testing::ValuesIn(cuda_op_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& i) { return i.param.name; });
 
 // ---- Philox: the device draws are the host's, bit for bit -------------------------

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "dlplan/exec/backend.hpp"
+#include "dlplan/fine_tuning.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/ops.hpp"
 
@@ -38,6 +39,7 @@ struct OpCase {
   bool training = true;
   double grad_scale = 1.0;
   double tol = 2e-2;
+  FineTuning fine_tuning;  // LoRA adapters on the node (every parameter's gradient is still checked)
 };
 
 // gtest prints a parameter by its name.
@@ -94,6 +96,13 @@ inline std::vector<OpCase> op_cases() {
     c.id_range["ids"] = 4;
     v.push_back(c);
   }
+  {  // LoRA (ops_lora.cpp): A [2, 5] and B [4, 2] beside W, scale alpha / r = 3 / 2
+    OpCase c = unary("linear_lora", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}});
+    c.fine_tuning.lora_rank = 2;
+    c.fine_tuning.lora_targets = {"op"};
+    c.fine_tuning.lora_alpha = 3;
+    v.push_back(c);
+  }
   v.push_back(unary("select", arr({4, 3}), Json{{"op", "select"}, {"index", 2}}));
   v.push_back(unary("tokens", arr({3, 2, 2}), Json{{"op", "tokens"}}));
   v.push_back(unary("flatten", arr({2, 3, 2}), Json{{"op", "flatten"}}));
@@ -142,6 +151,14 @@ inline std::vector<OpCase> op_cases() {
                              Json{{"heads", 2}, {"kv_heads", 1}, {"rope", true}, {"causal", true}, {"rope_theta", 100.0}}));
   v.push_back(attention_case("attention_dropout", Json{{"heads", 2}, {"causal", true}, {"dropout", 0.2}}));
   v.push_back(attention_case("flash_attention", Json{{"heads", 2}}, true));
+  for (bool flash : {false, true}) {  // LoRA on every projection, with RoPE and GQA
+    OpCase c = attention_case(flash ? "flash_attention_lora_qkvo" : "attention_lora_qkvo",
+                              Json{{"heads", 4}, {"kv_heads", 2}, {"rope", true}, {"causal", true}}, flash);
+    c.fine_tuning.lora_rank = 2;
+    c.fine_tuning.lora_targets = {"q", "k", "v", "o"};
+    c.fine_tuning.lora_alpha = 4;
+    v.push_back(c);
+  }
   v.push_back(attention_case("flash_attention_causal_gqa_rope",
                              Json{{"heads", 4}, {"kv_heads", 2}, {"rope", true}, {"causal", true}, {"bias", false}}, true));
   v.push_back(attention_case("flash_attention_dropout", Json{{"heads", 2}, {"causal", true}, {"dropout", 0.2}}, true));
@@ -220,6 +237,7 @@ inline Json with_loss(Json ir) {
 inline OpRun make_run(const OpCase& c, Allocator& alloc, int64_t batch, uint32_t seed = 1234) {
   OpRun r;
   r.model = parse_model(with_loss(c.ir), c.name);
+  apply_fine_tuning(r.model, c.fine_tuning);
   r.node = r.model.node_index(c.node.empty() ? "op" : c.node);
   r.decl = declare(r.model, r.n(), DeclOptions{c.flash});
   r.alloc = &alloc;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "dlplan/exec/trainer.hpp"
+#include "dlplan/fine_tuning.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -42,10 +43,12 @@ inline double relative_l2(const std::vector<float>& a, const std::vector<float>&
 inline dlplan::PlanDocument make_plan(const std::string& model, int ranks, int64_t micro_batch, int64_t accum,
                                       dlplan::Strategy s, bool syncbn, dlplan::Offload offload = dlplan::Offload::none,
                                       dlplan::Precision precision = dlplan::Precision::fp32,
-                                      double init_scale = 65536.0) {
+                                      double init_scale = 65536.0, const dlplan::FineTuning& fine_tuning = {}) {
   using namespace dlplan;
   PlanRequest req;
   req.model = load_model(model);
+  apply_fine_tuning(req.model, fine_tuning);
+  req.training.fine_tuning = fine_tuning;
   req.cluster.device = find_device("cpu");
   req.cluster.nodes = 1;
   req.cluster.gpus_per_node = ranks;

@@ -9,6 +9,11 @@
 // Ops see per-parameter views into whichever buffer currently holds the full
 // unit (the params, or ZeRO-3's gathered buffer); their gradients go to the
 // full grads or, under ZeRO-2/3, to the unit's staging buffer in `comm`.
+// Fine-tuning (docs/fine-tuning.md): a unit's frozen parameters are a second
+// run beside the trainable one, kept (and sharded, and gathered after it) as
+// the strategy keeps parameters, with no gradient and no optimizer state;
+// unit_size() and everything about gradients and the optimizer mean the
+// trainable run. A frozen parameter's gradient view is undefined.
 // Tensors live where the allocator's memory resource puts them (host or
 // device); the store touches them only through DeviceOps (initialisation is
 // built on the host and uploaded).
@@ -52,6 +57,14 @@ class ParamStore {
   int64_t shard_size(int u) const { return sharded_ ? padded_[static_cast<size_t>(u)] / world_ : size_[static_cast<size_t>(u)]; }
   int64_t shard_offset(int u) const { return sharded_ ? rank_ * shard_size(u) : 0; }
   const std::vector<DecaySegment>& segments(int u) const { return segments_[static_cast<size_t>(u)]; }
+  // The frozen run (0 without fine-tuning): its size, padded size, and shard.
+  int64_t frozen_size(int u) const { return frozen_size_[static_cast<size_t>(u)]; }
+  int64_t frozen_padded(int u) const { return frozen_padded_[static_cast<size_t>(u)]; }
+  int64_t frozen_shard(int u) const { return sharded_ ? frozen_padded(u) / world_ : frozen_size(u); }
+  // ZeRO-3: the gathered unit, the trainable run then the frozen run, each padded.
+  int64_t gathered_size(int u) const { return unit_padded(u) + frozen_padded(u); }
+  Tensor& frozen(int u) { return frozen_[static_cast<size_t>(u)]; }  // full (or zero3: the shard)
+  bool trainable(int param) const { return !frozen_param_[static_cast<size_t>(param)]; }
 
   Strategy strategy() const { return strategy_; }
   bool sharded() const { return sharded_; }  // any ZeRO stage on more than one rank
@@ -84,16 +97,19 @@ class ParamStore {
   int64_t owned_begin(int u) const;  // flat offset of the owned slice
   int64_t owned_size(int u) const;   // clipped to the unit's real size
 
-  // Where param k lives: (unit, offset in the unit's flat buffer).
+  // Where param k lives: (unit, offset in its run: the unit's flat buffer, or
+  // for a frozen parameter the frozen run).
   std::pair<int, int64_t> locate(int param) const { return where_[static_cast<size_t>(param)]; }
 
   void zero_grads();
-  // The full parameters of every unit (tests, reports), on the host: this
+  // The full parameters of every unit, its trainable run then its frozen run
+  // (tests, reports), on the host: this
   // rank's part is downloaded, and `gather` all-gathers a HOST buffer in place.
   std::vector<float> snapshot_full_params(const std::function<void(float*, int64_t)>& gather) const;
 
  private:
   const Tensor& full_unit(int u) const;   // where ops read unit u's parameters
+  Tensor frozen_view(int u, int64_t off, int64_t n) const;  // a frozen parameter, where ops read it
   const Tensor& grad_target(int u) const; // where ops write unit u's gradients
   void initialize(const Model& m, uint64_t seed);
 
@@ -108,9 +124,12 @@ class ParamStore {
   bool streams_grads_;
   bool stages_grads_;  // backward writes each unit's gradient into its staging buffer
   std::vector<int64_t> size_, padded_;
+  std::vector<int64_t> frozen_size_, frozen_padded_;
   std::vector<std::pair<int, int64_t>> where_;
+  std::vector<char> frozen_param_;
   std::vector<std::vector<DecaySegment>> segments_;
   std::vector<Tensor> params_, grads_, gathered_, staging_;
+  std::vector<Tensor> frozen_;                // the frozen runs
   std::vector<Tensor> host_grads_;            // CPU offload: fp32 shards in the host pool
   std::vector<std::vector<Tensor>> buffers_;  // per node
   std::vector<std::vector<int>> node_params_; // per node: Model::params indices (tied weight first)

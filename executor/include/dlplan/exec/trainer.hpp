@@ -23,6 +23,7 @@
 #include "dlplan/step_program.hpp"
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -129,10 +130,11 @@ class Trainer {
   int host_replica_group_ = 0;  // offload: the replicas' group on the host communicator
   std::unique_ptr<SyncBnHooks> syncbn_;
   int step_ = 0;
-  int started_at_ = 0;
-  LossScaleState scale_;  // fp16-mixed (training.hpp, LossScaling)  // the step this process began at (resume_at)
+  int started_at_ = 0;    // the step this process began at (resume_at)
+  LossScaleState scale_;  // fp16-mixed (training.hpp, LossScaling)
   double syncbn_bytes_ = 0;  // sent by SyncBN's collectives this step
   std::vector<WorkHandle> pending_param_gathers_;
+  std::map<int, WorkHandle> frozen_gathers_;  // fine-tuning, ZeRO-3: a gather's frozen run (by comm event)
 };
 
 }  // namespace dlplan::exec
