@@ -239,10 +239,6 @@ Runner add_train_command(CLI::App& app) {
         throw Error(fmt::format("{}: --checkpoint-dir does not save CPU-offloaded state (--offload {}) in this version; "
                                 "plan without --offload to checkpoint",
                                 f->plan, to_string(plan.training.offload)));
-      if (plan.training.fine_tuning.active() && !f->checkpoint_dir.empty())
-        throw Error(fmt::format("{}: --checkpoint-dir does not save frozen parameters (--freeze) in this version; "
-                                "train without it, or start from --init weights",
-                                f->plan));
       // Sample indices (data and dropout are keyed by them) stay within 2^62.
       const int64_t global = plan.training.micro_batch * plan.training.grad_accum * plan.cluster.world();
       if (f->steps > kMaxSampleIndex / global)
@@ -283,6 +279,10 @@ Runner add_train_command(CLI::App& app) {
     exec::CheckpointRun ckpt;
     ckpt.seed = f->seed;
     ckpt.total_steps = f->steps;
+    ckpt.init = f->init;
+    // Fine-tuning: the checkpoint has no frozen base; --init rebuilds it
+    // before the checkpoint's trainable parameters and state are read.
+    const bool init_first = plan.training.fine_tuning.active() && !f->init.empty();
     // A checkpoint failure every rank learns alike: the rank where it happened
     // says why; the job ends cleanly (exit 1), the previous checkpoint intact.
     auto checkpoint_failed = [&](const exec::CheckpointError& e) {
@@ -292,6 +292,10 @@ Runner add_train_command(CLI::App& app) {
     };
     int first = 0;
     try {
+      if (init_first) {
+        exec::set_parameters(*trainer, exec::read_safetensors(f->init), f->init);
+        if (root) info(fmt::format("initialised from {}", f->init));
+      }
       if (f->resume) {
         const int at = exec::load_checkpoint(f->checkpoint_dir, *trainer, *comm, ckpt);
         if (at < 0 && root) info(fmt::format("{}: no checkpoint yet: starting at step 0", f->checkpoint_dir));
@@ -299,7 +303,7 @@ Runner add_train_command(CLI::App& app) {
         if (at >= 0 && root)
           info(fmt::format("resumed from {}/step-{:08d} at step {} of {}", f->checkpoint_dir, at, at, f->steps));
       }
-      if (first == 0 && !f->init.empty()) {
+      if (first == 0 && !f->init.empty() && !init_first) {
         exec::set_parameters(*trainer, exec::read_safetensors(f->init), f->init);
         if (root) info(fmt::format("initialised from {}", f->init));
       }

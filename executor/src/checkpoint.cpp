@@ -133,6 +133,9 @@ uint32_t crc_of(const char* data, size_t bytes, uint32_t crc = 0) {
 std::string model_hash(const PlanDocument& plan) {
   // The model as planned (its IR, sequence length applied), keys sorted,
   // hashed as plans are (FNV-1a 64 of the sorted dump).
+  // A fine-tuning plan's adapters and frozen set are part of the model.
+  if (plan.document.contains("fine_tuning"))
+    return plan_content_hash(Json{{"ir", plan.document.at("model").at("ir")}, {"fine_tuning", plan.document.at("fine_tuning")}});
   return plan_content_hash(Json(plan.document.at("model").at("ir")));
 }
 
@@ -392,6 +395,15 @@ void check_model(const Manifest& m, const PlanDocument& plan, const CheckpointRu
                             where, int32_of(m.j.at("total_steps")), run.total_steps, int32_of(m.j.at("total_steps"))));
   if (m.step > run.total_steps)
     throw Error(fmt::format("{}: at step {}, past --steps {}", where, m.step, run.total_steps));
+  if (plan.training.fine_tuning.active()) {
+    // The frozen base is rebuilt, not read: from the same --init, or the seed.
+    const std::string saved = m.j.value("frozen_base", "seed");
+    const std::string now = run.init.empty() ? std::string("seed") : fs::path(run.init).filename().string();
+    if (saved != now)
+      throw Error(fmt::format("{}: the frozen base of this fine-tuning run came from {}; resume with {}", where,
+                              saved == "seed" ? "the seed (no --init)" : "--init " + saved,
+                              saved == "seed" ? "no --init" : "--init " + saved));
+  }
   const std::string optimizer = to_string(plan.training.optimizer.kind);
   if (m.j.at("optimizer").get<std::string>() != optimizer)
     throw Error(fmt::format("{}: saved with optimizer {}, the plan uses {}", where, m.j.at("optimizer").get<std::string>(),
@@ -403,9 +415,6 @@ void check_model(const Manifest& m, const PlanDocument& plan, const CheckpointRu
 // ---- save ------------------------------------------------------------------------------
 
 std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm, const CheckpointRun& run) {
-  if (trainer.plan().training.fine_tuning.active())
-    throw Error(fmt::format("{}: checkpoints of a fine-tuning plan (frozen parameters) are not written in this version",
-                            dir));
   ParamStore& store = trainer.store();
   Optimizer& opt = trainer.optimizer();
   const PlanDocument& plan = trainer.plan();
@@ -524,6 +533,7 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
       Json units = Json::array();
       for (int u = 0; u < store.units(); ++u) units.push_back({{"unit", u}, {"size", store.unit_size(u)}, {"params", Json::array()}});
       for (size_t k = 0; k < plan.model.params.size(); ++k) {
+        if (!store.trainable(static_cast<int>(k))) continue;  // the frozen base is not saved (CheckpointRun::init)
         const ParamInfo& p = plan.model.params[k];
         const auto [u, off] = store.locate(static_cast<int>(k));
         units[static_cast<size_t>(u)]["params"].push_back(
@@ -554,6 +564,8 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, Communicat
       // Adam's bias-correction count (fewer than the steps when fp16-mixed
       // skipped some) and the dynamic loss scale.
       manifest["optimizer_steps"] = opt.steps_taken();
+      if (plan.training.fine_tuning.active())  // where the frozen base came from
+        manifest["frozen_base"] = run.init.empty() ? std::string("seed") : fs::path(run.init).filename().string();
       if (loss_scaled(plan.training.precision))
         manifest["loss_scale"] = {{"scale", trainer.loss_scale().scale}, {"good_steps", trainer.loss_scale().good_steps}};
       manifest_text = manifest.dump(1);
@@ -854,12 +866,18 @@ void set_parameters(Trainer& trainer, const std::vector<NamedTensor>& tensors, c
   const bool full = !params_sharded(store);
   std::vector<std::vector<float>> units(static_cast<size_t>(store.units())), frozen(units.size());
   for (int u = 0; u < store.units(); ++u) {
-    units[static_cast<size_t>(u)].assign(static_cast<size_t>(store.unit_size(u)), 0.0f);
+    // What the store holds now (this rank's part), so that LoRA adapters the
+    // file lacks keep their initial values.
+    auto& v = units[static_cast<size_t>(u)];
+    v.assign(static_cast<size_t>(store.unit_size(u)), 0.0f);
+    if (full) ops.download_floats(v.data(), store.params(u).span().sub(0, store.unit_size(u)));
+    else if (store.owned_size(u) > 0) ops.download_floats(v.data() + store.owned_begin(u), store.owned_params(u));
     frozen[static_cast<size_t>(u)].assign(static_cast<size_t>(store.frozen_padded(u)), 0.0f);  // fine-tuning
   }
   for (size_t k = 0; k < model.params.size(); ++k) {
     const ParamInfo& p = model.params[k];
     const auto it = by_name.find(p.name);
+    if (it == by_name.end() && p.adapter) continue;  // a base model's weights: the adapters start as initialised
     if (it == by_name.end()) throw Error(fmt::format("{}: has no tensor '{}' (a parameter of model '{}')", source, p.name, model.name));
     const Shape want = p.shape.empty() ? Shape{p.numel} : p.shape;
     if (it->second->shape != want)

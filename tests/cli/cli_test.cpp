@@ -273,3 +273,21 @@ TEST(CliFineTuning, BadFlagsAreUsageErrors) {
   expect_usage_error("--model gpt2 --gpus 8 --lora-alpha 16", {"need --lora R"});
   expect_usage_error("--model gpt2 --gpus 8 --lora 0", {"--lora"});
 }
+
+TEST(CliFineTuning, LoraStartsFromBaseWeightsAndResumesOnlyFromThem) {
+  // --init with a base model's weights (no adapters in the file), a
+  // checkpoint of the adapters, and a resume that needs the same base.
+  const std::string base = temp_path("ft_base.json"), lora = temp_path("ft_lora.json");
+  const std::string bck = temp_path("ft_bck"), lck = temp_path("ft_lck"), weights = temp_path("ft_base.safetensors");
+  ASSERT_EQ(run("--model tiny-gpt --gpus 1 --gpu cpu --out '" + base + "'").status, 0);
+  ASSERT_EQ(run("--model tiny-gpt --gpus 1 --gpu cpu --lora 4 --out '" + lora + "'").status, 0);
+  ASSERT_EQ(run("train --plan '" + base + "' --steps 1 --checkpoint-dir '" + bck + "'").status, 0);
+  ASSERT_EQ(run("export --checkpoint '" + bck + "' --to safetensors --out '" + weights + "'").status, 0);
+  Result t = run("train --plan '" + lora + "' --steps 2 --checkpoint-dir '" + lck + "' --init '" + weights + "'");
+  EXPECT_EQ(t.status, 0) << t.err;
+  expect_user_error("train --plan '" + lora + "' --steps 2 --checkpoint-dir '" + lck + "' --resume",
+                    {"frozen base", "--init"});
+  std::filesystem::remove_all(bck);
+  std::filesystem::remove_all(lck);
+  for (const std::string& f : {base, lora, weights}) std::remove(f.c_str());
+}

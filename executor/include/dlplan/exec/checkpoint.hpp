@@ -50,6 +50,11 @@ class CheckpointError : public Error {
 struct CheckpointRun {
   uint64_t seed = 1;
   int total_steps = 0;  // --steps: the learning-rate schedule's total
+  // --init: the weights the run started from. A fine-tuning plan's
+  // checkpoint holds what trains (LoRA's adapters) and its optimizer state,
+  // not the frozen base: a resumed run rebuilds the base from the same
+  // --init (or, without one, from the same seed), and the manifest says which.
+  std::string init;
   // Test hook (DLPLAN_FAULT=R:S:kill-in-save): this rank dies (SIGKILL)
   // half-way through writing its shard.
   bool kill_mid_save = false;
@@ -91,7 +96,9 @@ std::vector<NamedTensor> read_safetensors(const std::string& path);  // F32, BF1
 
 // --init: the parameters of the trainer's model set from named tensors (a
 // safetensors file), every parameter present at its shape; extra tensors are
-// an error too (another model). Collective only in that every rank calls it.
+// an error too (another model). LoRA adapters may be absent (a base model's
+// weights): they keep their initial values. Collective only in that every
+// rank calls it.
 void set_parameters(Trainer& trainer, const std::vector<NamedTensor>& tensors, const std::string& source);
 
 }  // namespace dlplan::exec
