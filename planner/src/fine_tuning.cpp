@@ -1,6 +1,7 @@
 #include "dlplan/fine_tuning.hpp"
 
 #include "dlplan/format.hpp"
+#include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/planner.hpp"
 
@@ -76,6 +77,10 @@ void add_lora(Model& m, const FineTuning& f) {
         throw UsageError(fmt::format("--lora {}: above min(in, out) = {} of {}'s {}weight [{}, {}]", a.rank,
                                      std::min(a.in, a.out), node_label(n), a.prefix, a.out, a.in));
   collect_params(m);
+  // The loader's limit holds for the adapted model too (limits.hpp).
+  if (static_cast<double>(m.parameter_count()) + static_cast<double>(m.buffer_count()) > static_cast<double>(kMaxParameters))
+    throw UsageError(fmt::format("--lora {}: the adapted model would have more than dlplan's limit of 2^44 parameters",
+                                 f.lora_rank));
 }
 
 }  // namespace
