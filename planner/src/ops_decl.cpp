@@ -307,8 +307,7 @@ std::vector<LoraAdapter> lora_adapters(const Model& m, const Node& n) {
   return out;
 }
 
-bool needs_backward(const Node& n, const GradNeeds& g, const OpDecl& d) {
-  (void)n;
+bool needs_backward(const GradNeeds& g, const OpDecl& d) {
   bool adapters = false;
   for (const auto& p : d.params) adapters |= p.adapter;
   for (bool in : g.inputs)
@@ -317,7 +316,7 @@ bool needs_backward(const Node& n, const GradNeeds& g, const OpDecl& d) {
 }
 
 void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl& d) {
-  if (!needs_backward(n, g, d)) {
+  if (!needs_backward(g, d)) {
     // No backward: nothing kept. The op still makes its own tensors (the
     // step program then counts them as temporaries, as in a checkpointed
     // unit's no-grad forward), so only the references go.

@@ -413,7 +413,7 @@ class Emitter {
       OpDecl& d = out_.decls[i];
       restrict_to_needs(m_, n, g, d);
       base_trains_[i] = g.base;
-      node_bwd_[i] = needs_backward(n, g, d);
+      node_bwd_[i] = needs_backward(g, d);
       tensor_grad_[static_cast<size_t>(n.output)] = node_bwd_[i];
       if (node_bwd_[i]) unit_bwd_[static_cast<size_t>(n.unit)] = true;
       if (!node_bwd_[i]) continue;

@@ -30,12 +30,14 @@ using namespace dlplan::exec;
 namespace {
 
 PlanDocument fine_tuning_plan(const std::string& model, const FineTuning& f, int64_t micro_batch, double lr,
-                              Strategy s = Strategy::ddp) {
+                              Strategy s = Strategy::ddp, Precision precision = Precision::fp32,
+                              Checkpointing checkpointing = Checkpointing::none) {
   PlanRequest req;
   req.model = load_model(model);
   apply_fine_tuning(req.model, f);
   req.cluster.device = find_device("cpu");
-  req.training.precision = Precision::fp32;
+  req.training.precision = precision;
+  req.training.checkpointing = checkpointing;
   req.training.micro_batch = micro_batch;
   req.training.optimizer.lr = lr;
   req.training.fine_tuning = f;
@@ -248,4 +250,30 @@ TEST(Lora, CheckpointCarriesTheAdaptersAndAResumedRunIsBitExact) {
     EXPECT_NE(std::string(e.what()).find("came from the seed"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
+}
+
+TEST(FineTuning, MeasuredEqualsPredictedUnderMixedPrecisionAndCheckpointing) {
+  // The other knobs a fine-tuning plan carries: bf16-/fp16-mixed storage and
+  // activation checkpointing, whose recompute meets nodes without backward
+  // (a frozen prefix inside a checkpointed unit) and LoRA's kept x A^T.
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  FineTuning lora;
+  lora.lora_rank = 4;
+  lora.lora_targets = {"q", "v", "o", "*.mlp.c_fc"};
+  FineTuning prefix = frozen({"wte", "wpe", "h.0.*", "h.1.attn"});
+  for (const FineTuning* f : {&lora, &prefix})
+    for (Precision p : {Precision::bf16_mixed, Precision::fp16_mixed})
+      for (Checkpointing c : {Checkpointing::none, Checkpointing::units}) {
+        const std::string label = std::string(f->lora_rank > 0 ? "lora" : "freeze") + " " + to_string(p) + " " +
+                                  to_string(c);
+        const PlanDocument plan = fine_tuning_plan("tiny-gpt", *f, 8, 1e-3, Strategy::ddp, p, c);
+        TrainOptions opt;
+        opt.steps = 3;
+        Trainer t(plan, *comm, *backend, opt);
+        const std::vector<float> before = t.full_parameters();
+        for (int s = 0; s < opt.steps; ++s) t.step();
+        EXPECT_EQ(moved(plan.model, before, t.full_parameters()).frozen, 0u) << label;
+        expect_measured_equals_predicted(t, plan, label);
+      }
 }

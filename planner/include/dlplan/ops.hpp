@@ -105,7 +105,7 @@ struct GradNeeds {
 // parameters are all frozen has no backward at all: it keeps nothing. The
 // backward FLOPs lose the GEMMs that are not run.
 void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl& d);
-bool needs_backward(const Node& n, const GradNeeds& g, const OpDecl& d);
+bool needs_backward(const GradNeeds& g, const OpDecl& d);
 
 // An attention node's shape and options, read in one place for its
 // declaration and for every backend's kernels.
