@@ -14,7 +14,8 @@ and gradients:
   * parameters are the module's parameters in exactly Model::params order
     (planner/src/loader.cpp: nodes in execution order, each node's parameters in
     its declaration order, planner/src/ops_decl.cpp), with these shapes:
-      embedding      weight [num, dim]
+      embedding      weight [num, dim]             (out = scale weight[ids]; no
+                                                    gradient to row padding_idx)
       pos_embedding  weight [max_len, D]           (out = x + weight[:T])
       cls_token      weight [D]                    (prepended as token 0)
       linear         weight [out, in], bias [out]  (a tied linear has no weight:
@@ -22,9 +23,10 @@ and gradients:
       conv2d         weight [out, C/groups, kh, kw], bias [out]
       batchnorm      weight [C], bias [C]; buffers running_mean, running_var
       layernorm      weight [D] (, bias [D])
-      rmsnorm        weight [D]
+      rmsnorm        weight [D]                    (out = x rstd (weight + offset))
       attention      q.weight [H hd, D], k.weight [KV hd, D], v.weight [KV hd, D],
-                     o.weight [D, H hd], then (bias) q.bias, k.bias, v.bias, o.bias
+                     o.weight [D, H hd], then q.bias, k.bias, v.bias (qkv_bias,
+                     default bias) and o.bias (out_bias, default bias)
   * attention: scale 1/sqrt(head_dim); query head h reads kv head h // (H/KV);
     RoPE in the rotate-half form (HF Llama: pairs (i, i + hd/2), angle
     pos * theta^(-2i/hd)), applied to q and k after the projections; dropout on
@@ -64,14 +66,14 @@ _NULL = object()     # optional, absent means none (linear's tie)
 
 # op -> (inputs, {attr: default})
 OPS = {
-    "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED}),
+    "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED, "scale": 1.0, "padding_idx": _NULL}),
     "pos_embedding": (1, {"max_len": _DERIVED}),
     "cls_token": (1, {}),
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL}),
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
     "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
     "layernorm": (1, {"eps": 1e-5, "bias": True}),
-    "rmsnorm": (1, {"eps": 1e-6}),
+    "rmsnorm": (1, {"eps": 1e-6, "offset": 0.0}),
     "gelu": (1, {"approximate": "none"}),
     "relu": (1, {}),
     "silu": (1, {}),
@@ -80,7 +82,8 @@ OPS = {
     "add": (2, {}),
     "mul": (2, {}),
     "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
-                      "bias": True, "dropout": 0.0, "rope": False, "rope_theta": 10000.0}),
+                      "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
+                      "rope_theta": 10000.0, "rotary_dim": _DERIVED}),
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {}),
@@ -347,16 +350,22 @@ class IRModule(nn.Module):
             D, H, KV, hd = x[1], int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
             if H % KV:
                 raise ValueError(f"node '{n.name}': kv_heads {KV} must divide heads {H}")
-            if a["rope"] and hd % 2:
-                raise ValueError(f"node '{n.name}': rope needs an even head_dim")
+            for key in ("qkv_bias", "out_bias"):
+                if a[key] is None:
+                    a[key] = a["bias"]
+            if a["rotary_dim"] is None:
+                a["rotary_dim"] = hd
+            if a["rope"] and a["rotary_dim"] % 2:
+                raise ValueError(f"node '{n.name}': rope needs an even rotary_dim")
             add("q.weight", P(H * hd, D), True)
             add("k.weight", P(KV * hd, D), True)
             add("v.weight", P(KV * hd, D), True)
             add("o.weight", P(D, H * hd), True)
-            if a["bias"]:
+            if a["qkv_bias"]:
                 add("q.bias", P(H * hd), False)
                 add("k.bias", P(KV * hd), False)
                 add("v.bias", P(KV * hd), False)
+            if a["out_bias"]:
                 add("o.bias", P(D), False)
         return out
 
@@ -452,7 +461,8 @@ class IRModule(nn.Module):
     def _run(self, n, xs):
         a, op, x = n.a, n.op, xs[0]
         if op == "embedding":
-            return F.embedding(x.long(), self._p(n, "weight"))
+            y = F.embedding(x.long(), self._p(n, "weight"), padding_idx=a["padding_idx"])
+            return y * float(a["scale"]) if float(a["scale"]) != 1.0 else y
         if op == "pos_embedding":
             T = x.shape[1]
             return x + self._p(n, "weight")[:T]
@@ -479,7 +489,8 @@ class IRModule(nn.Module):
         if op == "rmsnorm":
             xf = x.float()
             y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + float(a["eps"]))
-            return self._p(n, "weight") * y.to(x.dtype)
+            w = self._p(n, "weight")
+            return (w + float(a["offset"]) if float(a["offset"]) else w) * y.to(x.dtype)
         if op == "gelu":
             return F.gelu(x, approximate=a["approximate"])
         if op == "relu":
@@ -530,23 +541,24 @@ class IRModule(nn.Module):
         return cs
 
     def _apply_rope(self, t, cos, sin):
-        # t: [B, heads, T, hd]; pairs (i, i + hd/2): (x1 cos - x2 sin, x2 cos + x1 sin).
-        half = t.shape[-1] // 2
-        x1, x2 = t[..., :half], t[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        # t: [B, heads, T, hd]; the first rot = 2 cos.shape[-1] dims rotate, pairs
+        # (i, i + rot/2): (x1 cos - x2 sin, x2 cos + x1 sin); the rest pass (Phi).
+        half = cos.shape[-1]
+        x1, x2, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
     def _attention(self, n, x):
         a = n.a
         B, T, D = x.shape
         H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
-        bias = bool(a["bias"])
+        bias, out_bias = bool(a["qkv_bias"]), bool(a["out_bias"])
         p = float(a["dropout"]) if self.training else 0.0
         P = lambda s: self._p(n, s)  # noqa: E731
         q = F.linear(x, P("q.weight"), P("q.bias") if bias else None).view(B, T, H, hd).transpose(1, 2)
         k = F.linear(x, P("k.weight"), P("k.bias") if bias else None).view(B, T, KV, hd).transpose(1, 2)
         v = F.linear(x, P("v.weight"), P("v.bias") if bias else None).view(B, T, KV, hd).transpose(1, 2)
         if a["rope"]:
-            cos, sin = self._rope(T, hd, float(a["rope_theta"]), x.device, q.dtype)
+            cos, sin = self._rope(T, int(a["rotary_dim"]), float(a["rope_theta"]), x.device, q.dtype)
             q = self._apply_rope(q, cos, sin)
             k = self._apply_rope(k, cos, sin)
         if KV != H:  # query head h reads kv head h // (H / KV)
@@ -565,7 +577,7 @@ class IRModule(nn.Module):
                 probs = F.dropout(probs, p, True)
             ctx = torch.matmul(probs, v)
         ctx = ctx.transpose(1, 2).reshape(B, T, H * hd)
-        return F.linear(ctx, P("o.weight"), P("o.bias") if bias else None)
+        return F.linear(ctx, P("o.weight"), P("o.bias") if out_bias else None)
 
 
 def _checkpoint(fn, *args):

@@ -30,7 +30,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Dims {
   int64_t b, T, D, H, KV, hd, group;
-  bool causal, bias, rope, flash;
+  bool causal, rope, flash;
+  int64_t rot;  // leading dims of each head that RoPE rotates
+  AttentionShape shape;
   double p, theta;
   float scale;
   int64_t qw() const { return H * hd; }   // width of q and context rows
@@ -48,8 +50,9 @@ Dims dims_of(const OpContext& c) {
   d.hd = a.hd;
   d.group = a.group();
   d.causal = a.causal;
-  d.bias = a.bias;
+  d.shape = a;
   d.rope = a.rope;
+  d.rot = a.rotary_dim;
   d.p = c.training ? a.dropout : 0.0;
   d.theta = a.rope_theta;
   d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.hd)));
@@ -57,10 +60,12 @@ Dims dims_of(const OpContext& c) {
   return d;
 }
 
-// Parameters in declaration order: q, k, v, o weights, then (bias) their biases.
+// Parameters in declaration order: q, k, v, o weights, then the biases present
+// (AttentionShape::bias_param).
 const float* weight(const OpContext& c, int i) { return c.params[static_cast<size_t>(i)].f(); }
 const float* bias_of(const OpContext& c, const Dims& d, int i) {
-  return d.bias ? c.params[static_cast<size_t>(4 + i)].f() : nullptr;
+  const int k = d.shape.bias_param(i);
+  return k < 0 ? nullptr : c.params[static_cast<size_t>(k)].f();
 }
 
 // y [R, o] = x [R, in] W^T + bias.
@@ -81,16 +86,18 @@ void project_backward(const float* x, const float* w, const float* dy, float* dx
       for (int64_t j = 0; j < o; ++j) dbias[j] += dy[r * o + j];
 }
 
-// RoPE, rotate-half form (HF Llama's apply_rotary_pos_emb): for position t and
-// i < hd/2, angle = t theta^(-2i/hd), pairs (x_i, x_{i+hd/2}):
+// RoPE, rotate-half form (HF Llama's apply_rotary_pos_emb) on the first
+// rot = rotary_dim dims of each head (all of them but for Phi's partial
+// rotary, whose other dims pass through): for position t and i < rot/2,
+// angle = t theta^(-2i/rot), pairs (x_i, x_{i+rot/2}):
 //   forward: (x1 cos - x2 sin, x2 cos + x1 sin)
 //   inverse (the transpose, for gradients): (y1 cos + y2 sin, y2 cos - y1 sin)
 void rope(float* t, const Dims& d, int64_t heads, bool inverse) {
-  const int64_t half = d.hd / 2, width = heads * d.hd;
+  const int64_t half = d.rot / 2, width = heads * d.hd;
   std::vector<float> cs(static_cast<size_t>(d.T * half)), sn(static_cast<size_t>(d.T * half));
   for (int64_t pos = 0; pos < d.T; ++pos)
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = 1.0 / std::pow(d.theta, static_cast<double>(2 * i) / static_cast<double>(d.hd));
+      const double inv_freq = 1.0 / std::pow(d.theta, static_cast<double>(2 * i) / static_cast<double>(d.rot));
       const double ang = static_cast<double>(pos) * inv_freq;
       cs[static_cast<size_t>(pos * half + i)] = static_cast<float>(std::cos(ang));
       sn[static_cast<size_t>(pos * half + i)] = static_cast<float>(std::sin(ang));
@@ -357,7 +364,7 @@ struct Adapter {
 };
 std::vector<Adapter> adapters_of(const OpContext& c, const Dims& d) {
   std::vector<Adapter> out;
-  int next = d.bias ? 8 : 4;
+  int next = d.shape.own_params();
   for (const LoraAdapter& a : lora_adapters(*c.model, *c.node)) {
     out.push_back({a, next, static_cast<int>(std::string_view("qkvo").find(a.prefix[0]))});
     next += 2;
@@ -429,7 +436,7 @@ void attention_backward(OpContext& c) {
   const float* x = c.in[0].defined() ? c.in[0].f() : nullptr;  // not kept when the projections are frozen
   const float* dy = c.dout.f();
   auto dparam = [&](int i) { return grad_or_null(c.dparams[static_cast<size_t>(i)]); };  // null: frozen
-  auto dbias = [&](int i) { return d.bias ? dparam(4 + i) : nullptr; };
+  auto dbias = [&](int i) { const int k = d.shape.bias_param(i); return k < 0 ? nullptr : dparam(k); };
 
   // Output projection: dcontext = dy Wo; dWo += dy^T context; dbo += sum dy.
   // LoRA: one d(x A^T) scratch per adapter, as declared (bwd_temps).

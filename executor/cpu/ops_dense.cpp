@@ -9,7 +9,8 @@
 namespace dlplan::exec::cpu {
 
 // ---- embedding ---------------------------------------------------------------
-// ids: [b, *] i32; weight: [num, dim]; out: [b, *, dim] = weight[ids].
+// ids: [b, *] i32; weight: [num, dim]; out: [b, *, dim] = scale weight[ids]
+// (scale 1 but for Gemma's sqrt(hidden_size) normalizer).
 
 void embedding_forward(OpContext& c) {
   const int64_t num = c.node->attrs.integer("num"), dim = c.node->attrs.integer("dim");
@@ -17,13 +18,17 @@ void embedding_forward(OpContext& c) {
   const int32_t* ids = c.in[0].i();
   const float* w = c.params[0].f();
   float* y = c.out.f();
+  const auto scale = static_cast<float>(c.node->attrs.number("scale"));
   for (int64_t r = 0; r < n; ++r) {
     if (ids[r] < 0 || ids[r] >= num) op_error(c, fmt::format("token id {} is outside [0, {})", ids[r], num));
     std::memcpy(y + r * dim, w + int64_t{ids[r]} * dim, static_cast<size_t>(dim) * sizeof(float));
+    if (scale != 1.0f)
+      for (int64_t j = 0; j < dim; ++j) y[r * dim + j] *= scale;
   }
 }
 
-// dweight[ids[r]] += dout[r] (scatter-add; the ids get no gradient).
+// dweight[ids[r]] += scale dout[r] (scatter-add; the ids get no gradient),
+// but for the padding_idx row, which nn.Embedding leaves untouched.
 void embedding_backward(OpContext& c) {
   const int64_t dim = c.node->attrs.integer("dim");
   const int64_t n = c.batch * numel(in_shape(c, 0));
@@ -31,9 +36,12 @@ void embedding_backward(OpContext& c) {
   if (!dw) return;  // frozen: the ids get no gradient either
   const int32_t* ids = c.in[0].i();
   const float* dy = c.dout.f();
+  const auto scale = static_cast<float>(c.node->attrs.number("scale"));
+  const int64_t pad = c.node->attrs.has("padding_idx") ? c.node->attrs.integer("padding_idx") : -1;
   for (int64_t r = 0; r < n; ++r) {
+    if (ids[r] == pad) continue;
     float* row = dw + int64_t{ids[r]} * dim;
-    for (int64_t j = 0; j < dim; ++j) row[j] += dy[r * dim + j];
+    for (int64_t j = 0; j < dim; ++j) row[j] += scale * dy[r * dim + j];
   }
 }
 

@@ -247,30 +247,33 @@ void layernorm_backward(OpContext& c) {
 }
 
 // ---- rmsnorm -------------------------------------------------------------------
-// x: [R, D]; weight: [D]. rstd = 1 / sqrt(mean_j x^2 + eps); y = x rstd w
-// (Zhang & Sennrich 2019; HF LlamaRMSNorm). Saves rstd [R] fp32.
+// x: [R, D]; weight: [D]. rstd = 1 / sqrt(mean_j x^2 + eps); y = x rstd (w + offset)
+// (Zhang & Sennrich 2019; HF LlamaRMSNorm; offset 1 is HF GemmaRMSNorm's
+// "1 + weight"). Saves rstd [R] fp32.
 
 void rmsnorm_forward(OpContext& c) {
   const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
   const double eps = c.node->attrs.number("eps");
   Tensor rstd_t = alloc_saved(c, {R}, DType::f32, "rstd");
   const float* w = c.params[0].f();
+  const auto off = static_cast<float>(c.node->attrs.number("offset"));
   for (int64_t r = 0; r < R; ++r) {
     const float* x = c.in[0].f() + r * D;
     float* y = c.out.f() + r * D;
     double ss = 0;
     for (int64_t j = 0; j < D; ++j) ss += double{x[j]} * x[j];
     const float rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
-    for (int64_t j = 0; j < D; ++j) y[j] = x[j] * rstd * w[j];
+    for (int64_t j = 0; j < D; ++j) y[j] = x[j] * rstd * (w[j] + off);
     rstd_t.f()[r] = rstd;
   }
   c.saved.push_back(std::move(rstd_t));
 }
 
-// With g = dy w:  dx = rstd g - x rstd^3 mean_j(g x);  dw += sum_r dy x rstd.
+// With g = dy (w + offset):  dx = rstd g - x rstd^3 mean_j(g x);  dw += sum_r dy x rstd.
 void rmsnorm_backward(OpContext& c) {
   const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
   const float* w = c.params[0].f();
+  const auto off = static_cast<float>(c.node->attrs.number("offset"));
   float* dw = grad_or_null(c.dparams[0]);
   for (int64_t r = 0; r < R; ++r) {
     const float* x = c.in[0].f() + r * D;
@@ -278,13 +281,13 @@ void rmsnorm_backward(OpContext& c) {
     const float rstd = c.saved[0].f()[r];
     double mgx = 0;
     for (int64_t j = 0; j < D; ++j) {
-      mgx += double{dy[j]} * w[j] * x[j];
+      mgx += double{dy[j]} * (w[j] + off) * x[j];
       if (dw) dw[j] += dy[j] * x[j] * rstd;
     }
     if (!c.din[0].defined()) continue;
     const float k = static_cast<float>(mgx / static_cast<double>(D)) * rstd * rstd * rstd;
     float* dx = c.din[0].f() + r * D;
-    for (int64_t j = 0; j < D; ++j) dx[j] += rstd * dy[j] * w[j] - x[j] * k;
+    for (int64_t j = 0; j < D; ++j) dx[j] += rstd * dy[j] * (w[j] + off) - x[j] * k;
   }
 }
 

@@ -27,6 +27,7 @@
 #include <climits>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace dlplan::exec::cuda {
 namespace {
@@ -137,9 +138,19 @@ void embedding_bwd(Runtime& rt, OpContext& c) {
   const int64_t rows = total(c), num = c.node->attrs.integer("num");
   const size_t bytes = embedding_backward_scratch(rows, num);  // sort keys, positions, CUB's storage
   void* scratch = bytes > 0 ? rt.scratch_at_least(bytes, &c) : nullptr;
-  CU(embedding_backward(c.in[0].i(), c.dout.f(), c.dparams[0].f(), rows, c.node->attrs.integer("dim"), num, scratch,
-                        bytes, rt.stream));
+  // padding_idx (nn.Embedding's): that row of the gradient is left as it
+  // was, so it is put back after the scatter-add (a host copy of one row).
+  const int64_t dim = c.node->attrs.integer("dim");
+  float* pad_row = c.node->attrs.has("padding_idx") ? c.dparams[0].f() + c.node->attrs.integer("padding_idx") * dim : nullptr;
+  std::vector<float> kept(pad_row ? static_cast<size_t>(dim) : 0);
+  if (pad_row)
+    CU(cudaMemcpyAsync(kept.data(), pad_row, kept.size() * sizeof(float), cudaMemcpyDeviceToHost, rt.stream));
+  CU(embedding_backward(c.in[0].i(), c.dout.f(), c.dparams[0].f(), rows, dim, num, scratch, bytes, rt.stream));
   LAUNCHED();
+  if (pad_row) {
+    CU(cudaMemcpyAsync(pad_row, kept.data(), kept.size() * sizeof(float), cudaMemcpyHostToDevice, rt.stream));
+    CU(cudaStreamSynchronize(rt.stream));  // `kept` is pageable host memory that ends with this scope
+  }
 }
 
 void pos_embedding_fwd(Runtime& rt, OpContext& c) {
@@ -519,8 +530,9 @@ void dropout_bwd(Runtime& rt, OpContext& c) {
 struct Attn {
   AttnDims d;
   int64_t D;
-  bool bias, rope, flash;
+  bool rope, flash;
   double theta, p_attr;
+  AttentionShape shape;
 };
 
 Attn attn_of(const OpContext& c) {
@@ -535,7 +547,7 @@ Attn attn_of(const OpContext& c) {
   d.hd = a.hd;
   d.group = a.group();
   d.causal = a.causal;
-  at.bias = a.bias;
+  at.shape = a;
   at.rope = a.rope;
   at.theta = a.rope_theta;
   at.p_attr = a.dropout;
@@ -552,8 +564,10 @@ Attn attn_of(const OpContext& c) {
 }
 
 const float* weight(const OpContext& c, int i) { return c.params[static_cast<size_t>(i)].f(); }
+// The biases present (AttentionShape::bias_param: Qwen2 has q, k, v only).
 const float* bias_of(const OpContext& c, const Attn& a, int i) {
-  return a.bias ? c.params[static_cast<size_t>(4 + i)].f() : nullptr;
+  const int k = a.shape.bias_param(i);
+  return k < 0 ? nullptr : c.params[static_cast<size_t>(k)].f();
 }
 
 // Head h = g group + j reads kv head g. For one sample s and one j, the KV heads
@@ -686,7 +700,10 @@ void attention_bwd(Runtime& rt, OpContext& c) {
   const int64_t R = d.b * d.T;
   const float* x = c.in[0].f();
   auto dparam = [&](int i) { return c.dparams[static_cast<size_t>(i)].f(); };
-  auto dbias = [&](int i) { return a.bias ? dparam(4 + i) : nullptr; };
+  auto dbias = [&](int i) {
+    const int k = a.shape.bias_param(i);
+    return k < 0 ? nullptr : dparam(k);
+  };
   Tensor dctx = alloc_temp(c, {d.b, d.T, d.qw()}, "dcontext", true);
   Fp32Buffer dcb(rt, c, dctx, /*load=*/true);
   project_backward(rt, c, c.saved[3].f(), weight(c, 3), c.dout.f(), dcb.data(), dparam(3), dbias(3), R, d.qw(), a.D);

@@ -42,6 +42,8 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::embedding:
     case OpKind::pos_embedding:
     case OpKind::cls_token: return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)
+    case OpKind::rmsnorm:  // scale w + offset starts at 1: HF GemmaRMSNorm (offset 1) initialises w to 0
+      return n.attrs.number("offset") == 1.0 ? Init::zeros : Init::ones;
     default: return suffix == "weight" ? Init::ones : Init::zeros;  // norms: weight 1, bias 0
   }
 }

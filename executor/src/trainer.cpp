@@ -6,6 +6,7 @@
 #include "dlplan/error.hpp"
 #include "dlplan/ledger.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 #include "dlplan/planner.hpp"
 
 #include <fmt/format.h>
@@ -13,6 +14,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 
 namespace dlplan::exec {
 namespace {
@@ -48,6 +51,21 @@ Tensor host_staging(const Shape& shape, DType dtype) {
 
 }  // namespace
 
+std::optional<std::string> gpu_engine_lacks(const Model& m) {
+  for (const Node& n : m.nodes) {
+    if (n.op == OpKind::attention) {
+      const AttentionShape a = attention_shape(m, n);
+      if (a.rope && a.rotary_dim != a.hd)
+        return fmt::format("node '{}' rotates {} of {} head dims (partial rotary)", n.name, a.rotary_dim, a.hd);
+    }
+    if (n.op == OpKind::embedding && n.attrs.number("scale") != 1.0)
+      return fmt::format("node '{}' scales its embedding by {}", n.name, n.attrs.number("scale"));
+    if (n.op == OpKind::rmsnorm && n.attrs.number("offset") != 0.0)
+      return fmt::format("node '{}' is an RMSNorm with offset {} (Gemma's 1 + weight)", n.name, n.attrs.number("offset"));
+  }
+  return std::nullopt;
+}
+
 Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, const TrainOptions& opt,
                  std::unique_ptr<MemoryResource> memory, std::unique_ptr<DeviceOps> ops)
     : plan_(plan),
@@ -68,6 +86,10 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     throw Error(fmt::format("{}: the plan freezes parameters or adds LoRA adapters ({}); the CPU engine (--device cpu) "
                             "trains them in this version, the {} engine does not yet",
                             plan.path, plan.training.fine_tuning.lora_rank > 0 ? "--lora" : "--freeze", ops_->name()));
+  if (!ops_->host())
+    if (auto why = gpu_engine_lacks(plan.model))
+      throw Error(fmt::format("{}: {}; the CPU engine (--device cpu) runs it, the {} engine does not yet", plan.path, *why,
+                              ops_->name()));
   if (ops_->host() != alloc_.memory().host_visible())
     throw Error(fmt::format("the trainer's device operations ({}) and its memory ({}) disagree", ops_->name(),
                             alloc_.memory().host_visible() ? "host" : "device"));

@@ -43,14 +43,14 @@ int64_t rows(const Shape& s) { return s.empty() ? 1 : numel(s) / s.back(); }
 void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, OpDecl& d) {
   const AttentionShape a = attention_shape(m, n);
   const int64_t T = a.T, D = a.D, H = a.H, KV = a.KV, hd = a.hd;
-  const bool bias = a.bias;
   const double p = a.dropout;
 
   d.params = {{"q.weight", D * H * hd, true, {H * hd, D}}, {"k.weight", D * KV * hd, true, {KV * hd, D}},
               {"v.weight", D * KV * hd, true, {KV * hd, D}}, {"o.weight", H * hd * D, true, {D, H * hd}}};
-  if (bias)
-    for (auto [suffix, size] : {std::pair{"q.bias", H * hd}, {"k.bias", KV * hd}, {"v.bias", KV * hd}, {"o.bias", D}})
+  if (a.qkv_bias)
+    for (auto [suffix, size] : {std::pair{"q.bias", H * hd}, {"k.bias", KV * hd}, {"v.bias", KV * hd}})
       d.params.push_back({suffix, size, false, {size}});
+  if (a.out_bias) d.params.push_back({"o.bias", D, false, {D}});
 
   const double proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D;
   const double scores = 2.0 * H * T * T * hd;  // Q K^T, and again for P V
@@ -115,8 +115,11 @@ AttentionShape attention_shape(const Model& m, const Node& n) {
   a.KV = n.attrs.integer("kv_heads");
   a.hd = n.attrs.integer("head_dim");
   a.causal = n.attrs.flag("causal");
-  a.bias = n.attrs.flag("bias");
+  // qkv_bias and out_bias default to bias (all four, or none).
+  a.qkv_bias = n.attrs.has("qkv_bias") ? n.attrs.flag("qkv_bias") : n.attrs.flag("bias");
+  a.out_bias = n.attrs.has("out_bias") ? n.attrs.flag("out_bias") : n.attrs.flag("bias");
   a.rope = n.attrs.flag("rope");
+  a.rotary_dim = !a.rope ? 0 : n.attrs.has("rotary_dim") ? n.attrs.integer("rotary_dim") : n.attrs.integer("head_dim");
   a.dropout = n.attrs.number("dropout");
   a.rope_theta = n.attrs.number("rope_theta");
   check_size(m, n, "the attention scores (heads x T x T)", {a.H, a.T, a.T});

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -36,7 +37,9 @@ const Json kDerived = "(derived)";
 const std::vector<OpSpec>& op_table() {
   using T = AttrType;
   static const std::vector<OpSpec> table = {
-      {OpKind::embedding, "embedding", 1, {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}}},
+      {OpKind::embedding, "embedding", 1,
+       {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}, {"scale", T::number, 1.0},
+        {"padding_idx", T::integer, nullptr, true}}},
       {OpKind::pos_embedding, "pos_embedding", 1, {{"max_len", T::integer, kDerived}}},
       {OpKind::cls_token, "cls_token", 1, {}},
       {OpKind::linear, "linear", 1,
@@ -46,7 +49,7 @@ const std::vector<OpSpec>& op_table() {
         {"padding", T::int_or_pair, 0}, {"groups", T::integer, 1}, {"bias", T::boolean, true}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       {OpKind::layernorm, "layernorm", 1, {{"eps", T::number, 1e-5}, {"bias", T::boolean, true}}},
-      {OpKind::rmsnorm, "rmsnorm", 1, {{"eps", T::number, 1e-6}}},
+      {OpKind::rmsnorm, "rmsnorm", 1, {{"eps", T::number, 1e-6}, {"offset", T::number, 0.0}}},
       {OpKind::gelu, "gelu", 1, {{"approximate", T::text, "none"}}},
       {OpKind::relu, "relu", 1, {}},
       {OpKind::silu, "silu", 1, {}},
@@ -56,8 +59,9 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::mul, "mul", 2, {}},
       {OpKind::attention, "attention", 1,
        {{"heads", T::integer, nullptr}, {"kv_heads", T::integer, kDerived}, {"head_dim", T::integer, kDerived},
-        {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"dropout", T::number, 0.0},
-        {"rope", T::boolean, false}, {"rope_theta", T::number, 10000.0}}},
+        {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"qkv_bias", T::boolean, kDerived},
+        {"out_bias", T::boolean, kDerived}, {"dropout", T::number, 0.0}, {"rope", T::boolean, false},
+        {"rope_theta", T::number, 10000.0}, {"rotary_dim", T::integer, kDerived}}},
       {OpKind::maxpool2d, "maxpool2d", 1,
        {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
       {OpKind::avgpool2d, "avgpool2d", 1,
@@ -222,6 +226,8 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
     }
   for (const char* key : {"eps", "rope_theta"})
     if (n.attrs.has(key) && !(n.attrs.number(key) > 0)) fail("attribute '{}' must be positive", key);
+  if (n.op == OpKind::embedding && !std::isfinite(n.attrs.number("scale"))) fail("attribute 'scale' must be finite");
+  if (n.op == OpKind::rmsnorm && !std::isfinite(n.attrs.number("offset"))) fail("attribute 'offset' must be finite");
 }
 
 TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
@@ -238,6 +244,9 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       if (ids.dtype != DType::i32) fail("input '{}' must be i32 ids, got {}", ids.name, to_string(ids.dtype));
       int64_t num = positive(n, "num", fail), dim = positive(n, "dim", fail);
       check_weight("the weight [num, dim]", {num, dim}, fail);
+      // padding_idx: the row whose lookups give it no gradient (nn.Embedding's).
+      if (n.attrs.has("padding_idx") && (n.attrs.integer("padding_idx") < 0 || n.attrs.integer("padding_idx") >= num))
+        fail("padding_idx {} is outside [0, {})", n.attrs.integer("padding_idx"), num);
       out.shape = ids.shape;
       out.shape.push_back(dim);
       break;
@@ -332,7 +341,15 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       int64_t hd = positive(n, "head_dim", fail);
       check_weight("the q, k, v projections", {d, heads + 2 * kv, hd}, fail);
       if (heads % kv != 0) fail("kv_heads {} must divide heads {}", kv, heads);
-      if (n.attrs.flag("rope") && n.attrs.integer("head_dim") % 2 != 0) fail("rope needs an even head_dim");
+      // rotary_dim: the leading dimensions of each head that RoPE rotates
+      // (Phi's partial_rotary_factor x head_dim); absent, all of them.
+      if (n.attrs.has("rotary_dim")) {
+        if (!n.attrs.flag("rope")) fail("attribute 'rotary_dim' needs rope true");
+        const int64_t rot = positive(n, "rotary_dim", fail);
+        if (rot > hd || rot % 2 != 0) fail("rotary_dim {} must be even and at most head_dim {}", rot, hd);
+      } else if (n.attrs.flag("rope") && hd % 2 != 0) {
+        fail("rope needs an even head_dim");
+      }
       out.shape = x.shape;
       break;
     }

@@ -80,6 +80,9 @@ inline std::vector<OpCase> op_cases() {
                    Json::array({Json{{"name", "op"}, {"op", "embedding"}, {"in", {"ids"}}, {"num", 7}, {"dim", 4}}}));
     c.id_range["ids"] = 7;
     v.push_back(c);
+    c.name = "embedding_scaled";  // Gemma's sqrt(hidden_size) normalizer
+    c.ir["nodes"][0]["scale"] = 2.0;
+    v.push_back(c);
   }
   v.push_back(unary("pos_embedding", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 6}}));
   v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
@@ -126,6 +129,7 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("layernorm", arr({3, 6}), Json{{"op", "layernorm"}}));
   v.push_back(unary("layernorm_nobias", arr({3, 6}), Json{{"op", "layernorm"}, {"bias", false}}));
   v.push_back(unary("rmsnorm", arr({3, 6}), Json{{"op", "rmsnorm"}}));
+  v.push_back(unary("rmsnorm_offset", arr({3, 6}), Json{{"op", "rmsnorm"}, {"offset", 1.0}}));  // Gemma: x rstd (1 + w)
   v.push_back(unary("gelu", arr({3, 4}), Json{{"op", "gelu"}}));
   v.push_back(unary("gelu_tanh", arr({3, 4}), Json{{"op", "gelu"}, {"approximate", "tanh"}}));
   v.push_back(unary("relu", arr({3, 4}), Json{{"op", "relu"}}, Gen::away));
@@ -150,6 +154,19 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(attention_case("attention_rope_gqa",
                              Json{{"heads", 2}, {"kv_heads", 1}, {"rope", true}, {"causal", true}, {"rope_theta", 100.0}}));
   v.push_back(attention_case("attention_dropout", Json{{"heads", 2}, {"causal", true}, {"dropout", 0.2}}));
+  // Qwen2: biases on q, k, v only; Phi: RoPE on the first 2 of 4 head dims, biases everywhere.
+  v.push_back(attention_case("attention_qkv_bias_gqa",
+                             Json{{"heads", 4}, {"kv_heads", 2}, {"bias", false}, {"qkv_bias", true}, {"rope", true}, {"causal", true}}));
+  v.push_back(attention_case("attention_out_bias_only", Json{{"heads", 2}, {"bias", false}, {"out_bias", true}}));
+  v.push_back(attention_case("attention_partial_rotary",
+                             Json{{"heads", 2}, {"rope", true}, {"rotary_dim", 2}, {"causal", true}, {"rope_theta", 50.0}}));
+  {  // LoRA after a q, k, v-only bias: the adapters' parameter indices follow the biases present
+    OpCase c = attention_case("attention_qkv_bias_lora_o",
+                              Json{{"heads", 2}, {"bias", false}, {"qkv_bias", true}, {"causal", true}});
+    c.fine_tuning.lora_rank = 2;
+    c.fine_tuning.lora_targets = {"q", "o"};
+    v.push_back(c);
+  }
   v.push_back(attention_case("flash_attention", Json{{"heads", 2}}, true));
   for (bool flash : {false, true}) {  // LoRA on every projection, with RoPE and GQA
     OpCase c = attention_case(flash ? "flash_attention_lora_qkvo" : "attention_lora_qkvo",
@@ -162,6 +179,10 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(attention_case("flash_attention_causal_gqa_rope",
                              Json{{"heads", 4}, {"kv_heads", 2}, {"rope", true}, {"causal", true}, {"bias", false}}, true));
   v.push_back(attention_case("flash_attention_dropout", Json{{"heads", 2}, {"causal", true}, {"dropout", 0.2}}, true));
+  v.push_back(attention_case("flash_attention_partial_rotary_qkv_bias",
+                             Json{{"heads", 2}, {"bias", false}, {"qkv_bias", true}, {"rope", true}, {"rotary_dim", 2},
+                                  {"causal", true}},
+                             true));
 
   {  // cross_entropy on [K] logits (one label per sample) and on [T, K]
     OpCase c;

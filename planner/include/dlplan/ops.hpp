@@ -112,9 +112,19 @@ bool needs_backward(const GradNeeds& g, const OpDecl& d);
 struct AttentionShape {
   int64_t T = 0, D = 0;             // tokens, model width
   int64_t H = 0, KV = 0, hd = 0;    // query heads, key/value heads, head width
-  bool causal = false, bias = false, rope = false;
+  bool causal = false, rope = false;
+  bool qkv_bias = false, out_bias = false;  // biases on q, k, v (Qwen2: these alone) and on o
+  int64_t rotary_dim = 0;                   // leading dims of each head RoPE rotates (0 without rope)
   double dropout = 0, rope_theta = 10000;
   int64_t group() const { return H / KV; }  // query heads per key/value head (GQA)
+  // Parameters in declaration order: the q, k, v, o weights, then the biases
+  // present (q, k, v if qkv_bias, o if out_bias). The index of projection
+  // p's bias (0 q, 1 k, 2 v, 3 o), or -1 without one; and how many there are.
+  int bias_param(int p) const {
+    if (p < 3) return qkv_bias ? 4 + p : -1;
+    return out_bias ? (qkv_bias ? 7 : 4) : -1;
+  }
+  int own_params() const { return 4 + (qkv_bias ? 3 : 0) + (out_bias ? 1 : 0); }
 };
 AttentionShape attention_shape(const Model& m, const Node& n);
 // Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.

@@ -25,6 +25,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace dlplan::exec {
@@ -57,6 +59,12 @@ struct TrainOptions {
   uint64_t seed = 1;
   std::string data = "synthetic";
 };
+
+// What a plan's model needs that the CUDA kernels do not implement yet (the
+// CPU engine's do): Phi's partial rotary, Gemma's scaled embedding and its
+// RMSNorm with a unit offset. The first found, naming the node; the Trainer
+// refuses such a plan on a GPU engine with it.
+std::optional<std::string> gpu_engine_lacks(const Model& m);
 
 class Trainer {
  public:
