@@ -1,7 +1,7 @@
 // Hugging Face config.json -> IR, through the zoo's family builders, so an
 // imported model and the zoo's own are the same code. Field names and
-// defaults are those of transformers' GPT2Config, LlamaConfig, MistralConfig,
-// BertConfig and ViTConfig. Parameter counts are module parameters only
+// defaults are those of transformers' (4.38) GPT2Config, LlamaConfig,
+// MistralConfig, Qwen2Config, GemmaConfig, PhiConfig, BertConfig and ViTConfig. Parameter counts are module parameters only
 // (rotary inv_freq and BERT's position_ids are buffers, not counted).
 //
 // Mapping decisions (each one is reported in the model's notes when it
@@ -10,8 +10,12 @@
 //     head with classes = len(id2label), else num_labels, else 2 (transformers'
 //     default). Parameters = BertModel (with pooler) + hidden*classes + classes.
 //   - vit: ViTForImageClassification (no pooler), classes as for bert.
-//   - mistral: the llama family; sliding_window attention is ignored (memory
-//     is planned as full causal attention, an upper bound).
+//   - mistral, qwen2: the llama family; sliding_window attention is ignored
+//     (memory is planned as full causal attention, an upper bound). Qwen2 has
+//     biases on q, k and v, not on o.
+//   - gemma: the llama family with a GeGLU MLP, embeddings scaled by
+//     sqrt(hidden_size) and RMSNorm's (1 + w); head_dim is its own field.
+//   - phi: parallel attention and MLP blocks, partial rotary.
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/json_file.hpp"
@@ -22,6 +26,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
@@ -43,12 +48,24 @@ class Fields {
   [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", src_, msg)); }
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool is_null(const char* key) const { return j_.contains(key) && j_[key].is_null(); }
 
   int integer(const char* key) const {
     if (!has(key)) fail(fmt::format("field '{}' is missing (required for model_type '{}')", key, type_));
     return checked_int(key);
   }
   int integer(const char* key, int def) const { return has(key) ? checked_int(key) : def; }
+  // A token id in [0, bound), or -1 when absent or null (pad_token_id). A
+  // negative id counts from the end, as nn.Embedding's padding_idx does
+  // (converted LLaMA configs say -1).
+  int index(const char* key, int bound) const {
+    if (!has(key)) return -1;
+    const Json& v = j_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < -int64_t{bound} || v.get<int64_t>() >= bound)
+      fail(fmt::format("field '{}' must be a token id in [-{}, {}), got {}", key, bound, bound, v.dump()));
+    const auto id = v.get<int64_t>();
+    return static_cast<int>(id < 0 ? id + bound : id);
+  }
   // The number of blocks, bounded before anything is built for each of them.
   int layers(const char* key) const {
     const int n = integer(key);
@@ -118,7 +135,8 @@ std::optional<std::string> detect_type(const Json& j) {
       j["architectures"][0].is_string()) {
     const auto a = j["architectures"][0].get<std::string>();
     const std::pair<const char*, const char*> prefixes[] = {
-        {"GPT2", "gpt2"}, {"Llama", "llama"}, {"Mistral", "mistral"}, {"Bert", "bert"}, {"ViT", "vit"}};
+        {"GPT2", "gpt2"},   {"Llama", "llama"}, {"Mistral", "mistral"}, {"Qwen2", "qwen2"},
+        {"Gemma", "gemma"}, {"Phi", "phi"},     {"Bert", "bert"},       {"ViT", "vit"}};
     for (const auto& [p, t] : prefixes)
       if (a.rfind(p, 0) == 0) return std::string(t);
     return a;
@@ -162,7 +180,8 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
   c.context = f.integer("max_position_embeddings");
   c.rms_eps = f.number("rms_norm_eps", 1e-6);
   c.rope_theta = f.number("rope_theta", 10000.0);
-  c.tie_head = f.flag("tie_word_embeddings", false);
+  // GemmaConfig ties the head by default; the others do not.
+  c.tie_head = f.flag("tie_word_embeddings", type == "gemma");
   if (static_cast<int64_t>(c.heads) * std::max(c.head_dim, 1) > kMaxLayerWidth)
     f.fail(fmt::format("num_attention_heads {} x head_dim {} is more than {}", c.heads, c.head_dim, kMaxLayerWidth));
   if (c.heads % c.kv_heads != 0)
@@ -171,13 +190,70 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
     f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {} (or give head_dim)", c.hidden, c.heads));
   if (f.flag("attention_bias", false)) f.fail("attention_bias true is not supported (dlplan's llama has no projection biases)");
   if (f.flag("mlp_bias", false)) f.fail("mlp_bias true is not supported (dlplan's llama has no MLP biases)");
-  const auto act = f.text("hidden_act", "silu");
-  if (act != "silu") f.fail(fmt::format("hidden_act '{}' is not supported (SwiGLU with silu only)", act));
+  c.qkv_bias = type == "qwen2";
+  // LlamaModel and its relatives: nn.Embedding(vocab, hidden, padding_idx=pad_token_id).
+  c.padding_idx = f.index("pad_token_id", c.vocab);  // Qwen2Attention: q, k, v with bias, o_proj without
+  if (type == "gemma") {
+    // GemmaMLP: the gate's activation is hidden_activation where given
+    // (transformers >= 4.40), else hidden_act. GemmaModel scales the
+    // embeddings by sqrt(hidden_size); GemmaRMSNorm computes x (1 + w).
+    const auto act = f.has("hidden_activation") ? f.text("hidden_activation", "") : f.text("hidden_act", "gelu_pytorch_tanh");
+    if (act == "gelu") c.mlp_act = "gelu";
+    else if (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu_fast") c.mlp_act = "gelu_tanh";
+    else f.fail(fmt::format("hidden_act '{}' is not supported for gemma (GeGLU with gelu or gelu_pytorch_tanh)", act));
+    c.embed_scale = std::sqrt(static_cast<double>(c.hidden));
+    c.norm_offset = 1.0;
+  } else {
+    const auto act = f.text("hidden_act", "silu");
+    if (act != "silu") f.fail(fmt::format("hidden_act '{}' is not supported (SwiGLU with silu only)", act));
+  }
+  if (f.number("attention_dropout", 0.0) != 0.0)
+    notes.push_back(fmt::format("attention_dropout {} ignored (dlplan's {} has no attention-probability dropout)",
+                                f.number("attention_dropout", 0.0), type));
+  if (type == "qwen2" && f.flag("use_sliding_window", false))
+    notes.push_back("use_sliding_window ignored: attention memory and FLOPs are planned as full causal attention (an upper bound)");
   if (type == "mistral" && f.has("sliding_window"))
     notes.push_back(fmt::format("sliding_window {} ignored: attention memory and FLOPs are planned as full causal attention (an upper bound)",
                                 f.integer("sliding_window")));
   if (f.has("rope_scaling")) notes.push_back("rope_scaling ignored (no effect on memory or FLOPs)");
   return zoo::build_llama(c);
+}
+
+zoo::Json phi(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+  zoo::PhiConfig c;
+  c.name = name;
+  c.layers = f.layers("num_hidden_layers");
+  c.hidden = f.integer("hidden_size");
+  c.heads = f.integer("num_attention_heads");
+  c.kv_heads = f.integer("num_key_value_heads", c.heads);
+  c.intermediate = f.integer("intermediate_size");
+  c.vocab = f.integer("vocab_size");
+  c.context = f.integer("max_position_embeddings");
+  c.partial_rotary = f.number("partial_rotary_factor", 0.5);
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  c.ln_eps = f.number("layer_norm_eps", 1e-5);
+  c.dropout = f.number("resid_pdrop", 0.0);
+  c.attn_dropout = f.number("attention_dropout", 0.0);
+  c.tie_head = f.flag("tie_word_embeddings", false);
+  if (f.number("embd_pdrop", 0.0) != c.dropout)
+    notes.push_back(fmt::format("embd_pdrop {} planned as resid_pdrop {}", f.number("embd_pdrop", 0.0), c.dropout));
+  if (f.flag("qk_layernorm", false)) f.fail("qk_layernorm true is not supported (dlplan's attention has no q/k LayerNorm)");
+  const auto act = f.text("hidden_act", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
+    notes.push_back(fmt::format("hidden_act '{}' planned as GELU (tanh); cost is the same", act));
+  if (f.has("rope_scaling")) notes.push_back("rope_scaling ignored (no effect on memory or FLOPs)");
+  if (c.hidden % c.heads != 0)
+    f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {}", c.hidden, c.heads));
+  if (c.heads % c.kv_heads != 0)
+    f.fail(fmt::format("num_attention_heads {} must divide by num_key_value_heads {}", c.heads, c.kv_heads));
+  // HF: rotary dims = int(partial_rotary_factor x head_dim); the factor is
+  // checked first, so that the conversion cannot overflow.
+  const bool in_range = c.partial_rotary > 0 && c.partial_rotary <= 1;
+  const int rot = in_range ? static_cast<int>(c.partial_rotary * (c.hidden / c.heads)) : 0;
+  if (!in_range || rot < 2 || rot % 2 != 0)
+    f.fail(fmt::format("partial_rotary_factor {} x head_dim {} must give an even number of rotary dims, at least 2",
+                       c.partial_rotary, c.hidden / c.heads));
+  return zoo::build_phi(c);
 }
 
 zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
@@ -192,6 +268,9 @@ zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string
   c.type_vocab = f.integer("type_vocab_size", 2);
   c.context = c.max_positions;
   c.ln_eps = f.number("layer_norm_eps", 1e-12);
+  // BertEmbeddings: nn.Embedding(vocab, hidden, padding_idx=pad_token_id),
+  // BertConfig's default 0; null means none.
+  c.padding_idx = f.has("pad_token_id") ? f.index("pad_token_id", c.vocab) : f.is_null("pad_token_id") ? -1 : 0;
   c.dropout = f.number("hidden_dropout_prob", 0.1);
   const double attn = f.number("attention_probs_dropout_prob", 0.1);
   if (attn != c.dropout)
@@ -237,7 +316,9 @@ zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>
 
 }  // namespace
 
-std::vector<std::string> hf_supported_model_types() { return {"gpt2", "llama", "mistral", "bert", "vit"}; }
+std::vector<std::string> hf_supported_model_types() {
+  return {"gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "bert", "vit"};
+}
 
 bool is_hf_config(const nlohmann::json& doc) {
   return doc.is_object() && (doc.contains("model_type") || doc.contains("architectures")) && !doc.contains("nodes");
@@ -258,7 +339,8 @@ nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::strin
   zoo::Json ir;
   try {
     if (*type == "gpt2") ir = gpt2(f, name, notes);
-    else if (*type == "llama" || *type == "mistral") ir = llama(f, name, *type, notes);
+    else if (*type == "llama" || *type == "mistral" || *type == "qwen2" || *type == "gemma") ir = llama(f, name, *type, notes);
+    else if (*type == "phi") ir = phi(f, name, notes);
     else if (*type == "bert") ir = bert(f, name, notes);
     else ir = vit(f, name, notes);
   } catch (const std::invalid_argument& e) {  // a zoo builder's own check

@@ -14,8 +14,9 @@ using detail::IrBuilder;
 
 std::string bert_embeddings(IrBuilder& b, const BertConfig& c) {
   const Json ln{{"eps", c.ln_eps}};
-  const auto words = b.add("embeddings.word_embeddings", "embedding", {"tokens"},
-                           Json{{"num", c.vocab}, {"dim", c.hidden}});
+  Json word{{"num", c.vocab}, {"dim", c.hidden}};
+  if (c.padding_idx >= 0) word["padding_idx"] = c.padding_idx;
+  const auto words = b.add("embeddings.word_embeddings", "embedding", {"tokens"}, word);
   const auto types = b.add("embeddings.token_type_embeddings", "embedding", {"token_types"},
                            Json{{"num", c.type_vocab}, {"dim", c.hidden}});
   auto x = b.add("embeddings.add", "add", {words, types});

@@ -17,6 +17,7 @@ Json attention_attrs(const LlamaConfig& c) {
   if (c.head_dim > 0 && c.head_dim * c.heads != c.hidden) a["head_dim"] = c.head_dim;
   a["causal"] = true;
   a["bias"] = false;
+  if (c.qkv_bias) a["qkv_bias"] = true;
   a["rope"] = true;
   a["rope_theta"] = c.rope_theta;
   return a;
@@ -25,7 +26,8 @@ Json attention_attrs(const LlamaConfig& c) {
 std::string llama_block(IrBuilder& b, const LlamaConfig& c, int i, const std::string& x) {
   const std::string p = "layers." + std::to_string(i);
   b.unit(p);
-  const Json norm{{"eps", c.rms_eps}};
+  Json norm{{"eps", c.rms_eps}};
+  if (c.norm_offset != 0.0) norm["offset"] = c.norm_offset;
   const Json up{{"out", c.intermediate}, {"bias", false}};
 
   auto h = b.add(p + ".input_layernorm", "rmsnorm", {x}, norm);
@@ -34,7 +36,9 @@ std::string llama_block(IrBuilder& b, const LlamaConfig& c, int i, const std::st
   h = b.add(p + ".post_attention_layernorm", "rmsnorm", {mid}, norm);
   const auto gate = b.add(p + ".mlp.gate_proj", "linear", {h}, up);
   const auto upv = b.add(p + ".mlp.up_proj", "linear", {h}, up);
-  const auto act = b.add(p + ".mlp.act_fn", "silu", {gate});
+  const auto act = c.mlp_act == "silu"   ? b.add(p + ".mlp.act_fn", "silu", {gate})
+                   : c.mlp_act == "gelu" ? b.add(p + ".mlp.act_fn", "gelu", {gate})
+                                         : b.add(p + ".mlp.act_fn", "gelu", {gate}, Json{{"approximate", "tanh"}});
   h = b.add(p + ".mlp.mul", "mul", {act, upv});
   h = b.add(p + ".mlp.down_proj", "linear", {h}, Json{{"out", c.hidden}, {"bias", false}});
   return b.add(p + ".add_2", "add", {mid, h});
@@ -50,14 +54,21 @@ Json build_llama(const LlamaConfig& c) {
                   "llama: hidden must divide by heads unless head_dim is given");
   detail::require(c.kv_heads == 0 || c.heads % c.kv_heads == 0,
                   "llama: heads must divide by kv_heads");
+  detail::require(c.mlp_act == "silu" || c.mlp_act == "gelu" || c.mlp_act == "gelu_tanh",
+                  "llama: mlp_act must be silu, gelu or gelu_tanh");
   IrBuilder b(c.name);
   b.input("tokens", {c.context}, "i32");
   b.input("targets", {c.context}, "i32");
 
-  auto x = b.add("embed_tokens", "embedding", {"tokens"}, Json{{"num", c.vocab}, {"dim", c.hidden}});
+  Json embed{{"num", c.vocab}, {"dim", c.hidden}};
+  if (c.embed_scale != 1.0) embed["scale"] = c.embed_scale;
+  if (c.padding_idx >= 0) embed["padding_idx"] = c.padding_idx;
+  auto x = b.add("embed_tokens", "embedding", {"tokens"}, embed);
   for (int i = 0; i < c.layers; ++i) x = llama_block(b, c, i, x);
   b.unit("");
-  x = b.add("norm", "rmsnorm", {x}, Json{{"eps", c.rms_eps}});
+  Json final_norm{{"eps", c.rms_eps}};
+  if (c.norm_offset != 0.0) final_norm["offset"] = c.norm_offset;
+  x = b.add("norm", "rmsnorm", {x}, final_norm);
   Json head{{"out", c.vocab}, {"bias", false}};
   if (c.tie_head) head["tie"] = "embed_tokens";
   x = b.add("lm_head", "linear", {x}, head);

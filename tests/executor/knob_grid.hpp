@@ -164,11 +164,13 @@ inline std::vector<Config> full_grid() {
 
 // The plan of a configuration for `world` ranks on the cpu device (whose
 // allocations are rounded to `granularity` bytes when it is not 0); with
-// fused_loss, the model's cross_entropy is the fused one (keeps logits + lse).
-inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0, bool fused_loss = false) {
+// fused_loss, the model's cross_entropy is the fused one (keeps logits + lse);
+// a `model` file or zoo name replaces the model factor's level.
+inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0, bool fused_loss = false,
+                            const std::string& model = "") {
   const auto& L = levels();
   PlanRequest req;
-  req.model = load_model(L[kModel][k[kModel]]);
+  req.model = load_model(model.empty() ? L[kModel][k[kModel]] : model);
   if (fused_loss)
     for (Node& n : req.model.nodes)
       if (n.op == OpKind::cross_entropy) n.attrs.values["fused"] = true;
@@ -195,7 +197,7 @@ inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0,
   req.forced = strategy;
   req.syncbn = k[kSyncBn] ? SyncBnMode::on : SyncBnMode::off;
   Planning p = plan(req);
-  return plan_from_json(plan_json(p, *p.chosen()), describe(k));
+  return plan_from_json(plan_json(p, *p.chosen()), model.empty() ? describe(k) : model + ": " + describe(k));
 }
 
 // What one configuration measured against what its plan predicted.
@@ -233,8 +235,8 @@ class RoundingHostMemory final : public MemoryResource {
 };
 
 inline Outcome run_config(const Config& k, Communicator& comm, Backend& backend, int steps = 3,
-                          int64_t granularity = 0, bool fused_loss = false) {
-  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss);
+                          int64_t granularity = 0, bool fused_loss = false, const std::string& model = "") {
+  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss, model);
   TrainOptions opt;
   opt.steps = steps;
   Trainer t(plan, comm, backend, opt,

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
 #include <string>
 
 using namespace dlplan;
@@ -162,7 +164,111 @@ TEST(ImportHf, UnknownModelTypeListsSupported) {
   auto msg = error_of(hf("unknown-type.json"));
   EXPECT_NE(msg.find("unknown-type.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("model_type 't5' is not supported"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("gpt2, llama, mistral, bert, vit"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpt2, llama, mistral, qwen2, gemma, phi, bert, vit"), std::string::npos) << msg;
+}
+
+// ---- Qwen2, Gemma, Phi: counts from transformers itself -------------------------
+
+// tests/fixtures/make_hf_fixtures.py wrote each config with transformers 4.38.2
+// and the parameter count of AutoModelForCausalLM.from_config beside it; the
+// published totals agree (Qwen2-0.5B 494,032,768; Qwen2-7B 7,615,616,512;
+// gemma-2b 2,506,172,416; gemma-7b 8,537,680,896; phi-2 2,779,683,840;
+// phi-1_5 1,418,270,720).
+TEST(ImportHf, QwenGemmaPhiCountsEqualTransformers) {
+  const auto counts = nlohmann::json::parse(std::ifstream(hf("transformers_counts.json")));
+  ASSERT_EQ(counts["transformers"], "4.38.2");
+  int checked = 0;
+  for (const auto& [name, c] : counts["models"].items()) {
+    Model m = load_model(hf(name + ".json"));
+    EXPECT_EQ(m.parameter_count(), c["params"].get<int64_t>()) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 9);
+}
+
+namespace {
+const ParamInfo* param_named(const Model& m, const std::string& name) {
+  for (const auto& p : m.params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+}  // namespace
+
+TEST(ImportHf, Qwen2HasBiasesOnQkvButNotO) {
+  Model m = load_model(hf("qwen2-7b.json"));
+  for (const char* p : {"layers.0.self_attn.q.bias", "layers.0.self_attn.k.bias", "layers.0.self_attn.v.bias"})
+    EXPECT_NE(param_named(m, p), nullptr) << p;
+  EXPECT_EQ(param_named(m, "layers.0.self_attn.o.bias"), nullptr);
+  const Node* a = find_op(m, OpKind::attention);
+  EXPECT_EQ(a->attrs.integer("kv_heads"), 4);
+  EXPECT_DOUBLE_EQ(a->attrs.number("rope_theta"), 1e6);
+  // Control: as a llama, the same config has 28 x (3584 + 2 x 512) fewer parameters.
+  auto j = nlohmann::json::parse(std::ifstream(hf("qwen2-7b.json")));
+  j["model_type"] = "llama";
+  Model l = parse_model(nlohmann::json(hf_config_to_ir(j, "as-llama.json")), "as-llama.json");
+  EXPECT_EQ(m.parameter_count() - l.parameter_count(), 28 * (3584 + 2 * 512));
+}
+
+TEST(ImportHf, GemmaScalesEmbeddingsOffsetsNormsAndTiesTheHead) {
+  Model m = load_model(hf("gemma-7b.json"));
+  const Node* e = find_op(m, OpKind::embedding);
+  EXPECT_DOUBLE_EQ(e->attrs.number("scale"), std::sqrt(3072.0));
+  EXPECT_DOUBLE_EQ(find_op(m, OpKind::rmsnorm)->attrs.number("offset"), 1.0);
+  const Node* a = find_op(m, OpKind::attention);
+  EXPECT_EQ(a->attrs.integer("head_dim"), 256);  // 16 x 256 = 4096, not hidden_size 3072
+  EXPECT_EQ(m.nodes[static_cast<size_t>(m.node_index("lm_head"))].attrs.text("tie"), "embed_tokens");
+  // gemma-2b's config says hidden_act "gelu": exact GELU, as transformers 4.38 computes it.
+  Model small = load_model(hf("gemma-2b.json"));
+  EXPECT_EQ(find_op(small, OpKind::gelu)->attrs.text("approximate"), "none");
+  EXPECT_EQ(find_op(load_model(hf("tiny-gemma.json")), OpKind::gelu)->attrs.text("approximate"), "tanh");
+}
+
+TEST(ImportHf, PhiIsParallelWithPartialRotary) {
+  Model m = load_model(hf("phi-2.json"));
+  const Node* a = find_op(m, OpKind::attention);
+  EXPECT_EQ(a->attrs.integer("rotary_dim"), 32);  // int(0.4 x 80)
+  EXPECT_NE(param_named(m, "lm_head.bias"), nullptr);
+  EXPECT_NE(param_named(m, "layers.0.self_attn.o.bias"), nullptr);
+  // Attention and MLP both read the block's one LayerNorm.
+  const Node& fc1 = m.nodes[static_cast<size_t>(m.node_index("layers.0.mlp.fc1"))];
+  EXPECT_EQ(m.tensor(fc1.inputs[0]).name, "layers.0.input_layernorm");
+  EXPECT_EQ(m.tensor(a->inputs[0]).name, "layers.0.input_layernorm");
+  EXPECT_EQ(m.node_index("layers.0.post_attention_layernorm"), -1);
+}
+
+// nn.Embedding(..., padding_idx=pad_token_id) in LlamaModel, Qwen2Model,
+// GemmaModel and BertEmbeddings (BertConfig's default 0); PhiModel has none.
+TEST(ImportHf, PadTokenIsThePaddingRow) {
+  auto pad = [](const Model& m) {
+    const Node* e = find_op(m, OpKind::embedding);
+    return e->attrs.has("padding_idx") ? e->attrs.integer("padding_idx") : -1;
+  };
+  EXPECT_EQ(pad(load_model(hf("gemma-2b.json"))), 0);
+  EXPECT_EQ(pad(load_model(hf("qwen2-7b.json"))), -1);  // pad_token_id null
+  EXPECT_EQ(pad(load_model(hf("phi-2.json"))), -1);
+  EXPECT_EQ(pad(load_model(hf("bert-base-uncased.json"))), 0);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(hf("tiny-qwen2.json")));
+  j["pad_token_id"] = -1;  // converted LLaMA configs: the last row, as nn.Embedding counts
+  EXPECT_EQ(pad(parse_model(nlohmann::json(hf_config_to_ir(j, "p.json")), "p.json")), 255);
+  j["pad_token_id"] = 256;
+  EXPECT_THROW(hf_config_to_ir(j, "p.json"), Error);
+}
+
+TEST(ImportHf, FamilyFieldsDlplanCannotPlanAreRefused) {
+  auto j = nlohmann::json::parse(std::ifstream(hf("tiny-phi.json")));
+  j["qk_layernorm"] = true;
+  EXPECT_THROW(hf_config_to_ir(j, "qk.json"), Error);
+  j["qk_layernorm"] = false;
+  j["partial_rotary_factor"] = 0.1;  // 0.1 x 16 = 1 dim: not a rotation
+  try {
+    hf_config_to_ir(j, "rot.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rot.json: partial_rotary_factor"), std::string::npos) << e.what();
+  }
+  auto g = nlohmann::json::parse(std::ifstream(hf("tiny-gemma.json")));
+  g["hidden_act"] = "relu";
+  EXPECT_THROW(hf_config_to_ir(g, "relu.json"), Error);
 }
 
 TEST(ImportHf, WrongTypeIsAClearError) {

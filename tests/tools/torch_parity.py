@@ -45,8 +45,16 @@ CASES = {
     "tiny-gpt-flash": ("models/tiny-gpt.json", 4, ["--attention", "flash"]),
     "tiny-llama": ("tests/fixtures/tiny-llama.json", 4, []),
     "tiny-ops": ("tests/fixtures/tiny-ops.json", 6, []),
+    # Hugging Face configs (tests/fixtures/make_hf_fixtures.py): Qwen2's q, k, v
+    # biases, Gemma's scaled embedding, 1 + w RMSNorm and GeGLU, Phi's parallel
+    # blocks and partial rotary.
+    "tiny-qwen2": ("tests/fixtures/hf/tiny-qwen2.json", 2, []),
+    "tiny-gemma": ("tests/fixtures/hf/tiny-gemma.json", 2, []),
+    "tiny-phi": ("tests/fixtures/hf/tiny-phi.json", 2, []),
+    "tiny-phi-flash": ("tests/fixtures/hf/tiny-phi.json", 2, ["--attention", "flash"]),
 }
-DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops"]
+DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-qwen2",
+           "tiny-gemma", "tiny-phi", "tiny-phi-flash"]
 
 
 def read_f32(path):
@@ -137,7 +145,7 @@ def run_case(name, args, ir_torch):
             print(f"{name}: dump_step failed (rc {r.returncode}):\n{r.stdout}")
             return False, None
     lr = json.load(open(os.path.join(d, "step.json")))["lr"]
-    ir = json.load(open(model_path))
+    ir = json.load(open(os.path.join(d, "model.json")))  # the IR as planned: an imported config's too
     before = read_f32(os.path.join(d, "params_before.f32")).double()
     after = read_f32(os.path.join(d, "params_after.f32")).double()
     g_d = (before - after) / lr

@@ -32,6 +32,8 @@ struct GptConfig {
 Json build_gpt(const GptConfig& c);
 
 // Llama style decoder: RMSNorm, rotary positions, SwiGLU MLP, no biases, GQA.
+// Its relatives differ in a few knobs: Qwen2 has biases on q, k and v;
+// Gemma a GeGLU MLP, embeddings scaled by sqrt(hidden) and RMSNorm's 1 + w.
 struct LlamaConfig {
   std::string name = "llama";
   int layers = 32;
@@ -45,8 +47,35 @@ struct LlamaConfig {
   double rms_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_head = false;
+  bool qkv_bias = false;            // Qwen2: biases on q, k, v (not o)
+  std::string mlp_act = "silu";     // the gate's activation: silu, gelu or gelu_tanh (Gemma)
+  double embed_scale = 1.0;         // Gemma: sqrt(hidden)
+  double norm_offset = 0.0;         // Gemma: RMSNorm scales by 1 + w
+  int padding_idx = -1;             // HF's pad_token_id: its embedding row gets no gradient (-1: none)
 };
 Json build_llama(const LlamaConfig& c);
+
+// Phi as Hugging Face's PhiForCausalLM ("microsoft/phi-2"): one LayerNorm per
+// block feeding attention and MLP side by side (their outputs are added to
+// the residual together), partial rotary, biases everywhere, GELU(tanh) MLP,
+// lm_head with a bias.
+struct PhiConfig {
+  std::string name = "phi";
+  int layers = 32;
+  int hidden = 2560;
+  int heads = 32;
+  int kv_heads = 0;              // 0: heads
+  int intermediate = 10240;
+  int vocab = 51200;
+  int context = 2048;
+  double partial_rotary = 0.4;   // rotary_dim = partial_rotary x head_dim
+  double rope_theta = 10000.0;
+  double ln_eps = 1e-5;
+  double dropout = 0.0;          // resid_pdrop (embd_pdrop planned alike)
+  double attn_dropout = 0.0;     // attention_dropout, on the probabilities
+  bool tie_head = false;
+};
+Json build_phi(const PhiConfig& c);
 
 // BERT encoder (post-LN) with token types and pooler, plus a classifier head.
 struct BertConfig {
@@ -62,6 +91,7 @@ struct BertConfig {
   int classes = 2;         // classifier head on the pooled output; must be > 0 (the loss needs logits)
   double dropout = 0.1;
   double ln_eps = 1e-12;
+  int padding_idx = -1;    // HF's pad_token_id: its word-embedding row gets no gradient (-1: none)
 };
 Json build_bert(const BertConfig& c);
 
