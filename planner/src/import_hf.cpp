@@ -233,10 +233,9 @@ zoo::Json phi(const Fields& f, const std::string& name, std::vector<std::string>
   c.rope_theta = f.number("rope_theta", 10000.0);
   c.ln_eps = f.number("layer_norm_eps", 1e-5);
   c.dropout = f.number("resid_pdrop", 0.0);
+  c.embd_dropout = f.number("embd_pdrop", 0.0);
   c.attn_dropout = f.number("attention_dropout", 0.0);
   c.tie_head = f.flag("tie_word_embeddings", false);
-  if (f.number("embd_pdrop", 0.0) != c.dropout)
-    notes.push_back(fmt::format("embd_pdrop {} planned as resid_pdrop {}", f.number("embd_pdrop", 0.0), c.dropout));
   if (f.flag("qk_layernorm", false)) f.fail("qk_layernorm true is not supported (dlplan's attention has no q/k LayerNorm)");
   const auto act = f.text("hidden_act", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")

@@ -51,7 +51,7 @@ Json build_phi(const PhiConfig& c) {
   b.input("targets", {c.context}, "i32");
 
   auto x = b.add("embed_tokens", "embedding", {"tokens"}, Json{{"num", c.vocab}, {"dim", c.hidden}});
-  x = b.dropout("embed_dropout", x, c.dropout);
+  x = b.dropout("embed_dropout", x, c.embd_dropout);
   for (int i = 0; i < c.layers; ++i) x = phi_block(b, c, i, x);
   b.unit("");
   x = b.add("final_layernorm", "layernorm", {x}, Json{{"eps", c.ln_eps}});

@@ -2,6 +2,7 @@
 // (models/README.md lists the same with parameter counts).
 #include "dlplan/zoo.hpp"
 
+#include <cmath>
 #include <functional>
 #include <utility>
 
@@ -98,6 +99,57 @@ Json tiny_gpt() {
   return build_gpt(c);
 }
 
+// Qwen2-7B (Qwen/Qwen2-7B): 28 layers, hidden 3584, 28 heads with 4
+// key/value heads, biases on q, k, v; SwiGLU 18944, vocab 152064, rope_theta
+// 1e6, untied head. Sequence length 4096 (its config allows 131072).
+Json qwen2_7b() {
+  LlamaConfig c;
+  c.name = "qwen2-7b";
+  c.layers = 28;
+  c.hidden = 3584;
+  c.heads = 28;
+  c.kv_heads = 4;
+  c.intermediate = 18944;
+  c.vocab = 152064;
+  c.rms_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.qkv_bias = true;
+  return build_llama(c);
+}
+
+// gemma-7b (google/gemma-7b): 28 layers, hidden 3072, 16 heads of 256
+// (4096 wide), GeGLU 24576 (hidden_act gelu), vocab 256000, embeddings
+// scaled by sqrt(3072), RMSNorm x (1 + w), tied head, pad token 0; sequence
+// length 8192.
+Json gemma_7b() {
+  LlamaConfig c;
+  c.name = "gemma-7b";
+  c.layers = 28;
+  c.hidden = 3072;
+  c.heads = 16;
+  c.head_dim = 256;
+  c.intermediate = 24576;
+  c.vocab = 256000;
+  c.context = 8192;
+  c.rms_eps = 1e-6;
+  c.tie_head = true;
+  c.mlp_act = "gelu";
+  c.embed_scale = std::sqrt(3072.0);
+  c.norm_offset = 1.0;
+  c.padding_idx = 0;
+  return build_llama(c);
+}
+
+// phi-2 (microsoft/phi-2): 32 parallel blocks, hidden 2560, 32 heads,
+// partial rotary 0.4 (32 of 80 dims), GELU(tanh) MLP 10240, vocab 51200,
+// resid_pdrop 0.1, lm_head with a bias; sequence length 2048.
+Json phi_2() {
+  PhiConfig c;
+  c.name = "phi-2";
+  c.dropout = 0.1;
+  return build_phi(c);
+}
+
 const std::vector<Model>& models() {
   static const std::vector<Model> all = {
       {{"vit-b16", "vit", "torchvision.models.vit_b_16 (patch 16, 12 layers, hidden 768, 12 heads, mlp 3072)"},
@@ -116,6 +168,12 @@ const std::vector<Model>& models() {
        llama2_7b},
       {{"llama2-70b", "llama", "Hugging Face meta-llama/Llama-2-70b-hf (LlamaForCausalLM: 80 layers, hidden 8192, 64 heads, 8 key/value heads, intermediate 28672, vocab 32000)"},
        llama2_70b},
+      {{"qwen2-7b", "llama", "Hugging Face Qwen/Qwen2-7B (Qwen2ForCausalLM: 28 layers, hidden 3584, 28 heads, 4 key/value heads, q/k/v biases, intermediate 18944, vocab 152064)"},
+       qwen2_7b},
+      {{"gemma-7b", "llama", "Hugging Face google/gemma-7b (GemmaForCausalLM: 28 layers, hidden 3072, 16 heads of 256, GeGLU 24576, vocab 256000, tied)"},
+       gemma_7b},
+      {{"phi-2", "phi", "Hugging Face microsoft/phi-2 (PhiForCausalLM: 32 parallel blocks, hidden 2560, 32 heads, partial rotary 0.4, intermediate 10240, vocab 51200)"},
+       phi_2},
       {{"tiny-mlp", "mlp", "dlplan test model: 64 -> 128 -> 128 -> 10"}, tiny_mlp},
       {{"tiny-cnn", "cnn", "dlplan test model: 3x16x16, conv widths 16, 32, 10 classes"}, tiny_cnn},
       {{"tiny-vit", "vit", "dlplan test model: vit_b_16 layout at 16x16, patch 4, 2 layers, hidden 64, 4 heads"},

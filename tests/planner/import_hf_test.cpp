@@ -154,6 +154,23 @@ TEST(ImportHf, ConformsToTheZooGpt2) {
   EXPECT_NE(jc, jb);
 }
 
+// The zoo's phi-2 and gemma-7b are the imported configs (qwen2-7b too, but
+// for its default sequence length: 4096 in the zoo, 131072 in the config).
+TEST(ImportHf, ConformsToTheZooPhiGemmaQwen2) {
+  for (const char* name : {"phi-2", "gemma-7b", "qwen2-7b"}) {
+    PlanRequest a, b;
+    a.model = with_seq_len(load_model(hf(std::string(name) + ".json")), 1024);
+    b.model = with_seq_len(load_model(name), 1024);
+    for (auto* r : {&a, &b}) {
+      r->cluster.device = find_device("h100-80g");
+      r->cluster.gpus_per_node = 8;
+    }
+    auto ja = planning_json(plan(a)), jb = planning_json(plan(b));
+    ja["model"]["name"] = jb["model"]["name"];
+    EXPECT_EQ(ja, jb) << name;
+  }
+}
+
 TEST(ImportHf, MissingFieldNamesFileAndField) {
   auto msg = error_of(hf("llama-missing-field.json"));
   EXPECT_NE(msg.find("llama-missing-field.json"), std::string::npos) << msg;

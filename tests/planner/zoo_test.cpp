@@ -33,7 +33,10 @@ INSTANTIATE_TEST_SUITE_P(Published, ZooCount,
                                            // HF BertModel with pooler 109,482,240 + a 768x2+2 classifier
                                            Published{"bert-base", 109'482'240 + 768 * 2 + 2},
                                            Published{"llama2-7b", 6'738'415'616},   // HF Llama-2-7b modules
-                                           Published{"llama2-70b", 68'976'648'192}),  // HF Llama-2-70b modules
+                                           Published{"llama2-70b", 68'976'648'192},  // HF Llama-2-70b modules
+                                           // transformers 4.38.2 (tests/fixtures/hf/transformers_counts.json)
+                                           Published{"qwen2-7b", 7'615'616'512}, Published{"gemma-7b", 8'537'680'896},
+                                           Published{"phi-2", 2'779'683'840}),
                          [](const auto& info) {
                            std::string s = info.param.name;
                            for (auto& c : s)

@@ -71,7 +71,8 @@ struct PhiConfig {
   double partial_rotary = 0.4;   // rotary_dim = partial_rotary x head_dim
   double rope_theta = 10000.0;
   double ln_eps = 1e-5;
-  double dropout = 0.0;          // resid_pdrop (embd_pdrop planned alike)
+  double dropout = 0.0;          // resid_pdrop, after attention and after the MLP
+  double embd_dropout = 0.0;     // embd_pdrop, after the embedding
   double attn_dropout = 0.0;     // attention_dropout, on the probabilities
   bool tie_head = false;
 };
