@@ -135,6 +135,23 @@ double time_host_optimizer(Communicator& comm) {
 
 }  // namespace
 
+AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ranks) {
+  // Weighted normal equations for t = a + b x with w = 1 / t^2.
+  double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0;
+  for (const auto& p : samples) {
+    if (!(p.seconds > 0)) continue;
+    const double x = 2.0 * (ranks - 1) / ranks * p.bytes, y = p.seconds, w = 1.0 / (y * y);
+    sw += w, swx += w * x, swy += w * y, swxx += w * x * x, swxy += w * x * y;
+  }
+  AllReduceFit fit;
+  const double det = sw * swxx - swx * swx;
+  const double b = det > 0 ? (sw * swxy - swx * swy) / det : 0.0;
+  fit.bus_bytes_per_s = b > 0 ? 1.0 / b : 1e12;
+  const double slope = b > 0 ? b : 0.0;
+  fit.latency_s = sw > 0 ? std::max(0.0, (swy - slope * swx) / sw) : 0.0;
+  return fit;
+}
+
 Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, int64_t micro_batch) {
   Calibration cal;
   // GEMM shapes: the model's linears (rows = micro-batch x tokens), or a default ladder.
@@ -161,8 +178,6 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   // All-reduce ladder, fitted to t = a + x / B with x = 2(n-1)/n * S.
   const int n = comm.size();
   if (n > 1) {
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    int count = 0;
     for (int64_t elems = 1; elems <= (int64_t{1} << 22); elems *= 4) {
       std::vector<float> buf(static_cast<size_t>(elems), 1.0f);
       comm.all_reduce(buf.data(), elems)->wait();  // warm up
@@ -175,12 +190,10 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       }
       const double S = 4.0 * static_cast<double>(elems), secs = slowest(comm, median(t));
       cal.all_reduce.push_back({S, secs});
-      const double x = 2.0 * (n - 1) / n * S;
-      sx += x, sy += secs, sxx += x * x, sxy += x * secs, ++count;
     }
-    const double slope = (count * sxy - sx * sy) / (count * sxx - sx * sx);
-    cal.latency_s = std::max(0.0, (sy - slope * sx) / count);
-    cal.bus_bytes_per_s = slope > 0 ? 1.0 / slope : 1e12;
+    const AllReduceFit fit = fit_all_reduce(cal.all_reduce, n);
+    cal.latency_s = fit.latency_s;
+    cal.bus_bytes_per_s = fit.bus_bytes_per_s;
   }
 
   DeviceSpec d = host_cpu_device();

@@ -6,7 +6,7 @@
 //   - memory bandwidth: a large copy; per-op overhead: a tiny op, many times;
 //   - the optimizer step on the host (CPU offload's), every rank at once;
 //   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
-//     2(n-1)/n * S / bandwidth (least squares; nccl-tests' busbw convention).
+//     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce).
 // Backend-neutral: the CUDA backend plugs into the same measurements.
 #pragma once
 
@@ -37,6 +37,19 @@ struct Calibration {
   double host_optimizer_bytes_per_s = 0;  // CPU offload's optimizer step, all ranks of the node at once
   double latency_s = 0, bus_bytes_per_s = 0;  // the all-reduce fit
 };
+
+// The all-reduce fit t = latency + x / bandwidth, x = 2(n-1)/n S, by least
+// squares on the relative residual (weights 1/t^2). The sizes grow 4x a step
+// from 4 B to 16 MiB: an unweighted fit is ruled by the largest sizes, where a
+// few percent of noise is hundreds of microseconds, and its intercept (the
+// latency, a few microseconds) comes out anywhere, often below zero — what
+// made calibrate print "latency 0.0 us" over 6.5 us measurements. Relative
+// weights give each size the same say. Latency is at least 0; a bandwidth
+// that does not come out positive is 1e12 B/s (latency-bound throughout).
+struct AllReduceFit {
+  double latency_s = 0, bus_bytes_per_s = 0;
+};
+AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ranks);
 
 // `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
 // [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
