@@ -14,6 +14,9 @@ stderr):
       --steps 10 --device cuda --peak-flops 989e12
   torch_compare.py --plan plan.json --peak-flops 989e12      (model, batch, precision,
                                                                checkpointing from the plan)
+  torch_compare.py --model models/tiny-gpt.json --device cpu --ranks 2 --threads 1
+                                                              (CPU DDP over gloo: 2 processes,
+                                                               1 thread each; tokens/s of all)
 
 peak_bytes: torch.cuda.max_memory_allocated() over the steps after the first
 (the peak statistics are reset after step 1, as dlplan's executor restarts its
@@ -85,7 +88,45 @@ def main():
     ap.add_argument("--clip-norm", type=float, default=1.0, help="global-norm clipping; 0 disables")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-sdpa", action="store_true", help="math attention even where SDPA exists")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="CPU data parallelism: this many processes under DistributedDataParallel over gloo")
+    ap.add_argument("--threads", type=int, help="torch threads per process (default: torch's own)")
     args = ap.parse_args()
+    if args.ranks < 1:
+        ap.error("--ranks must be positive")
+    if args.ranks > 1:
+        if args.device not in (None, "cpu"):
+            ap.error("--ranks runs CPU processes (gloo); give --device cpu")
+        import socket
+        import torch.multiprocessing as mp
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        mp.spawn(run, args=(args, _Usage(ap.prog)), nprocs=args.ranks, join=True)
+        return 0
+    return run(0, args, ap)
+
+
+class _Usage:
+    """ArgumentParser.error for the spawned ranks (a parser does not pickle)."""
+
+    def __init__(self, prog):
+        self.prog = prog
+
+    def error(self, msg):
+        print(f"{self.prog}: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(rank, args, ap):
+    """One process: rank 0 of 1, or one of --ranks under DDP (rank 0 prints)."""
+    world = args.ranks
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=world)
 
     plan = json.load(open(args.plan)) if args.plan else None
     if args.model:
@@ -109,6 +150,10 @@ def main():
     torch.manual_seed(args.seed)
     model = ir_torch.build(ir, checkpointing=ckpt, use_sdpa=not args.no_sdpa, device=device)
     model.train()
+    net = model  # what forward runs: the model, or DDP around it
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        torch.manual_seed(args.seed + rank)  # each rank its own batches
     params = ir_torch.param_count(model)
     T = model.tokens_per_sample()
 
@@ -164,7 +209,7 @@ def main():
         sync()
         t0 = time.perf_counter()
         with autocast():
-            loss = model(**batch)
+            loss = net(**batch)
         loss.backward()
         if args.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
@@ -173,7 +218,8 @@ def main():
         sync()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
-        log(f"step {step + 1}: loss {losses[-1]:.4f}, {times[-1] * 1e3:.1f} ms")
+        if rank == 0:
+            log(f"step {step + 1}: loss {losses[-1]:.4f}, {times[-1] * 1e3:.1f} ms")
         if step == 0 and cuda and args.steps > 1:
             torch.cuda.reset_peak_memory_stats(device)  # dlplan measures after the first step too
     if cuda:
@@ -181,19 +227,28 @@ def main():
     steady = times[1:] if len(times) > 1 else times
     step_s = statistics.median(steady)
 
-    out = {"model": ir.get("name", "model"), "micro_batch": B}
+    if world > 1:  # the slowest rank's step, as a step ends for all
+        import torch.distributed as dist
+        t = torch.tensor([step_s], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        step_s = float(t)
+        dist.destroy_process_group()
+        if rank != 0:
+            return 0
+    out = {"model": ir.get("name", "model"), "micro_batch": B, "ranks": world,
+           "threads_per_rank": torch.get_num_threads()}
     if T:
         out["seq_len"] = T
     out.update({"precision": precision, "checkpointing": ckpt, "device": str(device),
                 "steps": args.steps, "params": params, "peak_bytes": peak_bytes, "step_seconds": step_s})
     if T:
-        out["tokens_per_second"] = B * T / step_s
-    out["samples_per_second"] = B / step_s
+        out["tokens_per_second"] = world * B * T / step_s
+    out["samples_per_second"] = world * B / step_s
     out["model_flops_per_sample"] = flops
     out["flops_source"] = source
     if peak:
         out["peak_flops"] = peak
-        out["mfu"] = flops * B / step_s / peak
+        out["mfu"] = flops * B / step_s / peak  # per rank
     out.update({"loss_first": losses[0], "loss_last": losses[-1], "optimizer": "adamw" + (" (fused)" if fused else ""),
                 "attention": "sdpa" if model.use_sdpa else "math", "torch": torch.__version__})
     if cuda:
