@@ -1,8 +1,9 @@
 // Hugging Face config.json -> IR, through the zoo's family builders, so an
 // imported model and the zoo's own are the same code. Field names and
 // defaults are those of transformers' (4.38) GPT2Config, LlamaConfig,
-// MistralConfig, Qwen2Config, GemmaConfig, PhiConfig, BertConfig and ViTConfig. Parameter counts are module parameters only
-// (rotary inv_freq and BERT's position_ids are buffers, not counted).
+// MistralConfig, Qwen2Config, GemmaConfig, PhiConfig, BertConfig and
+// ViTConfig. Parameter counts are module parameters only (rotary inv_freq and
+// BERT's position_ids are buffers, not counted).
 //
 // Mapping decisions (each one is reported in the model's notes when it
 // changes anything):
@@ -190,9 +191,9 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
     f.fail(fmt::format("hidden_size {} must divide by num_attention_heads {} (or give head_dim)", c.hidden, c.heads));
   if (f.flag("attention_bias", false)) f.fail("attention_bias true is not supported (dlplan's llama has no projection biases)");
   if (f.flag("mlp_bias", false)) f.fail("mlp_bias true is not supported (dlplan's llama has no MLP biases)");
-  c.qkv_bias = type == "qwen2";
+  c.qkv_bias = type == "qwen2";  // Qwen2Attention: q, k, v with bias, o_proj without
   // LlamaModel and its relatives: nn.Embedding(vocab, hidden, padding_idx=pad_token_id).
-  c.padding_idx = f.index("pad_token_id", c.vocab);  // Qwen2Attention: q, k, v with bias, o_proj without
+  c.padding_idx = f.index("pad_token_id", c.vocab);
   if (type == "gemma") {
     // GemmaMLP: the gate's activation is hidden_activation where given
     // (transformers >= 4.40), else hidden_act. GemmaModel scales the
