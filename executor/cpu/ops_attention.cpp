@@ -124,9 +124,10 @@ struct ProbDropout {
   ProbDropout(const OpContext& ctx, const Dims& dm)
       : c(ctx), d(dm), pf(static_cast<float>(dm.p)), keep_scale(static_cast<float>(1.0 / (1.0 - dm.p))) {}
   bool active() const { return d.p > 0; }
-  float operator()(int64_t s, int64_t h, int64_t i, int64_t j) const {
-    const int64_t e = (h * d.T + i) * d.T + j;
-    return dropout_uniform(c.seed, c.node_index, c.first_sample + s, e) < pf ? 0.0f : keep_scale;
+  // The multipliers of probabilities (h, i, j0 .. j0 + n - 1) of sample s, into f[0..n).
+  void row(int64_t s, int64_t h, int64_t i, int64_t j0, int64_t n, float* f) const {
+    dropout_uniforms(c.seed, c.node_index, c.first_sample + s, (h * d.T + i) * d.T + j0, n, f);
+    for (int64_t j = 0; j < n; ++j) f[j] = f[j] < pf ? 0.0f : keep_scale;
   }
 };
 
@@ -146,6 +147,7 @@ void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, c
   // the next step reads what is stored.
   Fp32Buffer sbuf(scores), pbuf(probs), dbuf(dropped);
   const ProbDropout drop(c, d);
+  std::vector<float> factors(static_cast<size_t>(d.T));  // one row's dropout multipliers
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t g = h / d.group, sh = s * d.H + h;
@@ -174,12 +176,17 @@ void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, c
       if (with_dropout) {
         uint8_t* m = mask.u8() + sh * TT;
         float* Pd = dbuf.data() + sh * TT;
-        for (int64_t i = 0; i < d.T; ++i)
+        for (int64_t i = 0; i < d.T; ++i) {
+          float* f = factors.data();
+          if (drop.active())
+            drop.row(s, h, i, 0, d.T, f);
+          else
+            std::fill(factors.begin(), factors.end(), 1.0f);
           for (int64_t j = 0; j < d.T; ++j) {
-            const float f = drop.active() ? drop(s, h, i, j) : 1.0f;
-            m[i * d.T + j] = f != 0.0f ? 1 : 0;
-            Pd[i * d.T + j] = P[i * d.T + j] * f;
+            m[i * d.T + j] = f[j] != 0.0f ? 1 : 0;
+            Pd[i * d.T + j] = P[i * d.T + j] * f[j];
           }
+        }
         dbuf.round(Pd, TT);
         Pv = Pd;
       }
@@ -246,6 +253,7 @@ void flash_forward(OpContext& c, const Dims& d, const float* q, const float* k, 
   const ProbDropout drop(c, d);
   std::vector<float> S(static_cast<size_t>(kBlock * kBlock)), acc(static_cast<size_t>(kBlock * d.hd));
   std::vector<float> m(static_cast<size_t>(kBlock)), l(static_cast<size_t>(kBlock));
+  std::vector<float> factors(static_cast<size_t>(kBlock));  // one block row's dropout multipliers
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t g = h / d.group;
@@ -283,8 +291,10 @@ void flash_forward(OpContext& c, const Dims& d, const float* q, const float* k, 
             l[static_cast<size_t>(r)] = l[static_cast<size_t>(r)] * corr + sum;
             m[static_cast<size_t>(r)] = mnew;
             for (int64_t e = 0; e < d.hd; ++e) acc[static_cast<size_t>(r * d.hd + e)] *= corr;
-            if (drop.active())
-              for (int64_t j = 0; j < valid; ++j) row[j] *= drop(s, h, i, j0 + j);
+            if (drop.active()) {
+              drop.row(s, h, i, j0, valid, factors.data());
+              for (int64_t j = 0; j < valid; ++j) row[j] *= factors[static_cast<size_t>(j)];
+            }
           }
           gemm(false, false, nq, d.hd, nk, 1.0f, S.data(), nk, Vg + j0 * d.kw(), d.kw(), 1.0f, acc.data(), d.hd);
         }
@@ -310,6 +320,7 @@ void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, f
   const ProbDropout drop(c, d);
   const size_t blk = static_cast<size_t>(kBlock * kBlock);
   std::vector<float> P(blk), Pd(blk), dP(blk), Dvec(static_cast<size_t>(d.T));
+  std::vector<float> factors(static_cast<size_t>(kBlock));  // one block row's dropout multipliers
   for (int64_t s = 0; s < d.b; ++s)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t g = h / d.group;
@@ -332,10 +343,12 @@ void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, f
           for (int64_t r = 0; r < nq; ++r) {
             const int64_t i = i0 + r;
             const int64_t valid = d.causal ? std::clamp<int64_t>(i + 1 - j0, 0, nk) : nk;
+            std::fill(factors.begin(), factors.end(), 1.0f);
+            if (drop.active()) drop.row(s, h, i, j0, valid, factors.data());
             for (int64_t j = 0; j < nk; ++j) {
               const size_t e = static_cast<size_t>(r * nk + j);
               const float p = j < valid ? std::exp(P[e] - lse[i]) : 0.0f;
-              const float f = (drop.active() && j < valid) ? drop(s, h, i, j0 + j) : 1.0f;
+              const float f = factors[static_cast<size_t>(j)];
               P[e] = p;
               Pd[e] = p * f;
               dP[e] = p * (dP[e] * f - Dvec[static_cast<size_t>(i)]);  // dS

@@ -1,7 +1,9 @@
 // Elementwise ops: gelu (exact and tanh), relu, silu, tanh, sigmoid, add, mul,
 // dropout. All work on the flat [b x per-sample numel] buffer.
 #include "cpu/ops.hpp"
+#include "cpu/vec_math.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -22,38 +24,52 @@ constexpr float kGeluC = 0.044715f;
 // tanh (GPT-2): y = 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3);
 //   y' = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 x^2).
 // (Hendrycks & Gimpel 2016.) Saves its input.
+// The tanh form is computed through 0.5 (1 + tanh u) = sigmoid(2u), which has
+// no cancellation where tanh u is near -1 and vectorizes (vec_math.hpp):
+//   y = x s,  y' = s + x 2 s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2),  s = sigmoid(2u)
+// (1 - tanh^2 u = 4 s (1 - s)).
+
+namespace {
+
+DLPLAN_SIMD_CLONES void gelu_tanh_forward(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = v * sigmoid(2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v));
+  }
+}
+
+DLPLAN_SIMD_CLONES void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float s = sigmoid(2.0f * kSqrt2OverPi * (v + kGeluC * v * v * v));
+    dx[i] += dy[i] * (s + v * 2.0f * s * (1.0f - s) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v));
+  }
+}
+
+}  // namespace
 
 void gelu_forward(OpContext& c) {
-  const bool approx = c.node->attrs.text("approximate") == "tanh";
   const float* x = c.in[0].f();
   float* y = c.out.f();
   const int64_t n = total(c);
-  if (approx) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float u = kSqrt2OverPi * (x[i] + kGeluC * x[i] * x[i] * x[i]);
-      y[i] = 0.5f * x[i] * (1.0f + std::tanh(u));
-    }
-  } else {
+  if (c.node->attrs.text("approximate") == "tanh")
+    gelu_tanh_forward(x, y, n);
+  else
     for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
-  }
 }
 
 void gelu_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
-  const bool approx = c.node->attrs.text("approximate") == "tanh";
   const float* x = c.in[0].f();
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   const int64_t n = total(c);
+  if (c.node->attrs.text("approximate") == "tanh") return gelu_tanh_backward(x, dy, dx, n);
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    float d;
-    if (approx) {
-      const float t = std::tanh(kSqrt2OverPi * (v + kGeluC * v * v * v));
-      d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * v * v);
-    } else {
-      d = 0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
-    }
+    const float d = 0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
     dx[i] += dy[i] * d;
   }
 }
@@ -108,21 +124,27 @@ void sigmoid_backward(OpContext& c) {
 // ---- silu ----------------------------------------------------------------------
 // y = x sigmoid(x);  y' = s (1 + x (1 - s)). Saves its input.
 
-void silu_forward(OpContext& c) {
-  const float* x = c.in[0].f();
-  float* y = c.out.f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+namespace {
+
+DLPLAN_SIMD_CLONES void silu_forward(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
 }
 
-void silu_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
-  const float* x = c.in[0].f();
-  const float* dy = c.dout.f();
-  float* dx = c.din[0].f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) {
-    const float s = 1.0f / (1.0f + std::exp(-x[i]));
+DLPLAN_SIMD_CLONES void silu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = sigmoid(x[i]);
     dx[i] += dy[i] * s * (1.0f + x[i] * (1.0f - s));
   }
+}
+
+}  // namespace
+
+void silu_forward(OpContext& c) { silu_forward(c.in[0].f(), c.out.f(), total(c)); }
+
+void silu_backward(OpContext& c) {
+  if (c.din[0].defined()) silu_backward(c.in[0].f(), c.dout.f(), c.din[0].f(), total(c));
 }
 
 // ---- add, mul ------------------------------------------------------------------
@@ -185,12 +207,18 @@ void dropout_forward(OpContext& c) {
     std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
   } else {
     const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
+    constexpr int64_t kChunk = 1024;
+    float u[kChunk];
     for (int64_t s = 0; s < c.batch; ++s)
-      for (int64_t e = 0; e < per; ++e) {
-        const int64_t i = s * per + e;
-        const bool keep = !(dropout_uniform(c.seed, c.node_index, c.first_sample + s, e) < pf);
-        m[i] = keep ? 1 : 0;
-        y[i] = keep ? x[i] * scale : 0.0f;
+      for (int64_t e0 = 0; e0 < per; e0 += kChunk) {
+        const int64_t len = std::min(kChunk, per - e0);
+        dropout_uniforms(c.seed, c.node_index, c.first_sample + s, e0, len, u);
+        for (int64_t j = 0; j < len; ++j) {
+          const int64_t i = s * per + e0 + j;
+          const bool keep = !(u[j] < pf);
+          m[i] = keep ? 1 : 0;
+          y[i] = keep ? x[i] * scale : 0.0f;
+        }
       }
   }
   c.saved.push_back(std::move(mask));

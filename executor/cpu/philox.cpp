@@ -11,6 +11,10 @@
 // tensor (attention: inside its [heads, T, T] probabilities).
 #include "dlplan/exec/backend.hpp"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace dlplan::exec {
 
 namespace {
@@ -48,6 +52,68 @@ float dropout_uniform(uint64_t seed, int node_index, int64_t sample, int64_t ele
   uint32_t out[4];
   philox4x32_10(counter, key, out);
   return static_cast<float>(out[0]) * 0x1p-32f;
+}
+
+#if defined(__x86_64__)
+namespace {
+
+// The high and low 32-bit halves of a * m (unsigned, 64-bit product) in all
+// eight lanes: _mm256_mul_epu32 multiplies the even lanes, so the odd ones
+// are shifted down, multiplied, and blended back.
+__attribute__((target("avx2"))) inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// philox4x32_10's rounds on eight counters at once; returns u for each
+// (out[0] / 2^32). The counters are (e low, sample, node, e high) for e = first .. first + 7.
+__attribute__((target("avx2"))) void uniforms_avx2(uint64_t seed, int node_index, int64_t sample, int64_t first,
+                                                  int64_t n, float* u) {
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kM0)), m1 = _mm256_set1_epi32(static_cast<int>(kM1));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    alignas(32) uint32_t lo_words[8], hi_words[8];
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t e = static_cast<uint64_t>(first + i + l);
+      lo_words[l] = static_cast<uint32_t>(e);
+      hi_words[l] = static_cast<uint32_t>(e >> 32);
+    }
+    __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
+    __m256i c1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(sample)));
+    __m256i c2 = _mm256_set1_epi32(node_index);
+    __m256i c3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      __m256i hi0, lo0, hi1, lo1;
+      mul_hi_lo(c0, m0, hi0, lo0);
+      mul_hi_lo(c2, m1, hi1, lo1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      c1 = lo1;
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+      c3 = lo0;
+      k0 += kW0;
+      k1 += kW1;
+    }
+    // float(c0) of an unsigned word, rounded once as the scalar cast rounds:
+    // hi16 * 65536 and lo16 are both exact in float, so their sum is the only rounding.
+    const __m256 high = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 16)), _mm256_set1_ps(65536.0f));
+    const __m256 low = _mm256_cvtepi32_ps(_mm256_and_si256(c0, _mm256_set1_epi32(0xFFFF)));
+    _mm256_storeu_ps(u + i, _mm256_mul_ps(_mm256_add_ps(high, low), _mm256_set1_ps(0x1p-32f)));
+  }
+  for (; i < n; ++i) u[i] = dropout_uniform(seed, node_index, sample, first + i);
+}
+
+}  // namespace
+#endif
+
+void dropout_uniforms(uint64_t seed, int node_index, int64_t sample, int64_t first, int64_t n, float* u) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return uniforms_avx2(seed, node_index, sample, first, n, u);
+#endif
+  for (int64_t i = 0; i < n; ++i) u[i] = dropout_uniform(seed, node_index, sample, first + i);
 }
 
 }  // namespace dlplan::exec

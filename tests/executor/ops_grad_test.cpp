@@ -128,6 +128,20 @@ TEST(OpPhilox, DropoutUniformKeying) {
   EXPECT_NEAR(sum / 20000, 0.5, 0.01);
 }
 
+TEST(OpPhilox, BatchedUniformsEqualOneByOne) {
+  // dropout_uniforms (eight lanes at a time where the CPU has AVX2) gives the
+  // scalar function's bits: across blocks, a ragged tail, a first element not
+  // a multiple of 8, and the carry of the element index into its high word.
+  const uint64_t seed = 0xfedcba9876543210ULL;
+  for (const int64_t first : {int64_t{0}, int64_t{13}, int64_t{0xFFFFFFFF} - 20, int64_t{0x2FFFFFFFA}})
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{61}}) {
+      std::vector<float> u(static_cast<size_t>(n));
+      dropout_uniforms(seed, 5, 9, first, n, u.data());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(u[static_cast<size_t>(i)], dropout_uniform(seed, 5, 9, first + i)) << "first " << first << " i " << i;
+    }
+}
+
 // ---- dropout ---------------------------------------------------------------------
 
 TEST(OpDropout, MaskKeyedBySeedAndGlobalSample) {

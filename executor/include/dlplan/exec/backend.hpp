@@ -105,5 +105,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 // node index, element index high 32 bits).
 void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 float dropout_uniform(uint64_t seed, int node_index, int64_t sample, int64_t element);
+// dropout_uniform for elements first .. first + n - 1 of one sample, into u[0..n):
+// the same bits, eight at a time where the CPU has AVX2.
+void dropout_uniforms(uint64_t seed, int node_index, int64_t sample, int64_t first, int64_t n, float* u);
 
 }  // namespace dlplan::exec
