@@ -9,6 +9,7 @@
 // and no padding needs no columns: the input already is the [C, P] matrix.
 #include "cpu/ops.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -33,18 +34,41 @@ ConvGeom geometry(const OpContext& c) {
   return {x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1], groups};
 }
 
+// The output columns ow whose input column ow*sw - pw + kj lies inside [0, W):
+// [lo, hi). Outside it the columns read padding.
+struct ValidColumns {
+  int64_t lo, hi;
+};
+ValidColumns valid_columns(const ConvGeom& g, int64_t kj) {
+  const int64_t off = kj - g.pw;  // iw = ow * sw + off
+  const int64_t lo = off >= 0 ? 0 : (-off + g.sw - 1) / g.sw;
+  const int64_t hi = off >= g.W ? 0 : std::min(g.OW, (g.W - 1 - off) / g.sw + 1);
+  return {std::min(lo, g.OW), std::max(hi, std::min(lo, g.OW))};
+}
+
 // col[(ch, ki, kj), (oh, ow)] = x[ch, oh*sh - ph + ki, ow*sw - pw + kj] (0 outside).
+// Row by row: the padding ends are zeroed and the inside copied without bounds checks.
 void im2col(const ConvGeom& g, const float* x, float* col) {
   for (int64_t ch = 0; ch < g.C; ++ch)
     for (int64_t ki = 0; ki < g.kh; ++ki)
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         float* row = col + ((ch * g.kh + ki) * g.kw + kj) * g.P();
+        const auto [lo, hi] = valid_columns(g, kj);
+        const int64_t off = kj - g.pw;
         for (int64_t oh = 0; oh < g.OH; ++oh) {
+          float* out = row + oh * g.OW;
           const int64_t ih = oh * g.sh - g.ph + ki;
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t iw = ow * g.sw - g.pw + kj;
-            row[oh * g.OW + ow] = (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) ? x[(ch * g.H + ih) * g.W + iw] : 0.0f;
+          if (ih < 0 || ih >= g.H) {
+            std::fill(out, out + g.OW, 0.0f);
+            continue;
           }
+          const float* in = x + (ch * g.H + ih) * g.W;
+          std::fill(out, out + lo, 0.0f);
+          if (g.sw == 1)
+            std::copy(in + lo + off, in + hi + off, out + lo);
+          else
+            for (int64_t ow = lo; ow < hi; ++ow) out[ow] = in[ow * g.sw + off];
+          std::fill(out + hi, out + g.OW, 0.0f);
         }
       }
 }
@@ -55,13 +79,14 @@ void col2im_add(const ConvGeom& g, const float* dcol, float* dx) {
     for (int64_t ki = 0; ki < g.kh; ++ki)
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         const float* row = dcol + ((ch * g.kh + ki) * g.kw + kj) * g.P();
+        const auto [lo, hi] = valid_columns(g, kj);
+        const int64_t off = kj - g.pw;
         for (int64_t oh = 0; oh < g.OH; ++oh) {
           const int64_t ih = oh * g.sh - g.ph + ki;
           if (ih < 0 || ih >= g.H) continue;
-          for (int64_t ow = 0; ow < g.OW; ++ow) {
-            const int64_t iw = ow * g.sw - g.pw + kj;
-            if (iw >= 0 && iw < g.W) dx[(ch * g.H + ih) * g.W + iw] += row[oh * g.OW + ow];
-          }
+          const float* in = row + oh * g.OW;
+          float* out = dx + (ch * g.H + ih) * g.W;
+          for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.sw + off] += in[ow];
         }
       }
 }
