@@ -4,6 +4,8 @@
 // fp32 (double in the optimizer) and rounded once when stored.
 #include "dlplan/exec/device_ops.hpp"
 
+#include "cpu/parallel.hpp"
+
 #include "dlplan/error.hpp"
 #include "dlplan/exec/bf16.hpp"
 
@@ -94,7 +96,9 @@ class CpuDeviceOps final : public DeviceOps {
     const double lr = u.lr, clip = u.clip_scale;
     const double wd = u.decay ? cfg.weight_decay : 0.0;
     const double bc1 = 1.0 - std::pow(cfg.beta1, u.t), bc2 = 1.0 - std::pow(cfg.beta2, u.t);
-    for (int64_t e = 0; e < params.n; ++e) {
+    // Elements are independent: threads take contiguous ranges (cpu/parallel.hpp).
+    cpu::parallel_for(params.n, cpu::grain_elements() / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
       const double grad = static_cast<double>(load(grads, e)) * clip;
       switch (cfg.kind) {
         case OptimizerKind::adamw: {
@@ -117,6 +121,7 @@ class CpuDeviceOps final : public DeviceOps {
       }
       if (master) store(params, e, p[e]);  // the model's copy: the master rounded once
     }
+    });
   }
 
   void synchronize() override {}

@@ -8,6 +8,7 @@
 // gradient that col2im scatters back into dx. A 1x1 convolution with stride 1
 // and no padding needs no columns: the input already is the [C, P] matrix.
 #include "cpu/ops.hpp"
+#include "cpu/parallel.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -49,7 +50,8 @@ ValidColumns valid_columns(const ConvGeom& g, int64_t kj) {
 // col[(ch, ki, kj), (oh, ow)] = x[ch, oh*sh - ph + ki, ow*sw - pw + kj] (0 outside).
 // Row by row: the padding ends are zeroed and the inside copied without bounds checks.
 void im2col(const ConvGeom& g, const float* x, float* col) {
-  for (int64_t ch = 0; ch < g.C; ++ch)
+  parallel_for(g.C, grain_elements() / (g.kh * g.kw * g.P()) + 1, [&](int64_t ch_begin, int64_t ch_end) {
+  for (int64_t ch = ch_begin; ch < ch_end; ++ch)
     for (int64_t ki = 0; ki < g.kh; ++ki)
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         float* row = col + ((ch * g.kh + ki) * g.kw + kj) * g.P();
@@ -71,11 +73,13 @@ void im2col(const ConvGeom& g, const float* x, float* col) {
           std::fill(out + hi, out + g.OW, 0.0f);
         }
       }
+  });
 }
 
 // The adjoint of im2col: dx[ch, ih, iw] += dcol[(ch, ki, kj), (oh, ow)].
 void col2im_add(const ConvGeom& g, const float* dcol, float* dx) {
-  for (int64_t ch = 0; ch < g.C; ++ch)
+  parallel_for(g.C, grain_elements() / (g.kh * g.kw * g.P()) + 1, [&](int64_t ch_begin, int64_t ch_end) {
+  for (int64_t ch = ch_begin; ch < ch_end; ++ch)  // channel ch's rows add into channel ch only
     for (int64_t ki = 0; ki < g.kh; ++ki)
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         const float* row = dcol + ((ch * g.kh + ki) * g.kw + kj) * g.P();
@@ -89,6 +93,7 @@ void col2im_add(const ConvGeom& g, const float* dcol, float* dx) {
           for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.sw + off] += in[ow];
         }
       }
+  });
 }
 
 }  // namespace
@@ -181,7 +186,8 @@ void maxpool2d_forward(OpContext& c) {
   const ConvGeom g = geometry(c);
   Tensor argmax = alloc_saved(c, batched(c.batch, out_shape(c)), DType::i32, "argmax");
   const int64_t planes = c.batch * g.C;
-  for (int64_t pl = 0; pl < planes; ++pl) {
+  parallel_for(planes, grain_elements() / (g.P() * g.kh * g.kw) + 1, [&](int64_t pl_begin, int64_t pl_end) {
+  for (int64_t pl = pl_begin; pl < pl_end; ++pl) {
     const float* x = c.in[0].f() + pl * g.H * g.W;
     float* y = c.out.f() + pl * g.P();
     int32_t* am = argmax.i() + pl * g.P();
@@ -206,6 +212,7 @@ void maxpool2d_forward(OpContext& c) {
         am[oh * g.OW + ow] = static_cast<int32_t>(arg);
       }
   }
+  });
   c.saved.push_back(std::move(argmax));
 }
 
@@ -214,11 +221,13 @@ void maxpool2d_backward(OpContext& c) {
   const ConvGeom g = geometry(c);
   const int64_t planes = c.batch * g.C;
   const int32_t* am = c.saved[0].i();
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    float* dx = c.din[0].f() + pl * g.H * g.W;
-    const float* dy = c.dout.f() + pl * g.P();
-    for (int64_t p = 0; p < g.P(); ++p) dx[am[pl * g.P() + p]] += dy[p];
-  }
+  parallel_for(planes, grain_elements() / g.P() + 1, [&](int64_t pl_begin, int64_t pl_end) {
+    for (int64_t pl = pl_begin; pl < pl_end; ++pl) {  // a plane's winners lie in its own input plane
+      float* dx = c.din[0].f() + pl * g.H * g.W;
+      const float* dy = c.dout.f() + pl * g.P();
+      for (int64_t p = 0; p < g.P(); ++p) dx[am[pl * g.P() + p]] += dy[p];
+    }
+  });
 }
 
 // ---- avgpool2d -----------------------------------------------------------------

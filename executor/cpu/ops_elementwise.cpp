@@ -1,6 +1,7 @@
 // Elementwise ops: gelu (exact and tanh), relu, silu, tanh, sigmoid, add, mul,
 // dropout. All work on the flat [b x per-sample numel] buffer.
 #include "cpu/ops.hpp"
+#include "cpu/parallel.hpp"
 #include "cpu/vec_math.hpp"
 
 #include <algorithm>
@@ -55,7 +56,7 @@ void gelu_forward(OpContext& c) {
   float* y = c.out.f();
   const int64_t n = total(c);
   if (c.node->attrs.text("approximate") == "tanh")
-    gelu_tanh_forward(x, y, n);
+    parallel_for(n, grain_elements() / 4, [&](int64_t b, int64_t e) { gelu_tanh_forward(x + b, y + b, e - b); });
   else
     for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
 }
@@ -66,7 +67,9 @@ void gelu_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   const int64_t n = total(c);
-  if (c.node->attrs.text("approximate") == "tanh") return gelu_tanh_backward(x, dy, dx, n);
+  if (c.node->attrs.text("approximate") == "tanh")
+    return parallel_for(n, grain_elements() / 4,
+                        [&](int64_t b, int64_t e) { gelu_tanh_backward(x + b, dy + b, dx + b, e - b); });
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float d = 0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
@@ -79,7 +82,9 @@ void gelu_backward(OpContext& c) {
 void relu_forward(OpContext& c) {
   const float* x = c.in[0].f();
   float* y = c.out.f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  });
 }
 
 void relu_backward(OpContext& c) {
@@ -87,8 +92,10 @@ void relu_backward(OpContext& c) {
   const float* y = c.out.f();
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
-  for (int64_t i = 0, n = total(c); i < n; ++i)
-    if (y[i] > 0.0f) dx[i] += dy[i];
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      if (y[i] > 0.0f) dx[i] += dy[i];
+  });
 }
 
 void tanh_forward(OpContext& c) {
@@ -141,10 +148,18 @@ DLPLAN_SIMD_CLONES void silu_backward(const float* x, const float* dy, float* dx
 
 }  // namespace
 
-void silu_forward(OpContext& c) { silu_forward(c.in[0].f(), c.out.f(), total(c)); }
+void silu_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements() / 4, [&](int64_t b, int64_t e) { silu_forward(x + b, y + b, e - b); });
+}
 
 void silu_backward(OpContext& c) {
-  if (c.din[0].defined()) silu_backward(c.in[0].f(), c.dout.f(), c.din[0].f(), total(c));
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements() / 4, [&](int64_t b, int64_t e) { silu_backward(x + b, dy + b, dx + b, e - b); });
 }
 
 // ---- add, mul ------------------------------------------------------------------
@@ -153,7 +168,9 @@ void add_forward(OpContext& c) {
   const float* a = c.in[0].f();
   const float* b = c.in[1].f();
   float* y = c.out.f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = a[i] + b[i];
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = a[i] + b[i];
+  });
 }
 
 void add_backward(OpContext& c) {
@@ -162,7 +179,9 @@ void add_backward(OpContext& c) {
   for (int k = 0; k < 2; ++k) {
     if (!c.din[static_cast<size_t>(k)].defined()) continue;
     float* dx = c.din[static_cast<size_t>(k)].f();
-    for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
+    parallel_for(n, grain_elements(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) dx[i] += dy[i];
+    });
   }
 }
 
@@ -208,9 +227,11 @@ void dropout_forward(OpContext& c) {
   } else {
     const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
     constexpr int64_t kChunk = 1024;
-    float u[kChunk];
-    for (int64_t s = 0; s < c.batch; ++s)
-      for (int64_t e0 = 0; e0 < per; e0 += kChunk) {
+    const int64_t chunks = (per + kChunk - 1) / kChunk;  // per sample
+    parallel_for(c.batch * chunks, grain_elements() / 8 / kChunk + 1, [&](int64_t begin, int64_t end) {
+      float u[kChunk];
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t s = k / chunks, e0 = (k % chunks) * kChunk;
         const int64_t len = std::min(kChunk, per - e0);
         dropout_uniforms(c.seed, c.node_index, c.first_sample + s, e0, len, u);
         for (int64_t j = 0; j < len; ++j) {
@@ -220,6 +241,7 @@ void dropout_forward(OpContext& c) {
           y[i] = keep ? x[i] * scale : 0.0f;
         }
       }
+    });
   }
   c.saved.push_back(std::move(mask));
 }

@@ -1,6 +1,7 @@
 // Normalisations: batchnorm (with SyncBatchNorm through ctx.syncbn), layernorm,
 // rmsnorm. Statistics are accumulated in double and kept in fp32.
 #include "cpu/ops.hpp"
+#include "cpu/parallel.hpp"
 
 #include <cmath>
 #include <vector>
@@ -30,6 +31,7 @@ bool synced(const OpContext& c) { return c.syncbn && c.syncbn->group_size > 1; }
 void batchnorm_forward(OpContext& c) {
   const Shape& xs = in_shape(c, 0);
   const int64_t C = xs[0], S = numel(xs) / C, b = c.batch;
+  const int64_t channel_grain = grain_elements() / (b * S) + 1;
   const double eps = c.node->attrs.number("eps"), momentum = c.node->attrs.number("momentum");
   Tensor mean_t = alloc_saved(c, {C}, DType::f32, "mean");
   Tensor invstd_t = alloc_saved(c, {C}, DType::f32, "invstd");
@@ -43,23 +45,27 @@ void batchnorm_forward(OpContext& c) {
     // Local statistics (two passes for a stable variance).
     std::vector<double> m(static_cast<size_t>(C), 0.0), v(static_cast<size_t>(C), 0.0);
     const double n = static_cast<double>(b * S);
-    for (int64_t s = 0; s < b; ++s)
-      for (int64_t ch = 0; ch < C; ++ch) {
-        const float* xp = x + (s * C + ch) * S;
-        double acc = 0;
-        for (int64_t i = 0; i < S; ++i) acc += xp[i];
-        m[static_cast<size_t>(ch)] += acc;
+    // Channels in parallel; each channel's sums in sample order.
+    parallel_for(C, channel_grain, [&](int64_t ch_begin, int64_t ch_end) {
+      for (int64_t ch = ch_begin; ch < ch_end; ++ch) {
+        double& mv = m[static_cast<size_t>(ch)];
+        for (int64_t s = 0; s < b; ++s) {
+          const float* xp = x + (s * C + ch) * S;
+          double acc = 0;
+          for (int64_t i = 0; i < S; ++i) acc += xp[i];
+          mv += acc;
+        }
+        mv /= n;
+        double& vv = v[static_cast<size_t>(ch)];
+        for (int64_t s = 0; s < b; ++s) {
+          const float* xp = x + (s * C + ch) * S;
+          double acc = 0;
+          for (int64_t i = 0; i < S; ++i) acc += (xp[i] - mv) * (xp[i] - mv);
+          vv += acc;
+        }
+        vv /= n;
       }
-    for (auto& mv : m) mv /= n;
-    for (int64_t s = 0; s < b; ++s)
-      for (int64_t ch = 0; ch < C; ++ch) {
-        const float* xp = x + (s * C + ch) * S;
-        const double mu = m[static_cast<size_t>(ch)];
-        double acc = 0;
-        for (int64_t i = 0; i < S; ++i) acc += (xp[i] - mu) * (xp[i] - mu);
-        v[static_cast<size_t>(ch)] += acc;
-      }
-    for (auto& vv : v) vv /= n;
+    });
     double count = n;
     if (synced(c)) {
       // Gather (mean[C], var[C], count) from every rank of the group.
@@ -110,12 +116,15 @@ void batchnorm_forward(OpContext& c) {
   const float* gamma = c.params[0].f();
   const float* beta = c.params[1].f();
   float* y = c.out.f();
-  for (int64_t s = 0; s < b; ++s)
-    for (int64_t ch = 0; ch < C; ++ch) {
+  parallel_for(C, channel_grain, [&](int64_t ch_begin, int64_t ch_end) {
+    for (int64_t ch = ch_begin; ch < ch_end; ++ch) {
       const float scale = invstd[ch] * gamma[ch], shift = beta[ch] - mean[ch] * scale;
-      const int64_t off = (s * C + ch) * S;
-      for (int64_t i = 0; i < S; ++i) y[off + i] = x[off + i] * scale + shift;
+      for (int64_t s = 0; s < b; ++s) {
+        const int64_t off = (s * C + ch) * S;
+        for (int64_t i = 0; i < S; ++i) y[off + i] = x[off + i] * scale + shift;
+      }
     }
+  });
   c.saved.push_back(std::move(mean_t));
   c.saved.push_back(std::move(invstd_t));
 }
@@ -133,18 +142,21 @@ void batchnorm_backward(OpContext& c) {
   const float* mean = c.saved[0].f();
   const float* invstd = c.saved[1].f();
   const float* gamma = c.params[0].f();
+  const int64_t channel_grain = grain_elements() / (b * S) + 1;
   std::vector<double> sdy(static_cast<size_t>(C), 0.0), sdyx(static_cast<size_t>(C), 0.0);
-  for (int64_t s = 0; s < b; ++s)
-    for (int64_t ch = 0; ch < C; ++ch) {
-      const int64_t off = (s * C + ch) * S;
-      double a = 0, bx = 0;
-      for (int64_t i = 0; i < S; ++i) {
-        a += dy[off + i];
-        bx += dy[off + i] * (x[off + i] - mean[ch]) * invstd[ch];
+  parallel_for(C, channel_grain, [&](int64_t ch_begin, int64_t ch_end) {
+    for (int64_t ch = ch_begin; ch < ch_end; ++ch)  // each channel's sums in sample order
+      for (int64_t s = 0; s < b; ++s) {
+        const int64_t off = (s * C + ch) * S;
+        double a = 0, bx = 0;
+        for (int64_t i = 0; i < S; ++i) {
+          a += dy[off + i];
+          bx += dy[off + i] * (x[off + i] - mean[ch]) * invstd[ch];
+        }
+        sdy[static_cast<size_t>(ch)] += a;
+        sdyx[static_cast<size_t>(ch)] += bx;
       }
-      sdy[static_cast<size_t>(ch)] += a;
-      sdyx[static_cast<size_t>(ch)] += bx;
-    }
+  });
   for (int64_t ch = 0; ch < C; ++ch) {
     if (c.dparams[0].defined()) c.dparams[0].f()[ch] += static_cast<float>(sdyx[static_cast<size_t>(ch)]);
     if (c.dparams[1].defined()) c.dparams[1].f()[ch] += static_cast<float>(sdy[static_cast<size_t>(ch)]);
@@ -174,17 +186,20 @@ void batchnorm_backward(OpContext& c) {
     }
     count *= static_cast<double>(c.syncbn->group_size);
   }
-  for (int64_t s = 0; s < b; ++s)
-    for (int64_t ch = 0; ch < C; ++ch) {
-      const int64_t off = (s * C + ch) * S;
+  parallel_for(C, channel_grain, [&](int64_t ch_begin, int64_t ch_end) {
+    for (int64_t ch = ch_begin; ch < ch_end; ++ch) {
       const float k = gamma[ch] * invstd[ch];
       const float mdy = static_cast<float>(sdy[static_cast<size_t>(ch)] / count);
       const float mdyx = static_cast<float>(sdyx[static_cast<size_t>(ch)] / count);
-      for (int64_t i = 0; i < S; ++i) {
-        const float xh = (x[off + i] - mean[ch]) * invstd[ch];
-        dx[off + i] += k * (dy[off + i] - mdy - xh * mdyx);
+      for (int64_t s = 0; s < b; ++s) {
+        const int64_t off = (s * C + ch) * S;
+        for (int64_t i = 0; i < S; ++i) {
+          const float xh = (x[off + i] - mean[ch]) * invstd[ch];
+          dx[off + i] += k * (dy[off + i] - mdy - xh * mdyx);
+        }
       }
     }
+  });
 }
 
 // ---- layernorm -----------------------------------------------------------------
@@ -198,7 +213,8 @@ void layernorm_forward(OpContext& c) {
   Tensor mean_t = alloc_saved(c, {R}, DType::f32, "mean");
   Tensor rstd_t = alloc_saved(c, {R}, DType::f32, "rstd");
   const float* w = c.params[0].f();
-  for (int64_t r = 0; r < R; ++r) {
+  parallel_for(R, grain_elements() / D + 1, [&](int64_t r_begin, int64_t r_end) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
     const float* x = c.in[0].f() + r * D;
     float* y = c.out.f() + r * D;
     double m = 0, v = 0;
@@ -211,6 +227,7 @@ void layernorm_forward(OpContext& c) {
     mean_t.f()[r] = mean;
     rstd_t.f()[r] = rstd;
   }
+  });
   c.saved.push_back(std::move(mean_t));
   c.saved.push_back(std::move(rstd_t));
 }
