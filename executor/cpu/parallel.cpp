@@ -54,6 +54,7 @@ class Pool {
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+    std::lock_guard one_loop_at_a_time(run_m_);  // two threads of a rank may both run kernels
     std::unique_lock lock(m_);
     body_ = &body;
     n_ = n;
@@ -103,7 +104,7 @@ class Pool {
   }
 
   std::vector<std::thread> workers_;
-  std::mutex m_;
+  std::mutex run_m_, m_;
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int64_t)>* body_ = nullptr;
   int64_t n_ = 0;
