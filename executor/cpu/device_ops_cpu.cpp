@@ -97,6 +97,23 @@ class CpuDeviceOps final : public DeviceOps {
     const double wd = u.decay ? cfg.weight_decay : 0.0;
     const double bc1 = 1.0 - std::pow(cfg.beta1, u.t), bc2 = 1.0 - std::pow(cfg.beta2, u.t);
     // Elements are independent: threads take contiguous ranges (cpu/parallel.hpp).
+    if (cfg.kind == OptimizerKind::adamw && !master && grads.dtype == DType::f32) {
+      // fp32 AdamW, the common case: the loop below without its per-element
+      // switches, so that it vectorizes; the same operations in the same order.
+      const float* g = as_f32(grads);
+      const double b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps, keep = 1.0 - lr * wd;
+      cpu::parallel_for(params.n, cpu::grain_elements() / 4, [&](int64_t begin, int64_t end) {
+        for (int64_t e = begin; e < end; ++e) {
+          const double grad = static_cast<double>(g[e]) * clip;
+          double w = p[e] * keep;
+          m[e] = static_cast<float>(b1 * m[e] + (1 - b1) * grad);
+          v[e] = static_cast<float>(b2 * v[e] + (1 - b2) * grad * grad);
+          w -= lr * (m[e] / bc1) / (std::sqrt(v[e] / bc2) + eps);
+          p[e] = static_cast<float>(w);
+        }
+      });
+      return;
+    }
     cpu::parallel_for(params.n, cpu::grain_elements() / 4, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       const double grad = static_cast<double>(load(grads, e)) * clip;
