@@ -16,6 +16,7 @@ option(DLPLAN_REQUIRE_CUDA "Fail configure when the CUDA backend cannot be built
 option(DLPLAN_REQUIRE_MPI "Fail configure when the MPI communicator cannot be built" OFF)
 option(DLPLAN_REQUIRE_GUI "Fail configure when dlplan-gui or its tests cannot be built" OFF)
 option(DLPLAN_REQUIRE_ONNX "Fail configure when ONNX import cannot be built" OFF)
+option(DLPLAN_REQUIRE_ONEDNN "Fail configure when the CPU engine cannot use oneDNN for convolutions" OFF)
 
 # ---- CUDA -------------------------------------------------------------------
 set(DLPLAN_HAVE_CUDA OFF)

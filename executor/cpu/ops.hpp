@@ -102,6 +102,11 @@ void flatten_backward(OpContext& c);
 // ---- ops_conv.cpp --------------------------------------------------------------
 void conv2d_forward(OpContext& c);
 void conv2d_backward(OpContext& c);
+// The oneDNN lowering (ops_conv_onednn.cpp), where the declaration asks for it
+// (OpDecl::onednn_conv); conv2d's bias gradient, shared by both lowerings.
+void conv2d_forward_onednn(OpContext& c);
+void conv2d_backward_onednn(OpContext& c);
+void conv2d_bias_grad(OpContext& c, int64_t O, int64_t P);
 void maxpool2d_forward(OpContext& c);
 void maxpool2d_backward(OpContext& c);
 void avgpool2d_forward(OpContext& c);

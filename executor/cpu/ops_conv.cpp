@@ -102,6 +102,7 @@ void col2im_add(const ConvGeom& g, const float* dcol, float* dx) {
 // x: [b, C, H, W]; weight: [O, C/groups, kh, kw]; bias: [O]; out: [b, O, OH, OW].
 
 void conv2d_forward(OpContext& c) {
+  if (c.decl && c.decl->onednn_conv) return conv2d_forward_onednn(c);
   const ConvGeom g = geometry(c);
   const bool bias = c.node->attrs.flag("bias");
   const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
@@ -128,8 +129,21 @@ void conv2d_forward(OpContext& c) {
   }
 }
 
+void conv2d_bias_grad(OpContext& c, int64_t O, int64_t P) {
+  if (!c.node->attrs.flag("bias") || !c.dparams[1].defined()) return;
+  float* db = c.dparams[1].f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t o = 0; o < O; ++o) {
+      const float* dy = c.dout.f() + (s * O + o) * P;
+      float acc = 0;
+      for (int64_t p = 0; p < P; ++p) acc += dy[p];
+      db[o] += acc;
+    }
+}
+
 // dW_g += dy_g col_g^T;  dcol_g = W_g^T dy_g, then dx += col2im(dcol);  dbias += sum_P dy.
 void conv2d_backward(OpContext& c) {
+  if (c.decl && c.decl->onednn_conv) return conv2d_backward_onednn(c);
   const ConvGeom g = geometry(c);
   const int64_t in_sz = g.C * g.H * g.W, out_sz = g.O * g.P();
   const bool need_dx = c.din[0].defined();
@@ -166,16 +180,7 @@ void conv2d_backward(OpContext& c) {
       col2im_add(g, cs, dx);
     }
   }
-  if (c.node->attrs.flag("bias") && c.dparams[1].defined()) {
-    float* db = c.dparams[1].f();
-    for (int64_t s = 0; s < c.batch; ++s)
-      for (int64_t o = 0; o < g.O; ++o) {
-        const float* dy = c.dout.f() + s * out_sz + o * g.P();
-        float acc = 0;
-        for (int64_t p = 0; p < g.P(); ++p) acc += dy[p];
-        db[o] += acc;
-      }
-  }
+  conv2d_bias_grad(c, g.O, g.P());
 }
 
 // ---- maxpool2d -----------------------------------------------------------------

@@ -2,6 +2,10 @@
 
 #include <sched.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
@@ -36,6 +40,7 @@ int detect_threads() {
   return std::max(1, allowed / local_ranks);
 }
 
+#ifndef _OPENMP
 // Workers sleep on a condition variable between loops: no spinning, so a
 // worker never takes a core from OpenBLAS's threads between GEMMs.
 class Pool {
@@ -120,6 +125,8 @@ Pool& pool() {
   return p;
 }
 
+#endif
+
 }  // namespace
 
 int64_t grain_elements() {
@@ -135,10 +142,34 @@ int cpu_threads() {
   return n;
 }
 
+#ifdef _OPENMP
+// With oneDNN, whose kernels run on OpenMP's threads, the loops between them
+// run on the same team: one set of threads per rank rather than two taking
+// turns on the same cores. The ranges are the pool's.
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  if (n <= 0) return;
+  const int T = cpu_threads();
+  if (T == 1 || n < 2 * std::max<int64_t>(grain, 1) || omp_in_parallel()) return body(0, n);
+  std::exception_ptr error;
+  std::mutex error_m;
+#pragma omp parallel num_threads(T)
+  {
+    const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+    try {
+      body(n * t / threads, n * (t + 1) / threads);
+    } catch (...) {
+      std::lock_guard lock(error_m);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+#else
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   if (cpu_threads() == 1 || n < 2 * std::max<int64_t>(grain, 1) || Pool::in_parallel) return body(0, n);
   pool().run(n, body);
 }
+#endif
 
 }  // namespace dlplan::exec::cpu

@@ -2,6 +2,7 @@
 #include "dlplan/step_program.hpp"
 
 #include "dlplan/caching_allocator.hpp"
+#include "dlplan/cpu_conv.hpp"
 #include "dlplan/error.hpp"
 
 #include <fmt/format.h>
@@ -191,6 +192,7 @@ class Emitter {
     index_units();
     index_params();
     analyze_gradients();
+    lower_cpu_convolutions();
   }
 
   void run() {
@@ -422,6 +424,35 @@ class Emitter {
     std::erase_if(units_bwd_, [&](int u) { return !unit_bwd_[static_cast<size_t>(u)]; });
     out_.has_backward = node_bwd_;
   }
+  // The cpu device in fp32 runs conv2d through oneDNN over the whole
+  // micro-batch: its temporaries become oneDNN's buffers, sized by oneDNN for
+  // this geometry and the rank's threads (cpu_conv.hpp). Other precisions keep
+  // im2col, whose columns the engine rounds to the storage dtype.
+  void lower_cpu_convolutions() {
+    if (cl_.device.kind != "cpu" || cfg_.precision != Precision::fp32 || !onednn_conv_enabled()) return;
+    const int threads = cpu_threads_per_rank(cl_.gpus_per_node);
+    for (size_t i = 0; i < m_.nodes.size(); ++i) {
+      const Node& n = m_.nodes[i];
+      if (n.op != OpKind::conv2d) continue;
+      const Shape& x = m_.tensor(n.inputs[0]).shape;
+      const Shape& y = m_.tensor(n.output).shape;
+      const auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
+      const ConvGeometry g{b_,   x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1],
+                           n.attrs.integer("groups"), n.attrs.flag("bias")};
+      const bool dx = !is_model_input(n.inputs[0]) && input_needs_grad(static_cast<int>(i), 0);
+      const bool dw = base_trains_[i];
+      auto temps = [](const std::vector<ConvBuffer>& bufs) {
+        std::vector<TempTensor> t;
+        for (const ConvBuffer& b : bufs) t.push_back({b.what, (b.bytes + 3) / 4, Elem::f32, true});
+        return t;
+      };
+      OpDecl& d = out_.decls[i];
+      d.onednn_conv = true;
+      d.fwd_temps = temps(onednn_conv_forward_buffers(g, threads));
+      d.bwd_temps = node_bwd_[i] ? temps(onednn_conv_backward_buffers(g, threads, dx, dw)) : std::vector<TempTensor>{};
+    }
+  }
+
   bool input_needs_grad(int i, size_t k) const {
     auto it = input_grad_.find(i);
     return it == input_grad_.end() || (k < it->second.size() && it->second[k]);

@@ -56,6 +56,10 @@ struct OpDecl {
   double fwd_flops = 0;                // per sample
   double bwd_flops = 0;                // per sample (input and weight gradients)
   int gemms = 0;                       // GEMM calls in forward (each gets the library workspace)
+  // conv2d on the cpu device in fp32: oneDNN runs it, and its temporaries are
+  // oneDNN's buffers (cpu_conv.hpp) rather than im2col's columns. Set by the
+  // step program, which knows the device, the micro-batch and the gradients.
+  bool onednn_conv = false;
 };
 
 struct DeclOptions {

@@ -1,0 +1,48 @@
+// Convolutions on the cpu device through oneDNN (Debian's libdnnl-dev, the
+// library PyTorch's CPU convolutions use), and the buffers they need beside the
+// op's own tensors, so that the planner declares exactly what the CPU engine
+// allocates (docs/cpu-engine.md, "Convolutions").
+//
+// oneDNN's fast kernels want blocked layouts (nChw8c on AVX2) where dlplan's
+// tensors are plain NCHW: a layer's input, output and weights are reordered
+// into blocked copies around the convolution, and some kernels ask for a
+// scratchpad whose size depends on the thread count. All of these are the
+// buffers listed here; oneDNN is run in user-scratchpad mode, so it allocates
+// nothing of its own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dlplan {
+
+// One conv2d as the CPU engine runs it: the whole micro-batch at once.
+struct ConvGeometry {
+  int64_t N = 0, C = 0, H = 0, W = 0, O = 0, OH = 0, OW = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, groups = 1;
+  bool bias = false;
+};
+
+struct ConvBuffer {
+  std::string what;   // "onednn.src", "onednn.scratchpad", ... (the temporary's name)
+  int64_t bytes = 0;
+};
+
+// Built with oneDNN, and not turned off by DLPLAN_CPU_CONV=im2col (which keeps
+// the im2col + OpenBLAS lowering, for comparison).
+bool onednn_conv_enabled();
+
+// The threads one rank's kernels use: DLPLAN_CPU_THREADS, else
+// OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else the cores in the affinity mask
+// shared among `local_ranks` ranks. The CPU engine uses the same rule (and
+// also honours a launcher's binding, which a plan cannot see).
+int cpu_threads_per_rank(int local_ranks);
+
+// The buffers forward (prop: training) and backward need, in allocation order;
+// backward lists only what the gradients asked for need (dx: the input's,
+// dw: the weight's). Empty when oneDNN is not built.
+std::vector<ConvBuffer> onednn_conv_forward_buffers(const ConvGeometry& g, int threads);
+std::vector<ConvBuffer> onednn_conv_backward_buffers(const ConvGeometry& g, int threads, bool dx, bool dw);
+
+}  // namespace dlplan
