@@ -78,9 +78,16 @@ struct Run {
   }
 };
 
+// The plan was made where oneDNN had a kernel for this convolution; this
+// machine's oneDNN has none (another instruction set) or failed.
+[[noreturn]] void onednn_failed(const OpContext& c, const dnnl::error& e) {
+  op_error(c, std::string("oneDNN cannot run this convolution here (") + e.what() +
+                  "); make the plan on this machine, or with DLPLAN_CPU_CONV=im2col");
+}
+
 }  // namespace
 
-void conv2d_forward_onednn(OpContext& c) {
+void conv2d_forward_onednn(OpContext& c) try {
   const ConvGeometry g = conv_geometry(c);
   const auto p = onednn::make_conv(g, cpu_threads(), false, false);
   Buffers b(c, c.decl->fwd_temps);
@@ -97,9 +104,11 @@ void conv2d_forward_onednn(OpContext& c) {
   dnnl::convolution_forward(p.fwd).execute(r.s, args);
   if (ys != y) r.copy(ys, y);
   r.s.wait();
+} catch (const dnnl::error& e) {
+  onednn_failed(c, e);
 }
 
-void conv2d_backward_onednn(OpContext& c) {
+void conv2d_backward_onednn(OpContext& c) try {
   const ConvGeometry g = conv_geometry(c);
   float* dw = grad_or_null(c.dparams[0]);
   float* dx = grad_or_null(c.din[0]);
@@ -136,6 +145,8 @@ void conv2d_backward_onednn(OpContext& c) {
   }
   r.s.wait();
   conv2d_bias_grad(c, g.O, g.OH * g.OW);
+} catch (const dnnl::error& e) {
+  onednn_failed(c, e);
 }
 
 }  // namespace dlplan::exec::cpu

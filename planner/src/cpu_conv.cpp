@@ -109,7 +109,7 @@ struct KeepThreads {
 
 }  // namespace
 
-std::vector<ConvBuffer> onednn_conv_forward_buffers(const ConvGeometry& g, int threads) {
+std::optional<std::vector<ConvBuffer>> onednn_conv_forward_buffers(const ConvGeometry& g, int threads) try {
   KeepThreads keep;
   const auto p = onednn::make_conv(g, threads, false, false);
   Lister l;
@@ -118,9 +118,12 @@ std::vector<ConvBuffer> onednn_conv_forward_buffers(const ConvGeometry& g, int t
   l.copy_if("onednn.dst", p.fwd.dst_desc(), p.dst);
   l.always("onednn.scratchpad", p.fwd.scratchpad_desc());
   return l.out;
+} catch (const dnnl::error&) {
+  return std::nullopt;  // no kernel for it (oneDNN says "unimplemented" or "invalid arguments")
 }
 
-std::vector<ConvBuffer> onednn_conv_backward_buffers(const ConvGeometry& g, int threads, bool dx, bool dw) {
+std::optional<std::vector<ConvBuffer>> onednn_conv_backward_buffers(const ConvGeometry& g, int threads, bool dx,
+                                                                   bool dw) try {
   KeepThreads keep;
   const auto p = onednn::make_conv(g, threads, dx, dw);
   Lister l;
@@ -139,13 +142,17 @@ std::vector<ConvBuffer> onednn_conv_backward_buffers(const ConvGeometry& g, int 
     l.always("onednn.scratchpad_d", p.bwd_data.scratchpad_desc());
   }
   return l.out;
+} catch (const dnnl::error&) {
+  return std::nullopt;
 }
 
 #else
 
 bool onednn_conv_enabled() { return false; }
-std::vector<ConvBuffer> onednn_conv_forward_buffers(const ConvGeometry&, int) { return {}; }
-std::vector<ConvBuffer> onednn_conv_backward_buffers(const ConvGeometry&, int, bool, bool) { return {}; }
+std::optional<std::vector<ConvBuffer>> onednn_conv_forward_buffers(const ConvGeometry&, int) { return std::nullopt; }
+std::optional<std::vector<ConvBuffer>> onednn_conv_backward_buffers(const ConvGeometry&, int, bool, bool) {
+  return std::nullopt;
+}
 
 #endif
 

@@ -446,10 +446,14 @@ class Emitter {
         for (const ConvBuffer& b : bufs) t.push_back({b.what, (b.bytes + 3) / 4, Elem::f32, true});
         return t;
       };
+      const auto fwd = onednn_conv_forward_buffers(g, threads);
+      const auto bwd = node_bwd_[i] ? onednn_conv_backward_buffers(g, threads, dx, dw)
+                                    : std::optional<std::vector<ConvBuffer>>(std::in_place);
+      if (!fwd || !bwd) continue;  // oneDNN has no kernel for it: im2col
       OpDecl& d = out_.decls[i];
       d.onednn_conv = true;
-      d.fwd_temps = temps(onednn_conv_forward_buffers(g, threads));
-      d.bwd_temps = node_bwd_[i] ? temps(onednn_conv_backward_buffers(g, threads, dx, dw)) : std::vector<TempTensor>{};
+      d.fwd_temps = temps(*fwd);
+      d.bwd_temps = temps(*bwd);
     }
   }
 

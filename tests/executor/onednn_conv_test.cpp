@@ -62,8 +62,10 @@ TEST(OnednnConv, MatchesIm2colForwardAndBackward) {
       for (const ConvBuffer& b : bufs) t.push_back({b.what, (b.bytes + 3) / 4, Elem::f32, true});
       return t;
     };
-    dnn.decl.fwd_temps = as_temps(onednn_conv_forward_buffers(g, threads));
-    dnn.decl.bwd_temps = as_temps(onednn_conv_backward_buffers(g, threads, true, true));
+    const auto fwd = onednn_conv_forward_buffers(g, threads), bwd = onednn_conv_backward_buffers(g, threads, true, true);
+    ASSERT_TRUE(fwd && bwd) << "oneDNN has a kernel for every convolution here";
+    dnn.decl.fwd_temps = as_temps(*fwd);
+    dnn.decl.bwd_temps = as_temps(*bwd);
 
     forward(*be, ref);
     const int64_t before_fwd = alloc_dnn.current()[static_cast<size_t>(Category::workspace)];

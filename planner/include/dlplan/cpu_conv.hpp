@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,10 @@ int cpu_threads_per_rank(int local_ranks);
 
 // The buffers forward (prop: training) and backward need, in allocation order;
 // backward lists only what the gradients asked for need (dx: the input's,
-// dw: the weight's). Empty when oneDNN is not built.
-std::vector<ConvBuffer> onednn_conv_forward_buffers(const ConvGeometry& g, int threads);
-std::vector<ConvBuffer> onednn_conv_backward_buffers(const ConvGeometry& g, int threads, bool dx, bool dw);
+// dw: the weight's). Nothing when oneDNN is not built or has no kernel for
+// this convolution: it then keeps the im2col lowering.
+std::optional<std::vector<ConvBuffer>> onednn_conv_forward_buffers(const ConvGeometry& g, int threads);
+std::optional<std::vector<ConvBuffer>> onednn_conv_backward_buffers(const ConvGeometry& g, int threads, bool dx,
+                                                                   bool dw);
 
 }  // namespace dlplan
