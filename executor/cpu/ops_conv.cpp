@@ -198,6 +198,25 @@ void maxpool2d_forward(OpContext& c) {
     int32_t* am = argmax.i() + pl * g.P();
     for (int64_t oh = 0; oh < g.OH; ++oh)
       for (int64_t ow = 0; ow < g.OW; ++ow) {
+        const int64_t ih0 = oh * g.sh - g.ph, iw0 = ow * g.sw - g.pw;
+        if (ih0 >= 0 && iw0 >= 0 && ih0 + g.kh <= g.H && iw0 + g.kw <= g.W) {
+          // The window lies inside the plane: the loop below without its bounds
+          // checks (the same visiting order, so the same winner).
+          const float* win = x + ih0 * g.W + iw0;
+          float best = win[0];
+          int64_t arg = 0;
+          for (int64_t ki = 0; ki < g.kh; ++ki)
+            for (int64_t kj = 0; kj < g.kw; ++kj) {
+              const float v = win[ki * g.W + kj];
+              if (v > best || v != v) {
+                best = v;
+                arg = ki * g.W + kj;
+              }
+            }
+          y[oh * g.OW + ow] = best;
+          am[oh * g.OW + ow] = static_cast<int32_t>(ih0 * g.W + iw0 + arg);
+          continue;
+        }
         float best = -std::numeric_limits<float>::infinity();
         int64_t arg = -1;
         for (int64_t ki = 0; ki < g.kh; ++ki) {

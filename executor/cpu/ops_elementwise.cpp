@@ -93,8 +93,9 @@ void relu_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      if (y[i] > 0.0f) dx[i] += dy[i];
+    // A select rather than a branch (half the branches mispredict), so that
+    // it vectorizes; adding 0 leaves dx as it was (but for -0 becoming +0).
+    for (int64_t i = begin; i < end; ++i) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
   });
 }
 

@@ -67,11 +67,46 @@ __attribute__((target("avx2"))) inline void mul_hi_lo(__m256i a, __m256i m, __m2
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
+// philox4x32_10's ten rounds on eight counters at once; the first output word of each.
+__attribute__((target("avx2"))) inline __m256i first_word8(__m256i c0, __m256i c1, __m256i c2, __m256i c3, uint32_t k0,
+                                                           uint32_t k1) {
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kM0)), m1 = _mm256_set1_epi32(static_cast<int>(kM1));
+  for (int round = 0; round < 10; ++round) {
+    __m256i hi0, lo0, hi1, lo1;
+    mul_hi_lo(c0, m0, hi0, lo0);
+    mul_hi_lo(c2, m1, hi1, lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c3 = lo0;
+    k0 += kW0;
+    k1 += kW1;
+  }
+  return c0;
+}
+
+__attribute__((target("avx2"))) void first_words_avx2(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2,
+                                                     uint32_t c3, int64_t n, uint32_t* out) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i first = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c0 + static_cast<uint32_t>(i))), lanes);
+    const __m256i w = first_word8(first, _mm256_set1_epi32(static_cast<int>(c1)), _mm256_set1_epi32(static_cast<int>(c2)),
+                                  _mm256_set1_epi32(static_cast<int>(c3)), key[0], key[1]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), w);
+  }
+  for (; i < n; ++i) {
+    const uint32_t counter[4] = {c0 + static_cast<uint32_t>(i), c1, c2, c3};
+    uint32_t words[4];
+    philox4x32_10(counter, key, words);
+    out[i] = words[0];
+  }
+}
+
 // philox4x32_10's rounds on eight counters at once; returns u for each
 // (out[0] / 2^32). The counters are (e low, sample, node, e high) for e = first .. first + 7.
 __attribute__((target("avx2"))) void uniforms_avx2(uint64_t seed, int node_index, int64_t sample, int64_t first,
                                                   int64_t n, float* u) {
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kM0)), m1 = _mm256_set1_epi32(static_cast<int>(kM1));
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     alignas(32) uint32_t lo_words[8], hi_words[8];
@@ -84,18 +119,7 @@ __attribute__((target("avx2"))) void uniforms_avx2(uint64_t seed, int node_index
     __m256i c1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(sample)));
     __m256i c2 = _mm256_set1_epi32(node_index);
     __m256i c3 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int round = 0; round < 10; ++round) {
-      __m256i hi0, lo0, hi1, lo1;
-      mul_hi_lo(c0, m0, hi0, lo0);
-      mul_hi_lo(c2, m1, hi1, lo1);
-      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
-      c1 = lo1;
-      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
-      c3 = lo0;
-      k0 += kW0;
-      k1 += kW1;
-    }
+    c0 = first_word8(c0, c1, c2, c3, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
     // float(c0) of an unsigned word, rounded once as the scalar cast rounds:
     // hi16 * 65536 and lo16 are both exact in float, so their sum is the only rounding.
     const __m256 high = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 16)), _mm256_set1_ps(65536.0f));
@@ -107,6 +131,20 @@ __attribute__((target("avx2"))) void uniforms_avx2(uint64_t seed, int node_index
 
 }  // namespace
 #endif
+
+void philox_first_words(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int64_t n,
+                        uint32_t* out) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return first_words_avx2(key, c0, c1, c2, c3, n, out);
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t counter[4] = {c0 + static_cast<uint32_t>(i), c1, c2, c3};
+    uint32_t words[4];
+    philox4x32_10(counter, key, words);
+    out[i] = words[0];
+  }
+}
 
 void dropout_uniforms(uint64_t seed, int node_index, int64_t sample, int64_t first, int64_t n, float* u) {
 #if defined(__x86_64__)

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 namespace dlplan::exec {
 namespace {
@@ -52,6 +54,13 @@ uint32_t hash(uint64_t seed, int64_t sample, int64_t what) {
   return out[0];
 }
 
+// hash(seed, sample, first + i) for i in [0, n).
+void hashes(uint64_t seed, int64_t sample, int64_t first, int64_t n, uint32_t* out) {
+  const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  philox_first_words(key, static_cast<uint32_t>(first), static_cast<uint32_t>(sample),
+                     static_cast<uint32_t>(sample >> 32), 0x0DA7A, n, out);
+}
+
 // A hash mapped to [-1, 1].
 float unit_value(uint32_t h) { return static_cast<float>(h % 2001) / 1000.0f - 1.0f; }
 
@@ -70,12 +79,22 @@ class Synthetic : public DataSource {
         // The class prototype plus noise. Images ([C, H, W]) get a per-class
         // colour (a constant per channel, which survives global pooling) on
         // top of a fixed per-pixel pattern; vectors a fixed pattern.
+        // The hashes of consecutive `what`s, computed eight at once
+        // (philox_first_words: the same words as hash()).
         float* x = dst.f() + s * per;
         const int64_t plane = t.shape.size() == 3 ? t.shape[1] * t.shape[2] : 0;
+        proto_.resize(static_cast<size_t>(per));
+        noise_.resize(static_cast<size_t>(per));
+        hashes(0xC1A55, label, 0, per, proto_.data());
+        hashes(seed_, idx, 1000, per, noise_.data());
+        float colour = 0;  // the channel's, hashed once per plane
         for (int64_t e = 0; e < per; ++e) {
-          float proto = unit_value(hash(0xC1A55, label, e));
-          if (plane > 0) proto = unit_value(hash(0xC0102, label, e / plane)) + 0.5f * proto;
-          x[e] = proto + 0.5f * unit_value(hash(seed_, idx, 1000 + e));
+          float proto = unit_value(proto_[static_cast<size_t>(e)]);
+          if (plane > 0) {
+            if (e % plane == 0) colour = unit_value(hash(0xC0102, label, e / plane));
+            proto = colour + 0.5f * proto;
+          }
+          x[e] = proto + 0.5f * unit_value(noise_[static_cast<size_t>(e)]);
         }
         continue;
       }
@@ -116,6 +135,7 @@ class Synthetic : public DataSource {
 
   const Model& m_;
   uint64_t seed_;
+  std::vector<uint32_t> proto_, noise_;  // one sample's hashes (reused)
   ModelFacts f_;
 };
 

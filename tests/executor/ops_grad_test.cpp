@@ -142,6 +142,23 @@ TEST(OpPhilox, BatchedUniformsEqualOneByOne) {
     }
 }
 
+TEST(OpPhilox, FirstWordsEqualOneByOne) {
+  // philox_first_words (the synthetic data's hashes) against one philox4x32_10
+  // call per counter: blocks, ragged tails, and c0 wrapping past 2^32 - 1.
+  const uint32_t key[2] = {0x89abcdefu, 0x01234567u};
+  for (const uint32_t c0 : {0u, 1000u, 0xFFFFFFFFu - 12})
+    for (const int64_t n : {int64_t{1}, int64_t{8}, int64_t{29}}) {
+      std::vector<uint32_t> w(static_cast<size_t>(n));
+      philox_first_words(key, c0, 7, 0, 0x0DA7A, n, w.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t counter[4] = {c0 + static_cast<uint32_t>(i), 7, 0, 0x0DA7A};
+        uint32_t out[4];
+        philox4x32_10(counter, key, out);
+        ASSERT_EQ(w[static_cast<size_t>(i)], out[0]) << "c0 " << c0 << " i " << i;
+      }
+    }
+}
+
 // ---- dropout ---------------------------------------------------------------------
 
 TEST(OpDropout, MaskKeyedBySeedAndGlobalSample) {

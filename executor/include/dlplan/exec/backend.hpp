@@ -104,6 +104,11 @@ std::unique_ptr<Backend> make_cpu_backend();
 // with key = seed, counter = (element index low 32 bits, global sample index,
 // node index, element index high 32 bits).
 void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+// The first output word of philox4x32_10 for the counters (c0 + i, c1, c2, c3),
+// i = 0 .. n-1 (c0 + i wraps at 2^32, no carry), into out[0..n): eight at once
+// with AVX2, the same words as one call each.
+void philox_first_words(const uint32_t key[2], uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, int64_t n,
+                        uint32_t* out);
 float dropout_uniform(uint64_t seed, int node_index, int64_t sample, int64_t element);
 // dropout_uniform for elements first .. first + n - 1 of one sample, into u[0..n):
 // the same bits, eight at a time where the CPU has AVX2.
