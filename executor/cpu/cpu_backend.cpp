@@ -1,7 +1,9 @@
 // The CPU reference backend: fp32, OpenBLAS GEMMs. forward/backward switch on
 // the node's OpKind and call one function per op direction (cpu/ops.hpp).
 #include "cpu/ops.hpp"
+#include "cpu/parallel.hpp"
 
+#include "dlplan/cpu_conv.hpp"
 #include "dlplan/error.hpp"
 
 #include <cblas.h>
@@ -74,6 +76,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   void forward(OpContext& c) override {
+    choose_loop_threads(c);
     run_in_fp32(c, /*backward=*/false, [this](OpContext& w) { dispatch_forward(w); });
   }
   void backward(OpContext& c) override {
@@ -81,6 +84,17 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A convolutional network (four or more conv2d nodes, which oneDNN runs)
+  // keeps OpenMP's team busy: its loops join that team (cpu/parallel.hpp).
+  void choose_loop_threads(const OpContext& c) {
+    if (c.model == model_) return;
+    model_ = c.model;
+    const auto convs = std::count_if(model_->nodes.begin(), model_->nodes.end(),
+                                     [](const Node& n) { return n.op == OpKind::conv2d; });
+    run_loops_on_openmp(convs >= 4 && onednn_conv_enabled());
+  }
+  const Model* model_ = nullptr;
+
   void dispatch_forward(OpContext& c) {
     switch (c.node->op) {
       case OpKind::embedding: return embedding_forward(c);

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <cstdlib>
@@ -40,7 +41,6 @@ int detect_threads() {
   return std::max(1, allowed / local_ranks);
 }
 
-#ifndef _OPENMP
 // Workers sleep on a condition variable between loops: no spinning, so a
 // worker never takes a core from OpenBLAS's threads between GEMMs.
 class Pool {
@@ -125,8 +125,6 @@ Pool& pool() {
   return p;
 }
 
-#endif
-
 }  // namespace
 
 int64_t grain_elements() {
@@ -142,34 +140,44 @@ int cpu_threads() {
   return n;
 }
 
-#ifdef _OPENMP
-// With oneDNN, whose kernels run on OpenMP's threads, the loops between them
-// run on the same team: one set of threads per rank rather than two taking
-// turns on the same cores. The ranges are the pool's.
+namespace {
+
+std::atomic<bool> loops_on_openmp{false};
+
+}  // namespace
+
+void run_loops_on_openmp(bool on) { loops_on_openmp = on; }
+
+// Where oneDNN runs most of a step (a convolutional network), the loops
+// between its kernels run on its OpenMP team, whose threads are still
+// spinning from the last kernel, rather than on the pool, whose workers would
+// wait for those cores. Elsewhere the pool, whose workers sleep: an OpenMP
+// team spinning between OpenBLAS's GEMMs slowed a small GPT threefold. The
+// ranges are the same either way.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   const int T = cpu_threads();
-  if (T == 1 || n < 2 * std::max<int64_t>(grain, 1) || omp_in_parallel()) return body(0, n);
-  std::exception_ptr error;
-  std::mutex error_m;
+  if (T == 1 || n < 2 * std::max<int64_t>(grain, 1) || Pool::in_parallel) return body(0, n);
+#ifdef _OPENMP
+  if (omp_in_parallel()) return body(0, n);  // nested: inline, as in the pool
+  if (loops_on_openmp) {
+    std::exception_ptr error;
+    std::mutex error_m;
 #pragma omp parallel num_threads(T)
-  {
-    const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
-    try {
-      body(n * t / threads, n * (t + 1) / threads);
-    } catch (...) {
-      std::lock_guard lock(error_m);
-      if (!error) error = std::current_exception();
+    {
+      const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      try {
+        body(n * t / threads, n * (t + 1) / threads);
+      } catch (...) {
+        std::lock_guard lock(error_m);
+        if (!error) error = std::current_exception();
+      }
     }
+    if (error) std::rethrow_exception(error);
+    return;
   }
-  if (error) std::rethrow_exception(error);
-}
-#else
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-  if (n <= 0) return;
-  if (cpu_threads() == 1 || n < 2 * std::max<int64_t>(grain, 1) || Pool::in_parallel) return body(0, n);
+#endif
   pool().run(n, body);
 }
-#endif
 
 }  // namespace dlplan::exec::cpu

@@ -21,6 +21,11 @@ int cpu_threads();
 // that their tiny models take every parallel path).
 int64_t grain_elements();
 
+// Run the loops on OpenMP's team (oneDNN's) rather than the pool: the CPU
+// backend turns it on for a model whose convolutions oneDNN runs
+// (parallel.cpp says why). Without OpenMP in the build it changes nothing.
+void run_loops_on_openmp(bool on);
+
 // body(begin, end) over [0, n) in contiguous ranges; single-threaded when
 // there is one thread or fewer than 2 * grain indices.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
