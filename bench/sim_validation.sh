@@ -17,7 +17,7 @@ dlplan="${DLPLAN:-$here/build/bin/dlplan}"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work="$(mktemp -d /tmp/dlplan_sim_validation.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-steps=12
+steps=30
 
 printf '%-9s %-6s %11s %11s %8s %10s %10s\n' model strategy "predicted" "measured" "error" "pred comm" "meas wait"
 for model in tiny-gpt tiny-cnn; do

@@ -232,6 +232,7 @@ StepStats Trainer::step() {
   // Every step runs the program from its start, persistent allocations
   // included (the parameter store holds those tensors; the ledger re-counts).
   runner_->clear_slots();
+  if (opt_.time_ops) op_seconds_.assign(program_.compute.size(), 0.0);
   for (int micro = 0; micro < A; ++micro) run_micro_batch(micro, micro == 0, micro == A - 1, stats);
   for (Tensor& t : slots_) t = Tensor{};  // what the program keeps for the next step is held elsewhere
   // The updated parameters' all-gathers (ZeRO-1/2) must land before the next
@@ -476,7 +477,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
   FunctionVisitor visit;
   visit.alloc = [&](const Instr& in, bool) { allocate(in); };
   visit.free = [&](const Instr& a) { release(a); };
-  visit.instr = [&](const Instr& in) {
+  auto run_instr = [&](const Instr& in) {
     switch (in.kind) {
       case Instr::Kind::forward:
       case Instr::Kind::recompute: {
@@ -518,6 +519,18 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       }
       case Instr::Kind::mark: check_ledger(in); break;
       default: break;
+    }
+  };
+  visit.instr = [&](const Instr& in) {
+    const bool timed = opt_.time_ops && in.event >= 0 &&
+                       (in.kind == Instr::Kind::forward || in.kind == Instr::Kind::recompute ||
+                        in.kind == Instr::Kind::backward || in.kind == Instr::Kind::optimizer);
+    if (timed) ops_->synchronize();
+    const auto op_start = Clock::now();
+    run_instr(in);
+    if (timed) {
+      ops_->synchronize();
+      op_seconds_[static_cast<size_t>(in.event)] += since(op_start);
     }
   };
   runner_->run_micro_batch(first, last, visit);

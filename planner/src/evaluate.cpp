@@ -30,6 +30,8 @@ StrategyResult evaluate(const Model& m, const Cluster& c, const TrainingConfig& 
   r.comm.exposed_seconds = sim.exposed_seconds;
   r.step_seconds = sim.step_seconds;
   r.mfu = sim.mfu;
+  r.cost_sources = sim.cost_sources;
+  r.cost_table_unused = sim.cost_table_unused;
   for (const auto& ev : prog.comm)
     if (ev.blocking) r.syncbn_seconds += collective_cost(c, ev.op, ev.bytes, ev.group).seconds * ev.per_step;
 

@@ -19,6 +19,7 @@
 #include "dlplan/explain.hpp"
 
 #include "dlplan/format.hpp"
+#include "dlplan/op_costs.hpp"
 
 #include <fmt/format.h>
 
@@ -125,6 +126,18 @@ ModelStates offload_model_states(const Planning& p, const StrategyResult& r, Mod
   hd.differences.push_back("its additional_buffer_factor 1.5 (pinned transfer buffers, allocator slack) is not in dlplan's count");
   out.host_estimates.push_back(hd);
   return out;
+}
+
+// Where the step's op times come from (op_costs.hpp, docs/simulator.md).
+std::string op_times_line(const Planning& p, const StrategyResult& r) {
+  const auto& n = r.cost_sources;
+  const auto& table = p.request.cluster.op_costs;
+  std::string line = fmt::format("Op times of {}: {} measured by calibrate, {} scaled from another micro-batch, {} from the "
+                                 "roofline of the device's figures",
+                                 to_string(r.strategy), n[static_cast<size_t>(CostSource::measured)],
+                                 n[static_cast<size_t>(CostSource::scaled)], n[static_cast<size_t>(CostSource::roofline)]);
+  if (table && r.cost_table_unused.empty()) line += fmt::format(" (table: {})", table->source);
+  return line;
 }
 
 }  // namespace
@@ -255,6 +268,8 @@ std::vector<std::string> explain_lines(const Planning& p) {
     }
   }
   if (ms.estimates.size() > 1) out.push_back("  Why they differ: docs/deepspeed.md.");
+  out.push_back(op_times_line(p, r));
+  if (!r.cost_table_unused.empty()) out.push_back("  " + r.cost_table_unused);
   return out;
 }
 
@@ -273,6 +288,11 @@ OrderedJson explain_json(const Planning& p) {
   for (const auto& e : ms.estimates)
     j["model_states"]["estimates"].push_back(
         {{"source", e.source}, {"formula", e.formula}, {"bytes", e.bytes}, {"differences", e.differences}});
+  j["op_times"] = {{"measured", r.cost_sources[static_cast<size_t>(CostSource::measured)]},
+                   {"scaled", r.cost_sources[static_cast<size_t>(CostSource::scaled)]},
+                   {"roofline", r.cost_sources[static_cast<size_t>(CostSource::roofline)]}};
+  if (p.request.cluster.op_costs) j["op_times"]["table"] = p.request.cluster.op_costs->source;
+  if (!r.cost_table_unused.empty()) j["op_times"]["unused"] = r.cost_table_unused;
   if (r.training.offload != Offload::none) {
     j["host_states"] = {{"bytes_per_node", ms.host_bytes}, {"estimates", OrderedJson::array()}};
     for (const auto& e : ms.host_estimates)

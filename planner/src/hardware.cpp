@@ -7,6 +7,7 @@
 
 #include "dlplan/error.hpp"
 #include "dlplan/json_file.hpp"
+#include "dlplan/op_costs.hpp"
 
 #include <fmt/format.h>
 
@@ -351,6 +352,7 @@ nlohmann::ordered_json cluster_to_json(const Cluster& c) {
   j["nodes"] = c.nodes;
   j["gpus_per_node"] = c.gpus_per_node;
   if (c.storage_bytes_per_s > 0) j["storage_bytes_per_s"] = c.storage_bytes_per_s;
+  if (c.op_costs) j["op_costs"] = op_costs_to_json(*c.op_costs);
   return j;
 }
 
@@ -361,8 +363,9 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
                 json_repr(j) + ")");
   for (const auto& [key, value] : j.items()) {
     (void)value;
-    if (key != "device" && key != "gpu" && key != "nodes" && key != "gpus_per_node" && key != "storage_bytes_per_s")
-      throw Error(src + ": unknown field '" + key + "'; known: device, gpu, nodes, gpus_per_node, storage_bytes_per_s");
+    if (key != "device" && key != "gpu" && key != "nodes" && key != "gpus_per_node" && key != "storage_bytes_per_s" &&
+        key != "op_costs")
+      throw Error(src + ": unknown field '" + key + "'; known: device, gpu, nodes, gpus_per_node, storage_bytes_per_s, op_costs");
   }
   Cluster c;
   const bool from_catalog = j.contains("gpu");
@@ -403,6 +406,7 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
     static const FieldDef f{"storage_bytes_per_s", FieldDef::Dbl, 1e6, 1e13, false, "B/s", false, nullptr, nullptr, nullptr};
     c.storage_bytes_per_s = read_number(j.at("storage_bytes_per_s"), src, "storage_bytes_per_s", f);
   }
+  if (j.contains("op_costs")) c.op_costs = std::make_shared<const OpCostTable>(op_costs_from_json(j.at("op_costs"), src));
   return c;
 }
 

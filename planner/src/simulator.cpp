@@ -16,6 +16,7 @@
 #include "dlplan/simulator.hpp"
 
 #include "dlplan/ledger.hpp"
+#include "dlplan/op_costs.hpp"
 
 #include <fmt/format.h>
 
@@ -65,6 +66,21 @@ double host_optimizer_seconds(const ComputeEvent& e, const Cluster& c) {
   return e.bytes / (node * kHostStreamingShare / ranks) + e.link_bytes / host_link_rate(c.device);
 }
 
+// A cluster's measured op costs apply when the run has the ranks per node
+// they were measured with (each rank's threads follow from that); `why` says
+// otherwise.
+const OpCostTable* usable_cost_table(const Cluster& c, std::string& why) {
+  if (!c.op_costs) return nullptr;
+  const int ranks = std::max(1, std::min(c.gpus_per_node, c.world()));
+  if (c.op_costs->ranks_per_node != ranks) {
+    why = fmt::format("the cluster's op costs were measured with {} rank(s) per node and this plan runs {}: ops are timed "
+                      "by the roofline",
+                      c.op_costs->ranks_per_node, ranks);
+    return nullptr;
+  }
+  return c.op_costs.get();
+}
+
 }  // namespace
 
 Simulation simulate_program(const StepProgram& prog, const Cluster& c, const TrainingConfig& t, bool timeline) {
@@ -81,9 +97,28 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     sent[k] = cc.bytes_sent;
   }
   std::vector<double> seconds(prog.compute.size());
-  for (size_t e = 0; e < prog.compute.size(); ++e)
-    seconds[e] = prog.compute[e].on_host ? host_optimizer_seconds(prog.compute[e], c)
-                                         : compute_event_seconds(prog.compute[e], c.device, t.precision);
+  const OpCostTable* table = usable_cost_table(c, s.cost_table_unused);
+  for (size_t e = 0; e < prog.compute.size(); ++e) {
+    const ComputeEvent& ev = prog.compute[e];
+    if (ev.on_host) {
+      seconds[e] = host_optimizer_seconds(ev, c);
+      continue;
+    }
+    CostSource source = CostSource::roofline;
+    std::optional<OpCostLookup> hit;
+    if (table && ev.node >= 0) hit = table->find(ev.signature, ev.phase, t.micro_batch);
+    if (hit) {
+      seconds[e] = hit->seconds;
+      source = hit->source;
+    } else if (table && ev.node < 0 && table->optimizer_bytes_per_s > 0) {
+      seconds[e] = ev.bytes / table->optimizer_bytes_per_s;
+      source = CostSource::measured;
+    } else {
+      seconds[e] = compute_event_seconds(ev, c.device, t.precision);
+    }
+    if (table) seconds[e] += table->gap_per_op_s;
+    s.cost_sources[static_cast<size_t>(source)]++;
+  }
 
   double tc = 0, tm = 0;  // the two streams' clocks
   std::vector<double> done(prog.comm.size(), 0);

@@ -266,7 +266,7 @@ class Emitter {
     out_.instrs.push_back(in);
   }
   int compute(Instr::Kind kind, Phase ph, int i, double flops, double bytes) {
-    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes, {}, {}});
+    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes, {}, {}, false, 0, {}});
     if (i >= 0) record_work(i, out_.compute.back());
     Instr in;
     in.kind = kind;
@@ -320,6 +320,29 @@ class Emitter {
       ev.gemms.push_back({b * d(a.rows), d(a.rank), d(a.in), 1, a.reads_context || dx, true});
       ev.gemms.push_back({b * d(a.rows), d(a.out), d(a.rank), 1, true, true});
     }
+    ev.signature = signature(i);
+  }
+
+  // ComputeEvent::signature: what decides an op's kernel time apart from the
+  // micro-batch. Equal signatures run the same kernels on the same shapes.
+  std::string signature(int i) const {
+    const Node& n = node(i);
+    std::string shapes;
+    for (int id : n.inputs) {
+      shapes += shapes.empty() ? "[" : " [";
+      const Shape& s = m_.tensor(id).shape;
+      for (size_t k = 0; k < s.size(); ++k) shapes += (k ? "," : "") + std::to_string(s[k]);
+      shapes += "]";
+    }
+    std::string grads;
+    for (size_t k = 0; k < n.inputs.size(); ++k) grads += input_needs_grad(i, k) ? '1' : '0';
+    std::string how = to_string(cfg_.precision);
+    if (n.op == OpKind::attention) how += " " + to_string(cfg_.attention);
+    if (decl(i).onednn_conv) how += " onednn";
+    if (!lora_adapters(m_, n).empty()) how += " lora";
+    // Attributes with sorted keys: a plan file's model lists them in another order.
+    return fmt::format("{} {} {} dx={} dw={} {}", to_string(n.op), shapes, nlohmann::json(n.attrs.values).dump(), grads,
+                       base_trains_[static_cast<size_t>(i)] ? 1 : 0, how);
   }
 
   int issue(CommEvent ev, When when = When::every) {

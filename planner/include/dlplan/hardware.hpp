@@ -8,11 +8,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace dlplan {
+
+struct OpCostTable;  // op_costs.hpp
 
 // A device as the cost models see it. Every field is read and written through
 // one table (hardware.cpp, device_fields()); adding a field means adding the
@@ -95,12 +98,15 @@ struct Cluster {
   int nodes = 1;
   int gpus_per_node = 1;
   double storage_bytes_per_s = 0;  // checkpoint writes per node (0: kDefaultStorageBytesPerS)
+  // Per-op costs measured by `dlplan calibrate --model` (op_costs.hpp); null
+  // for a catalog device or a profile calibrated without a model.
+  std::shared_ptr<const OpCostTable> op_costs = nullptr;
   int world() const { return nodes * gpus_per_node; }
 };
 
 // JSON form used by --cluster files and by the plan's "cluster" object:
 // {"device": {all DeviceSpec fields, "sources": {field: text}}, "nodes": n,
-// "gpus_per_node": g, optionally "storage_bytes_per_s"}. A --cluster file may instead name a catalog kind
+// "gpus_per_node": g, optionally "storage_bytes_per_s" and "op_costs"}. A --cluster file may instead name a catalog kind
 // ("gpu": "h100-80g") and override single fields under "device". Every
 // number is checked against its field's range; errors name the file and the
 // field.

@@ -9,6 +9,7 @@
 #include "dlplan/training.hpp"
 
 #include <optional>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,10 @@ struct StrategyResult {
   double step_seconds = 0;
   double model_flops = 0;      // forward + backward per device per step, recomputation excluded
   double mfu = 0;
+  // Where the ops' times came from (Simulation::cost_sources), and why a
+  // cluster's measured op costs were not used.
+  std::array<int, 3> cost_sources{};
+  std::string cost_table_unused;
 };
 
 struct SyncBnAdvice {

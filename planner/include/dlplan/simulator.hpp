@@ -12,6 +12,7 @@
 #include "dlplan/step_walk.hpp"
 
 #include <iosfwd>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct Simulation {
   double model_flops = 0;      // forward + backward per device per step, recomputation excluded
   double mfu = 0;
   int64_t peak_bytes = 0;      // the memory model's peak (the same walk)
+  // Where the ops' times came from (op_costs.hpp): compute events by source,
+  // indexed by CostSource; and why a cluster's cost table was not used.
+  std::array<int, 3> cost_sources{};
+  std::string cost_table_unused;
 };
 
 // The device's dense peak for the precision's GEMMs: fp32, bf16 or fp16

@@ -94,6 +94,10 @@ struct ComputeEvent {
   // updated parameters up) before and after it.
   bool on_host = false;
   double link_bytes = 0;
+  // The op as a calibrated cost table knows it (op_costs.hpp): kind, per-sample
+  // input shapes, attributes, precision, the gradients its backward computes
+  // and how the engine runs it; empty for the optimizer.
+  std::string signature;
 };
 
 // What a collective is for, so that the executor knows its buffers.

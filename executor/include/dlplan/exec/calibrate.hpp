@@ -6,13 +6,16 @@
 //   - memory bandwidth: a large copy; per-op overhead: a tiny op, many times;
 //   - the optimizer step on the host (CPU offload's), every rank at once;
 //   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
-//     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce).
+//     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce);
+//   - with a model, every op of it timed in a few training steps
+//     (measure_op_costs): the profile's op_costs table.
 // Backend-neutral: the CUDA backend plugs into the same measurements.
 #pragma once
 
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/hardware.hpp"
+#include "dlplan/op_costs.hpp"
 
 #include <string>
 #include <vector>
@@ -50,6 +53,13 @@ struct AllReduceFit {
   double latency_s = 0, bus_bytes_per_s = 0;
 };
 AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ranks);
+
+// Per-op costs (op_costs.hpp): `model` trained `steps` steps (after one to
+// set up) under DDP over `comm` at `micro_batch`, fp32, every compute
+// instruction timed; each (signature, phase) row is the mean over the ops that
+// share it of their median over the steps, the slowest rank's. Collective.
+// Throws dlplan::Error when the model does not fit this host at that size.
+OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps = 5);
 
 // `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
 // [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.

@@ -58,6 +58,9 @@ struct TrainOptions {
   int steps = 10;
   uint64_t seed = 1;
   std::string data = "synthetic";
+  // Time every compute instruction of the program (dlplan calibrate's per-op
+  // costs): the device is synchronized around each, so a step takes longer.
+  bool time_ops = false;
 };
 
 // What a plan's model needs that the CUDA kernels do not implement yet (the
@@ -106,6 +109,10 @@ class Trainer {
   std::vector<float> full_parameters();
   std::vector<float> buffers() const;  // BN running statistics, concatenated (on the host)
   int64_t samples_per_step() const;
+  // With TrainOptions::time_ops: the last step's seconds per compute event of
+  // program() (summed over its micro-batches); empty otherwise.
+  const std::vector<double>& op_seconds() const { return op_seconds_; }
+  const StepProgram& program() const { return program_; }
   int64_t tokens_per_sample() const;
 
  private:
@@ -127,6 +134,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataSource> data_;
   StepProgram program_;
+  std::vector<double> op_seconds_;  // TrainOptions::time_ops
   std::unique_ptr<ProgramRunner> runner_;  // slot liveness and the program's bytes (ledger.hpp)
   std::vector<Tensor> slots_;              // what each live slot holds, for the step
   std::vector<WorkHandle> work_;           // per collective of the program

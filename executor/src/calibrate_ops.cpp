@@ -1,0 +1,98 @@
+// Per-op costs (calibrate.hpp, measure_op_costs): the model trained for a few
+// steps under DDP on every rank at once, each compute instruction timed.
+#include "dlplan/exec/calibrate.hpp"
+
+#include "dlplan/error.hpp"
+#include "dlplan/exec/trainer.hpp"
+#include "dlplan/op_costs.hpp"
+#include "dlplan/plan_io.hpp"
+#include "dlplan/planner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+namespace dlplan::exec {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+PlanDocument calibration_plan(const Model& model, int ranks, int64_t micro_batch) {
+  PlanRequest req;
+  req.model = model;
+  req.cluster.device = find_device("cpu");
+  req.cluster.gpus_per_node = ranks;
+  req.training.precision = Precision::fp32;
+  req.training.micro_batch = micro_batch;
+  req.forced = Strategy::ddp;
+  req.syncbn = SyncBnMode::off;
+  const Planning p = plan(req);
+  const StrategyResult* r = p.chosen();
+  if (!r || !r->fits)
+    throw Error(fmt::format("calibrate --model {}: micro-batch {} does not fit this host under ddp with {} rank(s); "
+                            "give a smaller --micro-batch",
+                            model.name, micro_batch, ranks));
+  return plan_from_json(nlohmann::json(plan_json(p, *r)), model.name + " (calibration)");
+}
+
+}  // namespace
+
+OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps) {
+  const PlanDocument plan = calibration_plan(model, comm.size(), micro_batch);
+  TrainOptions opt;
+  opt.steps = steps + 1;
+  opt.time_ops = true;
+  Trainer trainer(plan, comm, backend, opt);
+  trainer.step();  // the first step sets up (and its transients are not the step's)
+  const StepProgram& prog = trainer.program();
+  std::vector<std::vector<double>> per_event(prog.compute.size());
+  std::vector<double> gaps;
+  for (int s = 0; s < steps; ++s) {
+    const StepStats st = trainer.step();
+    const std::vector<double>& t = trainer.op_seconds();
+    for (size_t e = 0; e < t.size(); ++e) per_event[e].push_back(t[e]);
+    gaps.push_back(st.seconds - std::accumulate(t.begin(), t.end(), 0.0) - st.wait_seconds);
+  }
+
+  // The slowest rank's figures: a synchronous step waits for it.
+  std::vector<double> medians(prog.compute.size());
+  for (size_t e = 0; e < medians.size(); ++e) medians[e] = median(per_event[e]);
+  std::vector<double> all(medians.size() * static_cast<size_t>(comm.size()));
+  comm.all_gather_bytes(medians.data(), all.data(), medians.size() * sizeof(double));
+  for (size_t e = 0; e < medians.size(); ++e)
+    for (int r = 0; r < comm.size(); ++r) medians[e] = std::max(medians[e], all[static_cast<size_t>(r) * medians.size() + e]);
+
+  OpCostTable table;
+  table.ranks_per_node = comm.local_size();
+  // Ops with one signature (a transformer's repeated layers) share a row: the
+  // mean of their medians, so that the table's total is the measured one.
+  std::map<std::pair<std::string, Phase>, std::pair<double, int>> rows;
+  double optimizer_seconds = 0, optimizer_bytes = 0;
+  for (size_t e = 0; e < prog.compute.size(); ++e) {
+    const ComputeEvent& ev = prog.compute[e];
+    if (ev.node < 0) {
+      optimizer_seconds += medians[e];
+      optimizer_bytes += ev.bytes;
+      continue;
+    }
+    auto& row = rows[{ev.signature, ev.phase}];
+    row.first += medians[e];
+    row.second += 1;
+  }
+  for (const auto& [key, row] : rows)
+    table.ops.push_back({key.first, key.second, micro_batch, row.first / row.second, row.second * steps});
+  if (optimizer_seconds > 0) table.optimizer_bytes_per_s = optimizer_bytes / optimizer_seconds;
+  double gap = std::max(0.0, median(gaps));
+  comm.all_reduce_doubles(&gap, 1);
+  table.gap_per_op_s = gap / comm.size() / static_cast<double>(std::max<size_t>(1, prog.compute.size()));
+  table.source = fmt::format("dlplan calibrate --model {} --micro-batch {}: {} ops timed over {} steps, {} rank(s) per node",
+                             model.name, micro_batch, table.ops.size(), steps, table.ranks_per_node);
+  return table;
+}
+
+}  // namespace dlplan::exec

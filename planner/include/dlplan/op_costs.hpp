@@ -1,0 +1,63 @@
+// Per-op costs measured by `dlplan calibrate --model M`: the seconds each
+// distinct op of a model takes, forward and backward, with the executor's own
+// kernels at the threads per rank the run will use, and the optimizer's update
+// rate. A cluster profile carries them ("op_costs"); the simulator takes an
+// op's time from the table when it holds the op and falls back to the
+// roofline of the device's figures otherwise (docs/simulator.md).
+//
+// An op is keyed by its signature (step_program.hpp, ComputeEvent::signature):
+// the op kind, its per-sample input shapes, its attributes, which gradients
+// its backward computes and how the engine runs it (attention mode, oneDNN
+// convolution). The micro-batch is kept apart: a table measured at micro-batch
+// b0 serves b by linear scaling (t(b) = t(b0) b / b0), the nearest b0 first,
+// and says so.
+#pragma once
+
+#include "dlplan/step_program.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlplan {
+
+struct OpCost {
+  std::string signature;
+  Phase phase = Phase::forward;
+  int64_t micro_batch = 0;
+  double seconds = 0;  // median over the calibration's steps and the op's occurrences
+  int samples = 0;
+};
+
+// Where an op's predicted time comes from (the simulator's --explain line).
+enum class CostSource { measured, scaled, roofline };
+const char* to_string(CostSource s);
+
+struct OpCostLookup {
+  double seconds = 0;
+  CostSource source = CostSource::roofline;
+};
+
+struct OpCostTable {
+  std::string source;          // "dlplan calibrate --model tiny-gpt --micro-batch 8 on host: 2 ranks x 1 thread"
+  int ranks_per_node = 0;      // the ranks the table was measured with (threads per rank follow from it)
+  std::vector<OpCost> ops;
+  double optimizer_bytes_per_s = 0;  // the optimizer's update, over ComputeEvent::bytes (0: not measured)
+  // What a step costs besides its ops, per op: the engine's bookkeeping
+  // between them (slots, the ledger's checks, issuing collectives), measured
+  // as (step - ops - waits) / ops over the calibration's steps.
+  double gap_per_op_s = 0;
+
+  // The op's time: measured at this micro-batch, else scaled from the
+  // nearest measured one; recompute reads forward's when it has no row.
+  std::optional<OpCostLookup> find(const std::string& signature, Phase phase, int64_t micro_batch) const;
+};
+
+nlohmann::ordered_json op_costs_to_json(const OpCostTable& t);
+// Errors name `source` and the field.
+OpCostTable op_costs_from_json(const nlohmann::json& j, const std::string& source);
+
+}  // namespace dlplan
