@@ -5,7 +5,9 @@
 #include "dlplan/error.hpp"
 #include "dlplan/exec/device.hpp"
 #include "dlplan/exec/calibrate.hpp"
+#include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/op_costs.hpp"
 
 #include <fmt/format.h>
 
@@ -16,14 +18,20 @@ namespace dlplan::cli {
 Runner add_calibrate_command(CLI::App& app) {
   struct Flags {
     std::string device = "cpu", out, model;
-    int64_t micro_batch = 1;
+    int64_t micro_batch = 1, seq_len = 0;
   };
   auto f = std::make_shared<Flags>();
   app.add_option("--device", f->device, "cpu (the CUDA backend's calibration runs with --device cuda once GPUs are built)")
       ->capture_default_str();
   app.add_option("--out", f->out, "Write the cluster profile here")->required();
-  app.add_option("--model", f->model, "Measure GEMMs at this model's shapes (zoo name or file)");
-  app.add_option("--micro-batch", f->micro_batch, "Rows of the model's GEMMs are micro-batch x tokens")->capture_default_str();
+  app.add_option("--model", f->model,
+                 "Also time every op of this model (zoo name or file) in a few DDP steps, into the profile's op_costs, "
+                 "and measure GEMMs at its shapes");
+  app.add_option("--micro-batch", f->micro_batch, "The micro-batch the model's ops are timed at (other micro-batches scale)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", f->seq_len, "Tokens per sample of the model's ops, as `dlplan plan --seq-len` (default: its context)")
+      ->check(CLI::PositiveNumber);
   return [f]() {
     auto comm = exec::make_communicator(nullptr, nullptr);
     const bool root = comm->rank() == 0;
@@ -33,13 +41,22 @@ Runner add_calibrate_command(CLI::App& app) {
     }
     std::unique_ptr<Model> model;
     try {
-      if (!f->model.empty()) model = std::make_unique<Model>(load_model(f->model));
+      if (!f->model.empty()) {
+        model = std::make_unique<Model>(load_model(f->model, ImportOptions{f->micro_batch, f->seq_len}));
+        if (f->seq_len > 0) *model = with_seq_len(*model, f->seq_len);
+      }
     } catch (const Error& e) {
       if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
       return 1;
     }
     auto backend = exec::make_cpu_backend();
-    const exec::Calibration cal = exec::calibrate(*comm, *backend, model.get(), f->micro_batch);
+    exec::Calibration cal;
+    try {  // collective: the model fits (or not) on every rank alike
+      cal = exec::calibrate(*comm, *backend, model.get(), f->micro_batch);
+    } catch (const Error& e) {
+      if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
+      return 1;
+    }
     if (!root) return 0;
     fmt::print("{:>6} {:>6} {:>6} {:>10} {:>12}\n", "m", "n", "k", "ms", "GFLOP/s");
     for (const auto& g : cal.gemms)
@@ -49,6 +66,10 @@ Runner add_calibrate_command(CLI::App& app) {
       fmt::print("{:>12} {:>12}   all-reduce over {} ranks\n", "bytes", "us", comm->size());
       for (const auto& s : cal.all_reduce) fmt::print("{:>12.0f} {:>12.1f}\n", s.bytes, s.seconds * 1e6);
       fmt::print("fit: latency {:.1f} us, bus bandwidth {:.2f} GB/s\n", cal.latency_s * 1e6, cal.bus_bytes_per_s / 1e9);
+    }
+    if (const auto& t = cal.cluster.op_costs) {
+      fmt::print("op costs: {} distinct ops of {} at micro-batch {}; optimizer {:.2f} GB/s; {:.1f} us between ops\n",
+                 t->ops.size(), model->name, f->micro_batch, t->optimizer_bytes_per_s / 1e9, t->gap_per_op_s * 1e6);
     }
     write_file_atomically(f->out, cluster_to_json(cal.cluster).dump(1) + "\n");
     fmt::print("wrote {}\n", f->out);
