@@ -69,6 +69,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
 
   OpCostTable table;
   table.ranks_per_node = comm.local_size();
+  table.kernel_revision = kCpuKernelRevision;
   // Ops with one signature (a transformer's repeated layers) share a row: the
   // mean of their medians, so that the table's total is the measured one.
   std::map<std::pair<std::string, Phase>, std::pair<double, int>> rows;

@@ -72,6 +72,7 @@ nlohmann::ordered_json op_costs_to_json(const OpCostTable& t) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   j["source"] = t.source;
   j["ranks_per_node"] = t.ranks_per_node;
+  j["kernel_revision"] = t.kernel_revision;
   j["optimizer_bytes_per_s"] = t.optimizer_bytes_per_s;
   j["gap_per_op_s"] = t.gap_per_op_s;
   j["ops"] = std::move(ops);
@@ -82,9 +83,10 @@ OpCostTable op_costs_from_json(const nlohmann::json& j, const std::string& src) 
   if (!j.is_object()) bad(src, "", "an object", j);
   for (const auto& [key, value] : j.items()) {
     (void)value;
-    if (key != "source" && key != "ranks_per_node" && key != "optimizer_bytes_per_s" && key != "gap_per_op_s" && key != "ops")
-      throw Error(fmt::format("{}: unknown field 'op_costs.{}'; known: source, ranks_per_node, optimizer_bytes_per_s, "
-                              "gap_per_op_s, ops", src, key));
+    if (key != "source" && key != "ranks_per_node" && key != "kernel_revision" && key != "optimizer_bytes_per_s" &&
+        key != "gap_per_op_s" && key != "ops")
+      throw Error(fmt::format("{}: unknown field 'op_costs.{}'; known: source, ranks_per_node, kernel_revision, "
+                              "optimizer_bytes_per_s, gap_per_op_s, ops", src, key));
   }
   OpCostTable t;
   if (j.contains("source")) {
@@ -94,6 +96,9 @@ OpCostTable op_costs_from_json(const nlohmann::json& j, const std::string& src) 
   const double ranks = positive(j, "ranks_per_node", src, "", false);
   if (ranks != std::floor(ranks) || ranks > 1024) bad(src, "ranks_per_node", "an integer in [1, 1024]", j.at("ranks_per_node"));
   t.ranks_per_node = static_cast<int>(ranks);
+  const double revision = positive(j, "kernel_revision", src, "", false);
+  if (revision != std::floor(revision) || revision > 1e6) bad(src, "kernel_revision", "an integer >= 1", j.at("kernel_revision"));
+  t.kernel_revision = static_cast<int>(revision);
   t.optimizer_bytes_per_s = positive(j, "optimizer_bytes_per_s", src, "", true);
   t.gap_per_op_s = positive(j, "gap_per_op_s", src, "", true);
   if (!j.contains("ops") || !j.at("ops").is_array()) bad(src, "ops", "an array", j.contains("ops") ? j.at("ops") : nlohmann::json());

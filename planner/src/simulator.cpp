@@ -66,11 +66,17 @@ double host_optimizer_seconds(const ComputeEvent& e, const Cluster& c) {
   return e.bytes / (node * kHostStreamingShare / ranks) + e.link_bytes / host_link_rate(c.device);
 }
 
-// A cluster's measured op costs apply when the run has the ranks per node
-// they were measured with (each rank's threads follow from that); `why` says
-// otherwise.
+// A cluster's measured op costs apply when they time this build's kernels
+// and the run has the ranks per node they were measured with (each rank's
+// threads follow from that); `why` says otherwise.
 const OpCostTable* usable_cost_table(const Cluster& c, std::string& why) {
   if (!c.op_costs) return nullptr;
+  if (c.op_costs->kernel_revision != kCpuKernelRevision) {
+    why = fmt::format("the cluster's op costs were measured with the engine's kernels of revision {} and this dlplan's "
+                      "are revision {}: ops are timed by the roofline until `dlplan calibrate --model` measures them again",
+                      c.op_costs->kernel_revision, kCpuKernelRevision);
+    return nullptr;
+  }
   const int ranks = std::max(1, std::min(c.gpus_per_node, c.world()));
   if (c.op_costs->ranks_per_node != ranks) {
     why = fmt::format("the cluster's op costs were measured with {} rank(s) per node and this plan runs {}: ops are timed "

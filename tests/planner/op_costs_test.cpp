@@ -1,7 +1,7 @@
 // Measured op costs (op_costs.hpp) in the simulator, against hand arithmetic:
 // a table with a known time for every op gives their sum; another micro-batch
 // scales it; recomputation reads the forward's row; a table measured with
-// other ranks per node is set aside and said so; the profile's JSON
+// other ranks per node or older kernels is set aside and said so; the profile's JSON
 // round-trips and its errors name the field; signatures survive a plan file.
 #include "dlplan/op_costs.hpp"
 #include "dlplan/plan_io.hpp"
@@ -43,6 +43,7 @@ std::shared_ptr<const OpCostTable> table_for(const StepProgram& prog, int ranks,
                                              double optimizer_bytes_per_s = 0, double gap = 0) {
   auto t = std::make_shared<OpCostTable>();
   t->ranks_per_node = ranks;
+  t->kernel_revision = kCpuKernelRevision;
   t->optimizer_bytes_per_s = optimizer_bytes_per_s;
   t->gap_per_op_s = gap;
   std::set<std::pair<std::string, Phase>> seen;
@@ -145,6 +146,20 @@ TEST(OpCosts, ATableFromOtherRanksPerNodeIsSetAsideAndSaid) {
   EXPECT_EQ(p.chosen()->cost_table_unused, s.cost_table_unused);
 }
 
+TEST(OpCosts, ATableOfOlderKernelsIsSetAsideAndSaid) {
+  const Model m = load_model("tiny-mlp");
+  Cluster c = host(1);
+  const TrainingConfig t = fp32(4);
+  const StepProgram prog = build_step_program(m, c, t);
+  const double plain = simulate_program(prog, c, t).compute_seconds;
+  auto old = std::make_shared<OpCostTable>(*table_for(prog, 1, 4, [](Phase) { return 1.0; }));
+  old->kernel_revision = kCpuKernelRevision - 1;
+  c.op_costs = old;
+  const Simulation s = simulate_program(prog, c, t);
+  EXPECT_DOUBLE_EQ(s.compute_seconds, plain);
+  EXPECT_NE(s.cost_table_unused.find("calibrate --model"), std::string::npos) << s.cost_table_unused;
+}
+
 TEST(OpCosts, SignaturesSurviveAPlanFile) {
   // A plan file's model lists attributes in another order; the calibration
   // that reads it must key its ops as the planner does.
@@ -166,6 +181,7 @@ TEST(OpCosts, TheProfileRoundTripsAndItsErrorsNameTheField) {
   auto t = std::make_shared<OpCostTable>();
   t->source = "hand-made";
   t->ranks_per_node = 2;
+  t->kernel_revision = kCpuKernelRevision;
   t->optimizer_bytes_per_s = 3e9;
   t->gap_per_op_s = 4e-6;
   t->ops.push_back({"relu [8] {} dx=1 dw=0 fp32", Phase::backward, 16, 2.5e-5, 10});
@@ -191,6 +207,7 @@ TEST(OpCosts, TheProfileRoundTripsAndItsErrorsNameTheField) {
   EXPECT_NE(broken([](auto& o) { o["ops"][0]["seconds"] = -1; }).find("host.json: op_costs.ops[0].seconds"), std::string::npos);
   EXPECT_NE(broken([](auto& o) { o["ops"][0]["phase"] = "sideways"; }).find("op_costs.ops[0].phase"), std::string::npos);
   EXPECT_NE(broken([](auto& o) { o["ops"][0].erase("signature"); }).find("op_costs.ops[0].signature"), std::string::npos);
+  EXPECT_NE(broken([](auto& o) { o.erase("kernel_revision"); }).find("op_costs.kernel_revision"), std::string::npos);
   EXPECT_NE(broken([](auto& o) { o["ranks_per_node"] = 0; }).find("op_costs.ranks_per_node"), std::string::npos);
   EXPECT_NE(broken([](auto& o) { o["speed"] = 1; }).find("unknown field 'op_costs.speed'"), std::string::npos);
 }

@@ -41,9 +41,15 @@ struct OpCostLookup {
   CostSource source = CostSource::roofline;
 };
 
+// The CPU engine's kernels, as a number: raised with every change to a kernel
+// that changes its time (docs/time.md). A table measured with another number
+// times kernels that are no longer there, and the simulator sets it aside.
+constexpr int kCpuKernelRevision = 1;
+
 struct OpCostTable {
   std::string source;          // "dlplan calibrate --model tiny-gpt --micro-batch 8 on host: 2 ranks x 1 thread"
   int ranks_per_node = 0;      // the ranks the table was measured with (threads per rank follow from it)
+  int kernel_revision = 0;     // kCpuKernelRevision when it was measured
   std::vector<OpCost> ops;
   double optimizer_bytes_per_s = 0;  // the optimizer's update, over ComputeEvent::bytes (0: not measured)
   // What a step costs besides its ops, per op: the engine's bookkeeping
