@@ -223,7 +223,12 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       host, n, d.fp32_flops / 1e9, shapes.size(), cal.copy_bytes_per_s / 1e9, cal.op_overhead_s * 1e6, cal.latency_s * 1e6,
       cal.bus_bytes_per_s / 1e9, cal.host_optimizer_bytes_per_s / 1e9);
   cal.cluster.device = d;
-  if (model) cal.cluster.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch));
+  if (model) {
+    double jitter = 0;
+    cal.cluster.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, &jitter));
+    // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
+    cal.cluster.device.rank_jitter = std::min(jitter, 1.0);
+  }
   cal.cluster.nodes = 1;
   cal.cluster.gpus_per_node = n;
   return cal;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 
@@ -42,7 +43,8 @@ PlanDocument calibration_plan(const Model& model, int ranks, int64_t micro_batch
 
 }  // namespace
 
-OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps) {
+OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps,
+                             double* rank_jitter) {
   const PlanDocument plan = calibration_plan(model, comm.size(), micro_batch);
   TrainOptions opt;
   opt.steps = steps + 1;
@@ -51,12 +53,28 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
   trainer.step();  // the first step sets up (and its transients are not the step's)
   const StepProgram& prog = trainer.program();
   std::vector<std::vector<double>> per_event(prog.compute.size());
-  std::vector<double> gaps;
+  std::vector<double> gaps, skews, computes;
+  const int N = comm.size();
   for (int s = 0; s < steps; ++s) {
     const StepStats st = trainer.step();
     const std::vector<double>& t = trainer.op_seconds();
     for (size_t e = 0; e < t.size(); ++e) per_event[e].push_back(t[e]);
-    gaps.push_back(st.seconds - std::accumulate(t.begin(), t.end(), 0.0) - st.wait_seconds);
+    const double compute = std::accumulate(t.begin(), t.end(), 0.0);
+    gaps.push_back(st.seconds - compute - st.wait_seconds);
+    // The ranks' skew at this step's synchronization: the slowest rank's
+    // compute past the mean of all ranks'.
+    std::vector<double> ranks(static_cast<size_t>(N));
+    comm.all_gather_bytes(&compute, ranks.data(), sizeof(double));
+    const double mean = std::accumulate(ranks.begin(), ranks.end(), 0.0) / N;
+    skews.push_back(*std::max_element(ranks.begin(), ranks.end()) - mean);
+    computes.push_back(mean);
+  }
+  // The simulator's skew model (simulator.cpp, rank_skew_seconds): the
+  // slowest of N ranks arrives jitter x sqrt(2 ln N) x sqrt(compute) late.
+  if (rank_jitter) {
+    *rank_jitter = 0;
+    if (N > 1 && median(computes) > 0)
+      *rank_jitter = median(skews) / (std::sqrt(2.0 * std::log(static_cast<double>(N))) * std::sqrt(median(computes)));
   }
 
   // The slowest rank's figures: a synchronous step waits for it.

@@ -58,8 +58,11 @@ AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ra
 // set up) under DDP over `comm` at `micro_batch`, fp32, every compute
 // instruction timed; each (signature, phase) row is the mean over the ops that
 // share it of their median over the steps, the slowest rank's. Collective.
+// `rank_jitter` (when given) receives the ranks' measured drift in the
+// simulator's skew model (DeviceSpec::rank_jitter; 0 on one rank).
 // Throws dlplan::Error when the model does not fit this host at that size.
-OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps = 5);
+OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps = 5,
+                             double* rank_jitter = nullptr);
 
 // `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
 // [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
