@@ -34,11 +34,12 @@ void table(const char* title, const std::vector<Prediction>& ps, const std::stri
     all.push_back(&p);
   }
   fmt::print("\n{}\n", title);
-  fmt::print("{:<14} {:<12} {:>4} {:>10} {:>10} {:>13} {:>6}\n", "group", "", "n", "median |e|", "worst |e|", "median signed", "fits");
+  fmt::print("{:<14} {:<12} {:>4} {:>10} {:>10} {:>10} {:>13} {:>6}\n", "group", "", "n", "median |e|", "p90 |e|", "worst |e|",
+             "median signed", "fits");
   auto line = [](const std::string& kind, const std::string& name, const std::vector<const Prediction*>& v) {
     const Stats s = stats(v);
-    fmt::print("{:<14} {:<12} {:>4} {:>9.1f}% {:>9.1f}% {:>12.1f}% {:>3}/{:<3}\n", kind, name, s.n, 100 * s.median, 100 * s.worst,
-               100 * s.signed_median, s.fits, s.n);
+    fmt::print("{:<14} {:<12} {:>4} {:>9.1f}% {:>9.1f}% {:>9.1f}% {:>12.1f}% {:>3}/{:<3}\n", kind, name, s.n, 100 * s.median,
+               100 * s.p90, 100 * s.worst, 100 * s.signed_median, s.fits, s.n);
   };
   for (const auto& [k, v] : by_gpu) line("gpu", k, v);
   for (const auto& [k, v] : by_source) line("source", k, v);

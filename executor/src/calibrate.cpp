@@ -1,5 +1,7 @@
 #include "dlplan/exec/calibrate.hpp"
 
+#include "calibrate_stats.hpp"
+
 #include "dlplan/exec/device_ops.hpp"
 
 #include "dlplan/loader.hpp"
@@ -9,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <unistd.h>
@@ -18,17 +21,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// The slowest rank's time: what a synchronous step waits for.
-double slowest(Communicator& comm, double seconds) {
-  std::vector<double> all(static_cast<size_t>(comm.size()));
-  comm.all_gather_bytes(&seconds, all.data(), sizeof(double));
-  return *std::max_element(all.begin(), all.end());
-}
+using detail::median;
+using detail::slowest;
 
 // A one-linear model, so the GEMM runs through the backend's own op.
 Model linear_model(int64_t k, int64_t n) {
@@ -223,14 +217,27 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       host, n, d.fp32_flops / 1e9, shapes.size(), cal.copy_bytes_per_s / 1e9, cal.op_overhead_s * 1e6, cal.latency_s * 1e6,
       cal.bus_bytes_per_s / 1e9, cal.host_optimizer_bytes_per_s / 1e9);
   cal.cluster.device = d;
+  cal.cluster.nodes = 1;
+  cal.cluster.gpus_per_node = n;
   if (model) {
     double jitter = 0;
     cal.cluster.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, &jitter));
     // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
     cal.cluster.device.rank_jitter = std::min(jitter, 1.0);
+    // The band: the worst strategy's held-back error, at least 1 % (three
+    // steps cannot vouch for better).
+    cal.held_back = check_held_back(comm, backend, *model, micro_batch, cal.cluster);
+    double band = 0.01;
+    std::string runs;
+    for (const HeldBackRun& h : cal.held_back) {
+      band = std::max(band, std::fabs(h.error()));
+      runs += fmt::format("{}{} {:+.1f} %", runs.empty() ? "" : ", ", to_string(h.strategy), h.error() * 100);
+    }
+    cal.cluster.device.time_uncertainty = std::ceil(band * 100) / 100;
+    cal.cluster.device.sources["time_uncertainty"] = fmt::format(
+        "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s), 3 steps each ({}), "
+        "rounded up to the percent", model->name, micro_batch, n, runs);
   }
-  cal.cluster.nodes = 1;
-  cal.cluster.gpus_per_node = n;
   return cal;
 }
 

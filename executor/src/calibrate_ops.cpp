@@ -2,6 +2,8 @@
 // steps under DDP on every rank at once, each compute instruction timed.
 #include "dlplan/exec/calibrate.hpp"
 
+#include "calibrate_stats.hpp"
+
 #include "dlplan/error.hpp"
 #include "dlplan/exec/trainer.hpp"
 #include "dlplan/op_costs.hpp"
@@ -18,10 +20,7 @@
 namespace dlplan::exec {
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using detail::median;
 
 PlanDocument calibration_plan(const Model& model, int ranks, int64_t micro_batch) {
   PlanRequest req;

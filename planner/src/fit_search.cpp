@@ -46,7 +46,7 @@ std::vector<StrategyResult> evaluate_all(const Model& m, const Cluster& c, const
   return rows;
 }
 
-std::optional<Strategy> pick(const std::vector<StrategyResult>& rows, bool per_sample) {
+std::optional<Strategy> pick(const std::vector<StrategyResult>& rows, double band, bool per_sample) {
   auto time = [per_sample](const StrategyResult& r) {
     return per_sample ? r.step_seconds / static_cast<double>(r.training.micro_batch * r.training.grad_accum) : r.step_seconds;
   };
@@ -55,7 +55,7 @@ std::optional<Strategy> pick(const std::vector<StrategyResult>& rows, bool per_s
     if (r.fits && (!fastest || time(r) < time(*fastest))) fastest = &r;
   if (!fastest) return std::nullopt;
   for (const auto& r : rows)  // rows are in order of simplicity
-    if (r.fits && time(r) <= 1.05 * time(*fastest)) return r.strategy;
+    if (r.fits && time(r) <= (1 + band) * time(*fastest)) return r.strategy;
   return fastest->strategy;
 }
 

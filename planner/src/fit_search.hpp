@@ -17,7 +17,9 @@ std::vector<StrategyResult> evaluate_all(const Model& m, const Cluster& c, const
 // Among the rows that fit (in order of simplicity), the fastest; within 5% of
 // it, the simplest. With per_sample, time per sample decides (rows whose
 // batches differ); otherwise the step time.
-std::optional<Strategy> pick(const std::vector<StrategyResult>& rows, bool per_sample = false);
+// The simplest strategy that fits whose time is within `band` of the
+// fastest's (t <= (1 + band) t_fastest); rows are in order of simplicity.
+std::optional<Strategy> pick(const std::vector<StrategyResult>& rows, double band, bool per_sample = false);
 
 // The largest micro-batch b < below (0: no bound) with which strategy t fits.
 // per_rank > 0 keeps b x accumulation = per_rank (a fixed global batch): b

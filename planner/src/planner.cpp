@@ -1,7 +1,9 @@
 // Planning across strategies and the recommendation.
-// Rule: among strategies that fit, the fastest; within 5% of it, the simplest
-// (ddp, zero1, zero2, zero3 in that order) — if the model fits each GPU, plain
-// DDP is the simplest thing that works. If nothing fits, the changes that
+// Rule: among strategies that fit, the simplest (ddp, zero1, zero2, zero3,
+// then hybrid, in that order) unless a more complex one is faster by more
+// than the predicted steps' band (time_band: the device's validated error) —
+// if the model fits each GPU, plain DDP is the simplest thing that works, and
+// a faster plan has to be faster by more than the prediction can tell. If nothing fits, the changes that
 // would, cheapest first (suggest.cpp). With --micro-batch max each strategy
 // gets the largest micro-batch that fits (fit_search.cpp).
 #include "dlplan/planner.hpp"
@@ -23,6 +25,20 @@ SyncBnMode parse_syncbn_mode(std::string_view s) {
   if (s == "on") return SyncBnMode::on;
   if (s == "off") return SyncBnMode::off;
   throw UsageError(fmt::format("unknown --syncbn '{}' (choose one of: auto, on, off)", s));
+}
+
+TimeBand time_band(const Cluster& c) {
+  const DeviceSpec& d = c.device;
+  TimeBand b;
+  if (d.time_uncertainty > 0) {
+    b.relative = d.time_uncertainty;
+    const auto s = d.sources.find("time_uncertainty");
+    b.source = s != d.sources.end() ? s->second : "the cluster file's device.time_uncertainty";
+  } else {
+    b.source = fmt::format("dlplan's default for a device without validation runs: the worst held-out error of the "
+                           "validated GPUs (24.5 %), rounded up (docs/time.md)");
+  }
+  return b;
 }
 
 const StrategyResult* Planning::chosen() const {
@@ -113,6 +129,7 @@ void say_changes(const PlanRequest& req, Recommendation& rec) {
 
 Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResult>& rows, const TrainingConfig& base) {
   Recommendation rec;
+  rec.time_band = time_band(req.cluster);
   if (req.forced) {
     const auto& r = row_of(rows, *req.forced);
     rec.strategy = r.strategy;
@@ -124,7 +141,8 @@ Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResul
     }
     return rec;
   }
-  rec.strategy = detail::pick(rows, req.max_micro_batch && req.global_batch == 0);
+  const double band = rec.time_band.relative;
+  rec.strategy = detail::pick(rows, band, req.max_micro_batch && req.global_batch == 0);
   if (!rec.strategy) {
     const StrategyResult* least = &rows[0];
     for (const auto& r : rows)
@@ -157,14 +175,26 @@ Recommendation recommend(const PlanRequest& req, const std::vector<StrategyResul
                ? r.step_seconds / static_cast<double>(r.training.micro_batch * r.training.grad_accum)
                : r.step_seconds;
   };
-  if (fastest == &best)
+  if (fastest == &best) {
     rec.reasons.push_back(fmt::format("It has the fastest {} of the {} strateg{} that fit ({}).", unit, fitting,
                                       fitting == 1 ? "y" : "ies", format_seconds(per(best))));
-  else
+  } else {
     rec.reasons.push_back(fmt::format(
-        "Its {} ({}) is within 5% of the fastest ({}, {}), and it is simpler: DDP, then ZeRO-1, 2, 3, then hybrid "
-        "sharding (hsdp2, hsdp3).", unit,
-        format_seconds(per(best)), to_string(fastest->strategy), format_seconds(per(*fastest))));
+        "Its {} ({}) is {:.1f}% slower than the fastest ({}, {}), within the {:.0f}% the predicted times are good "
+        "to, and it is simpler: DDP, then ZeRO-1, 2, 3, then hybrid sharding (hsdp2, hsdp3).",
+        unit, format_seconds(per(best)), (per(best) / per(*fastest) - 1) * 100, to_string(fastest->strategy),
+        format_seconds(per(*fastest)), band * 100));
+  }
+  // The simplest strategy that fits, passed over: it lost by more than the band.
+  for (const auto& r : rows)
+    if (r.fits && r.strategy < best.strategy) {
+      rec.reasons.push_back(fmt::format("{} is simpler and fits, but its {} ({}) is {:.0f}% longer, more than the {:.0f}% "
+                                        "the predicted times are good to: the more complex strategy is worth it.",
+                                        to_string(r.strategy), unit, format_seconds(per(r)), (per(r) / per(best) - 1) * 100,
+                                        band * 100));
+      break;
+    }
+  rec.reasons.push_back(fmt::format("Predicted times are good to +-{:.0f}%: {}.", band * 100, rec.time_band.source));
   for (const auto& r : rows)
     if (!r.fits && r.strategy < best.strategy)
       rec.reasons.push_back(fmt::format("{} does not fit: {}.", to_string(r.strategy), need_sentence(r)));

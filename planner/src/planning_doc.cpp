@@ -40,6 +40,8 @@ OrderedJson planning_document(const Planning& p, bool explain) {
                        {"gpus", c.gpus},
                        {"global_batch", c.global_batch},
                        {"cost", c.cost}});
+  j["recommendation"]["time_uncertainty"] = {{"relative", p.recommendation.time_band.relative},
+                                              {"source", p.recommendation.time_band.source}};
   j["syncbn"]["enabled"] = p.syncbn.enabled;
   j["syncbn"]["crosses_nodes"] = p.syncbn.crosses_nodes;
   if (p.syncbn.if_enabled_group > 1)

@@ -62,7 +62,7 @@ std::vector<SuggestedChange> suggest_changes(const PlanRequest& req, const Train
 
   auto plan_of = [&](const Candidate& c) -> std::optional<SuggestedChange> {
     const auto got = evaluate_all(m, c.cluster, c.training, false, c.strategies);
-    const auto s = pick(got);
+    const auto s = pick(got, time_band(c.cluster).relative);
     if (!s) return std::nullopt;
     const auto& r = *std::find_if(got.begin(), got.end(), [&](const StrategyResult& x) { return x.strategy == *s; });
     SuggestedChange out;

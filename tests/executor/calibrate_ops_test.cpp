@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 
 using namespace dlplan;
@@ -51,5 +52,53 @@ TEST_P(MeasuredOpCosts, CoverEveryOpOfThePlan) {
 // tiny-cnn's convolutions run through oneDNN where it is built (their
 // signatures say so), tiny-gpt's attention in the plan's mode.
 INSTANTIATE_TEST_SUITE_P(Zoo, MeasuredOpCosts, ::testing::Values("tiny-mlp", "tiny-cnn", "tiny-gpt"));
+
+}  // namespace
+
+namespace {
+
+// The held-back check compares the profile's predictions with steps it did
+// not see. A profile that times every op, the optimizer and the gaps ten
+// times too slow predicts ten times the step: its error shows it (even a
+// machine 5x slower under load than at calibration leaves it above 100 %).
+TEST(HeldBack, AProfileTenTimesTooSlowShowsInTheError) {
+  const Model m = load_model("tiny-mlp");
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  Cluster c;
+  c.device = find_device("cpu");
+  OpCostTable table = measure_op_costs(*comm, *backend, m, 4, 2);
+  c.op_costs = std::make_shared<const OpCostTable>(table);
+  const std::vector<HeldBackRun> fair = check_held_back(*comm, *backend, m, 4, c, 2);
+  ASSERT_EQ(fair.size(), 1u);  // one rank: ddp only
+  EXPECT_EQ(fair[0].strategy, Strategy::ddp);
+  EXPECT_GT(fair[0].measured_s, 0);
+  for (OpCost& o : table.ops) o.seconds *= 10;
+  table.optimizer_bytes_per_s /= 10;
+  table.gap_per_op_s *= 10;
+  c.op_costs = std::make_shared<const OpCostTable>(table);
+  const std::vector<HeldBackRun> slow = check_held_back(*comm, *backend, m, 4, c, 2);
+  ASSERT_EQ(slow.size(), 1u);
+  EXPECT_NEAR(slow[0].predicted_s / fair[0].predicted_s, 10, 0.5);
+  EXPECT_GT(slow[0].error(), 1.0);
+}
+
+// calibrate --model states the worst held-back error, rounded up to the
+// percent (at least 1 %), as the profile's time_uncertainty, and says where
+// it comes from.
+TEST(HeldBack, CalibrateStatesTheWorstHeldBackError) {
+  const Model m = load_model("tiny-mlp");
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  const Calibration cal = calibrate(*comm, *backend, &m, 4);
+  ASSERT_EQ(cal.held_back.size(), 1u);
+  double worst = 0.01;
+  for (const auto& h : cal.held_back) worst = std::max(worst, std::fabs(h.error()));
+  EXPECT_DOUBLE_EQ(cal.cluster.device.time_uncertainty, std::ceil(worst * 100) / 100);
+  EXPECT_NE(cal.cluster.device.sources.at("time_uncertainty").find("held-back"), std::string::npos);
+  // The profile carries it through its file.
+  const Cluster back = cluster_from_json(cluster_to_json(cal.cluster), "profile");
+  EXPECT_DOUBLE_EQ(back.device.time_uncertainty, cal.cluster.device.time_uncertainty);
+}
 
 }  // namespace

@@ -267,6 +267,29 @@ TEST(PublishedRuns, HeldOutThroughputWithinTenPercentMedianTwentyFiveWorst) {
   }
 }
 
+TEST(PublishedRuns, CatalogTimeBandsAreTheHeldOutErrors) {
+  // A GPU kind with ten or more held-out runs states the 90th percentile of
+  // their |error|, rounded up to the percent, as its time_uncertainty (the
+  // recommendation's tie rule); a change to the time model that moves the
+  // errors shows here. The H200 takes the H100's (the same chip and stack).
+  int checked = 0;
+  for (const auto& [name, ps] : groups("validation")) {
+    if (name.rfind("gpu ", 0) != 0 || ps.size() < 10) continue;
+    const published::Stats s = published::stats(ps);
+    EXPECT_DOUBLE_EQ(find_device(name.substr(4)).time_uncertainty, std::ceil(s.p90 * 100 - 1e-9) / 100) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+  EXPECT_EQ(find_device("h200-141g").time_uncertainty, find_device("h100-80g").time_uncertainty);
+  // Kinds without enough runs state none and take the default, which covers
+  // the worst held-out run of any kind.
+  EXPECT_EQ(find_device("v100-32g").time_uncertainty, 0);
+  std::vector<const published::Prediction*> all;
+  for (const auto& p : validation().predictions)
+    if (p.run.split == "validation") all.push_back(&p);
+  EXPECT_GE(kDefaultTimeUncertainty, published::stats(all).worst);
+}
+
 TEST(PublishedRuns, ControlTheRooflineMissesThem) {
   // The same held-out runs on the devices without their kernel model (the
   // old single gemm_efficiency roofline) are far outside the bounds.

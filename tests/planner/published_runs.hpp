@@ -240,6 +240,7 @@ inline Prediction predict(const Run& r) { return predict(make_case(r)); }
 struct Stats {
   int n = 0, fits = 0;
   double median = 0, worst = 0;  // of |error|
+  double p90 = 0;                // |error| 90 % of the runs stay within (nearest rank): the catalog's time_uncertainty
   double signed_median = 0;
 };
 
@@ -261,6 +262,8 @@ inline Stats stats(const std::vector<const Prediction*>& ps) {
   s.median = med(a);
   s.signed_median = med(e);
   s.worst = *std::max_element(a.begin(), a.end());
+  std::sort(a.begin(), a.end());
+  s.p90 = a[static_cast<size_t>(std::ceil(0.9 * static_cast<double>(a.size()))) - 1];
   return s;
 }
 

@@ -64,6 +64,11 @@ struct DeviceSpec {
   double comm_slowdown = 0;         // compute runs 1 + this times slower while a collective runs beside it
   double rank_jitter = 0;           // ranks' step-time drift, s^0.5: skew at the gradient sync (simulator.cpp)
   double sustained_share = 0;       // share of the GEMM and attention curves a training step sustains (0: 1)
+  // The band a predicted step time is good to, relative (0.1: +-10 %): the
+  // GPU model's held-out validation error for a catalog GPU, calibration's
+  // held-back steps for a calibrated profile (0: kDefaultTimeUncertainty,
+  // planner.hpp). The recommendation's tie rule follows it.
+  double time_uncertainty = 0;
 
   std::string source;               // one line: where this description comes from
   std::map<std::string, std::string> sources;  // per field: its source (every catalog figure has one)

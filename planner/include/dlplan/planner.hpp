@@ -33,6 +33,18 @@ inline constexpr double kFragmentationMargin = 0.05;
 // He, Group Normalization, ECCV'18: ResNet-50 BN error 23.6% at 32 images per
 // GPU, 34.7% at 2).
 inline constexpr int kSyncBnThreshold = 16;
+// The band a predicted step time is good to where the device states none
+// (DeviceSpec::time_uncertainty): GPUs without published runs to validate on.
+// 0.25 is the worst held-out error of the GPUs that have them (24.5 %, MPT-30B
+// on H100; docs/gpu-time-model.md Validation), rounded up.
+inline constexpr double kDefaultTimeUncertainty = 0.25;
+
+// How far a predicted step may be off, and why that much.
+struct TimeBand {
+  double relative = kDefaultTimeUncertainty;  // 0.1: the measured step is within +-10 %
+  std::string source;
+};
+TimeBand time_band(const Cluster& c);
 
 // Built from flags by build_request (dlplan/request.hpp), or by hand.
 struct PlanRequest {
@@ -134,6 +146,9 @@ struct Recommendation {
   // When nothing fits (or the forced strategy does not): the changes that
   // would fit, cheapest first; changes on the same GPUs before more GPUs.
   std::vector<SuggestedChange> changes;
+  // The predicted steps' band. The simpler strategy wins unless a more
+  // complex one is faster by more than it.
+  TimeBand time_band;
 };
 
 struct Planning {

@@ -8,7 +8,9 @@
 //   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
 //     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce);
 //   - with a model, every op of it timed in a few training steps
-//     (measure_op_costs): the profile's op_costs table.
+//     (measure_op_costs): the profile's op_costs table; then steps the table
+//     never saw, under each strategy, against the profile's predictions
+//     (check_held_back): the profile's time_uncertainty.
 // Backend-neutral: the CUDA backend plugs into the same measurements.
 #pragma once
 
@@ -31,6 +33,13 @@ struct CollectiveSample {
   double bytes = 0, seconds = 0;
 };
 
+// One strategy's held-back steps beside the profile's prediction.
+struct HeldBackRun {
+  Strategy strategy = Strategy::ddp;
+  double predicted_s = 0, measured_s = 0;  // the step; measured: median over the steps, slowest rank
+  double error() const;                    // predicted / measured - 1
+};
+
 struct Calibration {
   Cluster cluster;                 // the profile (device measured, nodes 1 x ranks)
   std::vector<GemmSample> gemms;
@@ -39,6 +48,7 @@ struct Calibration {
   double op_overhead_s = 0;
   double host_optimizer_bytes_per_s = 0;  // CPU offload's optimizer step, all ranks of the node at once
   double latency_s = 0, bus_bytes_per_s = 0;  // the all-reduce fit
+  std::vector<HeldBackRun> held_back;          // with a model: check_held_back
 };
 
 // The all-reduce fit t = latency + x / bandwidth, x = 2(n-1)/n S, by least
@@ -63,6 +73,13 @@ AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ra
 // Throws dlplan::Error when the model does not fit this host at that size.
 OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps = 5,
                              double* rank_jitter = nullptr);
+
+// The held-back check: `model` trained `steps` steps (after one to set up)
+// under each strategy the planner compares on these ranks (ddp alone on one
+// rank), at `micro_batch`, fp32 — steps the op table did not see — beside
+// what `profile` predicts for the same plan. Collective.
+std::vector<HeldBackRun> check_held_back(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
+                                         const Cluster& profile, int steps = 3);
 
 // `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
 // [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
