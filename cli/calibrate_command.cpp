@@ -78,6 +78,12 @@ Runner add_calibrate_command(CLI::App& app) {
       fmt::print("time uncertainty: +-{:.0f}% (the worst held-back error; plans made with this profile prefer the simpler "
                  "strategy unless another is faster by more)\n",
                  cal.cluster.device.time_uncertainty * 100);
+      if (cal.cluster.device.time_uncertainty > exec::kCalibrationRetryAbove)
+        fmt::print(stderr,
+                   "dlplan: warning: the profile's held-back steps are {:.0f}% off its own op table even after {} "
+                   "attempt(s): this machine's speed is moving (other jobs?); plans made with it say so in their "
+                   "band. Calibrate again when it is quiet.\n",
+                   cal.cluster.device.time_uncertainty * 100, cal.attempts);
     }
     write_file_atomically(f->out, cluster_to_json(cal.cluster).dump(1) + "\n");
     fmt::print("wrote {}\n", f->out);

@@ -220,23 +220,38 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   cal.cluster.nodes = 1;
   cal.cluster.gpus_per_node = n;
   if (model) {
-    double jitter = 0;
-    cal.cluster.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, &jitter));
-    // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
-    cal.cluster.device.rank_jitter = std::min(jitter, 1.0);
-    // The band: the worst strategy's held-back error, at least 1 % (three
-    // steps cannot vouch for better).
-    cal.held_back = check_held_back(comm, backend, *model, micro_batch, cal.cluster);
-    double band = 0.01;
-    std::string runs;
-    for (const HeldBackRun& h : cal.held_back) {
-      band = std::max(band, std::fabs(h.error()));
-      runs += fmt::format("{}{} {:+.1f} %", runs.empty() ? "" : ", ", to_string(h.strategy), h.error() * 100);
+    // The op table, then the held-back check of the profile it makes. A
+    // check off by more than kCalibrationRetryAbove says the machine's speed moved
+    // between the two (a shared VM's neighbours): measure once more and keep
+    // the attempt whose check is closer.
+    const Cluster base = cal.cluster;
+    for (int attempt = 1; attempt <= 2; ++attempt) {
+      cal.attempts = attempt;
+      Cluster c = base;
+      double jitter = 0;
+      c.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, &jitter));
+      // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
+      c.device.rank_jitter = std::min(jitter, 1.0);
+      std::vector<HeldBackRun> held = check_held_back(comm, backend, *model, micro_batch, c);
+      // The band: the worst strategy's held-back error, at least 1 % (three
+      // steps cannot vouch for better), rounded up to the percent.
+      double band = 0.01;
+      std::string runs;
+      for (const HeldBackRun& h : held) {
+        band = std::max(band, std::fabs(h.error()));
+        runs += fmt::format("{}{} {:+.1f} %", runs.empty() ? "" : ", ", to_string(h.strategy), h.error() * 100);
+      }
+      band = std::ceil(band * 100) / 100;
+      if (attempt > 1 && band >= cal.cluster.device.time_uncertainty) break;
+      c.device.time_uncertainty = band;
+      c.device.sources["time_uncertainty"] = fmt::format(
+          "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s), 3 steps each ({}), "
+          "rounded up to the percent{}",
+          model->name, micro_batch, n, runs, attempt > 1 ? " (second attempt: the first was further off)" : "");
+      cal.cluster = c;
+      cal.held_back = held;
+      if (band <= kCalibrationRetryAbove) break;
     }
-    cal.cluster.device.time_uncertainty = std::ceil(band * 100) / 100;
-    cal.cluster.device.sources["time_uncertainty"] = fmt::format(
-        "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s), 3 steps each ({}), "
-        "rounded up to the percent", model->name, micro_batch, n, runs);
   }
   return cal;
 }

@@ -49,7 +49,14 @@ struct Calibration {
   double host_optimizer_bytes_per_s = 0;  // CPU offload's optimizer step, all ranks of the node at once
   double latency_s = 0, bus_bytes_per_s = 0;  // the all-reduce fit
   std::vector<HeldBackRun> held_back;          // with a model: check_held_back
+  int attempts = 0;                            // op tables measured (a second when the first checked badly)
 };
+
+// calibrate --model measures the op table again when its held-back check is
+// off by more than this: the machine's speed moved between the two (it did
+// by 100 % on a shared 2-core VM, docs/time.md), and a profile that says so of
+// itself is worth one more try.
+inline constexpr double kCalibrationRetryAbove = 0.25;
 
 // The all-reduce fit t = latency + x / bandwidth, x = 2(n-1)/n S, by least
 // squares on the relative residual (weights 1/t^2). The sizes grow 4x a step
