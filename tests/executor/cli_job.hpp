@@ -65,12 +65,12 @@ inline std::vector<std::string> dlplan_args(std::initializer_list<std::string> a
 
 // `dlplan plan --gpu cpu` for `model` on `ranks`; returns the plan's path.
 inline std::string make_plan(const std::string& model, int ranks, int micro_batch, const std::string& name,
-                             const std::vector<std::string>& more = {}) {
+                             const std::vector<std::string>& more = {}, const std::vector<std::string>& env = {}) {
   const std::string path = temp_path(name);
   std::vector<std::string> args = dlplan_args({"plan", "--model", model, "--gpu", "cpu", "--gpus", std::to_string(ranks),
                                                "--micro-batch", std::to_string(micro_batch), "--out", path});
   args.insert(args.end(), more.begin(), more.end());
-  const Job j = spawn(args);
+  const Job j = spawn(args, env);
   EXPECT_TRUE(j.finished && j.exit_code == 0) << "dlplan plan failed:\n" << j.all();
   return path;
 }
