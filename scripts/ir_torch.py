@@ -79,6 +79,7 @@ OPS = {
     "silu": (1, {}),
     "tanh": (1, {}),
     "sigmoid": (1, {}),
+    "clip": (1, {"min": _REQUIRED, "max": _REQUIRED}),
     "add": (2, {}),
     "mul": (2, {}),
     "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
@@ -501,6 +502,8 @@ class IRModule(nn.Module):
             return torch.tanh(x)
         if op == "sigmoid":
             return torch.sigmoid(x)
+        if op == "clip":
+            return F.hardtanh(x, float(a["min"]), float(a["max"]))
         if op == "add":
             return x + xs[1]
         if op == "mul":
@@ -699,6 +702,8 @@ def _node_flops(n):
         return 8.0 * out, 12.0 * out
     if op in ("relu", "tanh", "sigmoid"):
         return 4.0 * out, 2.0 * out
+    if op == "clip":
+        return 2.0 * out, 2.0 * out
     if op == "add":
         return out, 0.0
     if op == "mul":

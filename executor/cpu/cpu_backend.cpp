@@ -110,6 +110,7 @@ class CpuBackend final : public Backend {
       case OpKind::silu: return silu_forward(c);
       case OpKind::tanh: return tanh_forward(c);
       case OpKind::sigmoid: return sigmoid_forward(c);
+      case OpKind::clip: return clip_forward(c);
       case OpKind::add: return add_forward(c);
       case OpKind::mul: return mul_forward(c);
       case OpKind::attention: return attention_forward(c);
@@ -140,6 +141,7 @@ class CpuBackend final : public Backend {
       case OpKind::silu: return silu_backward(c);
       case OpKind::tanh: return tanh_backward(c);
       case OpKind::sigmoid: return sigmoid_backward(c);
+      case OpKind::clip: return clip_backward(c);
       case OpKind::add: return add_backward(c);
       case OpKind::mul: return mul_backward(c);
       case OpKind::attention: return attention_backward(c);

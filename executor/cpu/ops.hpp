@@ -133,6 +133,8 @@ void tanh_forward(OpContext& c);
 void tanh_backward(OpContext& c);
 void sigmoid_forward(OpContext& c);
 void sigmoid_backward(OpContext& c);
+void clip_forward(OpContext& c);
+void clip_backward(OpContext& c);
 void add_forward(OpContext& c);
 void add_backward(OpContext& c);
 void mul_forward(OpContext& c);

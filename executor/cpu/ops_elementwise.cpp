@@ -129,6 +129,31 @@ void sigmoid_backward(OpContext& c) {
   for (int64_t i = 0, n = total(c); i < n; ++i) dx[i] += dy[i] * y[i] * (1.0f - y[i]);
 }
 
+// ---- clip (ReLU6, Hardtanh) ------------------------------------------------------
+// y = min(max(x, lo), hi); dy/dx = 1 where lo < y < hi, else 0 (PyTorch's
+// hardtanh_backward: 0 at the bounds themselves). Saves its input, as
+// PyTorch's hardtanh does.
+
+void clip_forward(OpContext& c) {
+  const float lo = static_cast<float>(c.node->attrs.number("min")), hi = static_cast<float>(c.node->attrs.number("max"));
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = std::min(std::max(x[i], lo), hi);
+  });
+}
+
+void clip_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float lo = static_cast<float>(c.node->attrs.number("min")), hi = static_cast<float>(c.node->attrs.number("max"));
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += (x[i] > lo && x[i] < hi) ? dy[i] : 0.0f;
+  });
+}
+
 // ---- silu ----------------------------------------------------------------------
 // y = x sigmoid(x);  y' = s (1 + x (1 - s)). Saves its input.
 

@@ -797,6 +797,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::silu:
     case OpKind::tanh:
     case OpKind::sigmoid: return unary_fwd(rt, c);
+    case OpKind::clip: break;  // trainer.cpp's gpu_engine_lacks refuses such a plan first
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
     case OpKind::attention: return attention_fwd(rt, c);
@@ -827,6 +828,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::silu:
     case OpKind::tanh:
     case OpKind::sigmoid: return unary_bwd(rt, c);
+    case OpKind::clip: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);
     case OpKind::attention: return attention_bwd(rt, c);

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <set>
@@ -592,6 +593,26 @@ class Importer {
         fail(fmt::format("{}: normalization over more than the last axis is not supported", label(n, i)));
       OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"bias", n.input_size() > 2 && !n.input(2).empty()}};
       return emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    }
+    if (op == "Clip") {
+      // torch exports ReLU6 and Hardtanh as Clip. Its bounds are inputs from
+      // opset 11 (attributes before); an absent bound is unbounded.
+      auto bound = [&](int input, const char* attr, double unbounded) {
+        if (n.input_size() > input && !n.input(input).empty()) {
+          const auto v = g_.scalar(n.input(input));
+          if (!v) fail(fmt::format("{}: its {} '{}' is not a constant", label(n, i), attr, n.input(input)));
+          return *v;
+        }
+        return attr_float(n, attr, unbounded);
+      };
+      const double inf = std::numeric_limits<double>::infinity();
+      const double lo = bound(1, "min", -inf), hi = bound(2, "max", inf);
+      if (lo == 0.0 && hi == inf)
+        return emit(ir_name_for(n), "relu", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
+      if (std::isfinite(lo) && std::isfinite(hi) && lo < hi)
+        return emit(ir_name_for(n), "clip", {ir_of(in0(), n, i)}, OJson{{"min", lo}, {"max", hi}}, n.output(0),
+                    n.name());
+      return unknown(n, i, data);  // one-sided or empty: planned as an opaque op, and noted
     }
     if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
       std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";

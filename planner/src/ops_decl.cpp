@@ -223,6 +223,15 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = 8.0 * out_elems;
       d.bwd_flops = 12.0 * out_elems;
       break;
+    case OpKind::clip:
+      // 1 where min < x < max. PyTorch's hardtanh keeps its input for this
+      // (derivatives.yaml: hardtanh_backward(grad, self, ...)); measured with
+      // PyTorch 1.13, ReLU6(inplace=True) too keeps a storage apart from the
+      // output the next op keeps.
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 2.0 * out_elems;
+      d.bwd_flops = 2.0 * out_elems;
+      break;
     case OpKind::relu:
     case OpKind::tanh:
     case OpKind::sigmoid:

@@ -55,6 +55,8 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::silu, "silu", 1, {}},
       {OpKind::tanh, "tanh", 1, {}},
       {OpKind::sigmoid, "sigmoid", 1, {}},
+      // min(max(x, min), max): ReLU6 (0, 6), Hardtanh (-1, 1); ONNX Clip
+      {OpKind::clip, "clip", 1, {{"min", T::number, nullptr}, {"max", T::number, nullptr}}},
       {OpKind::add, "add", 2, {}},
       {OpKind::mul, "mul", 2, {}},
       {OpKind::attention, "attention", 1,
@@ -228,6 +230,11 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
     if (n.attrs.has(key) && !(n.attrs.number(key) > 0)) fail("attribute '{}' must be positive", key);
   if (n.op == OpKind::embedding && !std::isfinite(n.attrs.number("scale"))) fail("attribute 'scale' must be finite");
   if (n.op == OpKind::rmsnorm && !std::isfinite(n.attrs.number("offset"))) fail("attribute 'offset' must be finite");
+  if (n.op == OpKind::clip) {
+    const double lo = n.attrs.number("min"), hi = n.attrs.number("max");
+    if (!(std::isfinite(lo) && std::isfinite(hi) && lo < hi))
+      fail("attributes 'min' {} and 'max' {} must be finite with min < max", lo, hi);
+  }
 }
 
 TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
@@ -311,6 +318,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::silu:
     case OpKind::tanh:
     case OpKind::sigmoid:
+    case OpKind::clip:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);

@@ -26,6 +26,7 @@ using Json = nlohmann::json;
 enum class Gen {
   normal,    // N(0, 1)
   away,      // |x| >= 0.2 (kinks at 0: relu)
+  away_one,  // |x| >= 0.2 and ||x| - 1| >= 0.2 (kinks at -1 and 1: clip to [-1, 1])
   distinct,  // a shuffled grid 0.05 apart (max pooling: no near-ties)
 };
 
@@ -136,6 +137,8 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("silu", arr({3, 4}), Json{{"op", "silu"}}));
   v.push_back(unary("tanh", arr({3, 4}), Json{{"op", "tanh"}}));
   v.push_back(unary("sigmoid", arr({3, 4}), Json{{"op", "sigmoid"}}));
+  v.push_back(unary("clip_relu6", arr({3, 4}), Json{{"op", "clip"}, {"min", 0.0}, {"max", 6.0}}, Gen::away));
+  v.push_back(unary("clip_hardtanh", arr({3, 4}), Json{{"op", "clip"}, {"min", -1.0}, {"max", 1.0}}, Gen::away_one));
   for (const char* op : {"add", "mul"}) {
     OpCase c;
     c.name = op;
@@ -237,7 +240,8 @@ inline void fill(Tensor& t, Gen gen, std::mt19937& rng, float scale = 1.0f) {
   }
   for (int64_t i = 0; i < n; ++i) {
     float x = nd(rng) * scale;
-    if (gen == Gen::away) x = (x < 0 ? -1.0f : 1.0f) * (0.2f + std::fabs(x));
+    if (gen == Gen::away || gen == Gen::away_one) x = (x < 0 ? -1.0f : 1.0f) * (0.2f + std::fabs(x));
+    if (gen == Gen::away_one && std::fabs(std::fabs(x) - 1.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;
     t.f()[i] = x;
   }
 }

@@ -235,7 +235,8 @@ TEST_P(OpBf16, GradientsMatchFp32FiniteDifferences) {
   // Ops that only move data (flatten, select, tokens, dropout's mask) give
   // the same gradients in both precisions; everything that computes differs.
   static const std::set<std::string> exact = {"select", "tokens", "flatten", "dropout", "dropout_p0", "embedding",
-                                              "cls_token", "pos_embedding", "relu", "add", "maxpool2d_pad"};
+                                              "cls_token", "pos_embedding", "relu", "clip_relu6", "clip_hardtanh",
+                                              "add", "maxpool2d_pad"};
   if (!exact.count(c.name)) {
     EXPECT_TRUE(any_differs) << c.name << ": the 16-bit run equals the fp32 one bit for bit";
   }

@@ -553,6 +553,8 @@ TEST(OpForward, ActivationsKnownValues) {
       {Json{{"op", "sigmoid"}}, 0.7310585786300049, 0.3775406687981454},
       {Json{{"op", "tanh"}}, 0.7615941559557649, -0.46211715726000974},
       {Json{{"op", "relu"}}, 1.0, 0.0},
+      {Json{{"op", "clip"}, {"min", -0.25}, {"max", 0.75}}, 0.75, -0.25},  // F.hardtanh(x, -0.25, 0.75)
+      {Json{{"op", "clip"}, {"min", 0.0}, {"max", 6.0}}, 1.0, 0.0},        // F.relu6
   };
   auto be = make_cpu_backend();
   for (const auto& ref : refs) {

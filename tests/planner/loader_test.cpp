@@ -426,6 +426,16 @@ TEST(LoaderError, DropoutProbabilityOne) {
   EXPECT_NO_THROW(parse_model(seq_model(mid), "ok.json"));
 }
 
+TEST(LoaderError, ClipBoundsMustBeOrdered) {
+  J mid = J::array({{{"name", "mid"}, {"op", "clip"}, {"in", {"x"}}, {"min", 6.0}, {"max", 0.0}}});
+  expect_error(seq_model(mid), {"node 'mid'", "attributes 'min' 6 and 'max' 0 must be finite with min < max"});
+  mid[0].erase("max");
+  expect_error(seq_model(mid), {"node 'mid'", "'max'"});
+  mid[0]["min"] = 0.0;  // control: ReLU6
+  mid[0]["max"] = 6.0;
+  EXPECT_NO_THROW(parse_model(seq_model(mid), "ok.json"));
+}
+
 TEST(LoaderError, DropoutProbabilityRequired) {
   expect_error(seq_model(J::array({{{"name", "mid"}, {"op", "dropout"}, {"in", {"x"}}}})),
                {"node 'mid'", "missing required attribute 'p'"});

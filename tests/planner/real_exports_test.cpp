@@ -168,3 +168,20 @@ TEST(RealExports, ImportOutcomesAreTheRecordedOnesAndCountsExact) {
             << " import\n"
             << table;
 }
+
+// torchvision's ReLU6 exports as Clip(0, 6), 35 of them in MobileNetV2: each
+// is a clip op keeping its input, as PyTorch's hardtanh does, no longer
+// passed through with its activations unplanned.
+TEST(RealExports, MobileNetV2sReLU6IsAClip) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const Model m = import_onnx(exports_dir() + "mobilenet_v2-opset17.onnx");
+  int clips = 0;
+  for (const Node& n : m.nodes) {
+    if (n.op != OpKind::clip) continue;
+    ++clips;
+    EXPECT_EQ(n.attrs.number("min"), 0.0) << n.name;
+    EXPECT_EQ(n.attrs.number("max"), 6.0) << n.name;
+  }
+  EXPECT_EQ(clips, 35);
+  for (const auto& note : m.notes) EXPECT_EQ(note.find("Clip"), std::string::npos) << note;
+}

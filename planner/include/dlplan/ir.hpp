@@ -27,7 +27,7 @@ std::string to_string(const Shape& s);
 
 enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
-  rmsnorm, gelu, relu, silu, tanh, sigmoid, add, mul, attention, maxpool2d,
+  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, add, mul, attention, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy,
 };
 const char* to_string(OpKind op);
