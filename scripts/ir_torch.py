@@ -80,14 +80,17 @@ OPS = {
     "tanh": (1, {}),
     "sigmoid": (1, {}),
     "clip": (1, {"min": _REQUIRED, "max": _REQUIRED}),
+    "hardsigmoid": (1, {}),
+    "hardswish": (1, {}),
     "add": (2, {}),
     "mul": (2, {}),
+    "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                       "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                       "rope_theta": 10000.0, "rotary_dim": _DERIVED}),
-    "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
+    "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
-    "global_avgpool": (1, {}),
+    "global_avgpool": (1, {"keepdims": _NULL}),
     "flatten": (1, {}),
     "tokens": (1, {}),
     "select": (1, {"index": 0}),
@@ -154,7 +157,9 @@ def _fill_attrs(node):
     if op not in OPS:
         raise ValueError(f"node '{node.get('name')}': unknown op '{op}' (known: {', '.join(OPS)})")
     n_in, spec = OPS[op]
-    if len(node["in"]) != n_in:
+    if n_in == -1 and not node["in"]:
+        raise ValueError(f"node '{node['name']}' ({op}): takes one or more inputs, got none")
+    if n_in != -1 and len(node["in"]) != n_in:
         raise ValueError(f"node '{node['name']}' ({op}): takes {n_in} inputs, got {len(node['in'])}")
     for key in node:
         if key not in ("name", "op", "in", "unit") and key not in spec:
@@ -225,8 +230,18 @@ def _plan(ir):
                 a["stride"] = a["kernel"]
             k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
             out = (x[0], (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
+            if a.get("ceil_mode"):  # ATen's pooling_output_shape
+                def ceil_out(i, d):
+                    o = -(-(i + 2 * p[d] - k[d]) // s[d]) + 1
+                    return o - 1 if (o - 1) * s[d] >= i + p[d] else o
+                out = (x[0], ceil_out(x[1], 0), ceil_out(x[2], 1))
         elif op == "global_avgpool":
-            out = (x[0],)
+            out = (x[0], 1, 1) if a.get("keepdims") else (x[0],)
+        elif op == "concat":
+            ax = int(a["axis"])
+            out = tuple(sum(s[ax] for s in n.in_shapes) if d == ax else x[d] for d in range(len(x)))
+        elif op == "mul":  # NumPy broadcasting of the per-sample shapes
+            out = tuple(torch.broadcast_shapes(x, n.in_shapes[1]))
         elif op == "flatten":
             out = (_numel(x),)
         elif op == "tokens":
@@ -504,19 +519,26 @@ class IRModule(nn.Module):
             return torch.sigmoid(x)
         if op == "clip":
             return F.hardtanh(x, float(a["min"]), float(a["max"]))
+        if op == "hardsigmoid":
+            return F.hardsigmoid(x)
+        if op == "hardswish":
+            return F.hardswish(x)
         if op == "add":
             return x + xs[1]
         if op == "mul":
             return x * xs[1]
+        if op == "concat":
+            return torch.cat(list(xs), dim=int(a["axis"]) + 1)
         if op == "attention":
             return self._attention(n, x)
         if op == "maxpool2d":
-            return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]))
+            return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
+                                ceil_mode=bool(a.get("ceil_mode")))
         if op == "avgpool2d":
             return F.avg_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=False, count_include_pad=True)
         if op == "global_avgpool":
-            return x.mean(dim=(2, 3))
+            return x.mean(dim=(2, 3), keepdim=bool(a.get("keepdims")))
         if op == "flatten":
             return x.reshape(x.shape[0], -1)
         if op == "tokens":
@@ -704,10 +726,14 @@ def _node_flops(n):
         return 4.0 * out, 2.0 * out
     if op == "clip":
         return 2.0 * out, 2.0 * out
+    if op in ("hardsigmoid", "hardswish"):
+        return 4.0 * out, 4.0 * out
     if op == "add":
         return out, 0.0
     if op == "mul":
         return out, 2.0 * out
+    if op == "concat":
+        return out, out
     if op == "attention":
         T, D = x
         H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])

@@ -111,6 +111,9 @@ class CpuBackend final : public Backend {
       case OpKind::tanh: return tanh_forward(c);
       case OpKind::sigmoid: return sigmoid_forward(c);
       case OpKind::clip: return clip_forward(c);
+      case OpKind::hardsigmoid: return hardsigmoid_forward(c);
+      case OpKind::hardswish: return hardswish_forward(c);
+      case OpKind::concat: return concat_forward(c);
       case OpKind::add: return add_forward(c);
       case OpKind::mul: return mul_forward(c);
       case OpKind::attention: return attention_forward(c);
@@ -142,6 +145,9 @@ class CpuBackend final : public Backend {
       case OpKind::tanh: return tanh_backward(c);
       case OpKind::sigmoid: return sigmoid_backward(c);
       case OpKind::clip: return clip_backward(c);
+      case OpKind::hardsigmoid: return hardsigmoid_backward(c);
+      case OpKind::hardswish: return hardswish_backward(c);
+      case OpKind::concat: return concat_backward(c);
       case OpKind::add: return add_backward(c);
       case OpKind::mul: return mul_backward(c);
       case OpKind::attention: return attention_backward(c);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace dlplan::exec::cpu {
 namespace {
@@ -154,6 +155,48 @@ void clip_backward(OpContext& c) {
   });
 }
 
+// ---- hardsigmoid, hardswish (MobileNetV3) -------------------------------------------
+// h(x) = min(max(x + 3, 0), 6) / 6;  h'(x) = 1/6 on (-3, 3), else 0.
+// hardswish(x) = x h(x);  its derivative, as PyTorch's hardswish_backward:
+// 0 for x < -3, x / 3 + 1/2 on [-3, 3], 1 above. Both keep their input.
+
+void hardsigmoid_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = std::min(std::max(x[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+  });
+}
+
+void hardsigmoid_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += (x[i] > -3.0f && x[i] < 3.0f) ? dy[i] / 6.0f : 0.0f;
+  });
+}
+
+void hardswish_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] * std::min(std::max(x[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+  });
+}
+
+void hardswish_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      dx[i] += x[i] < -3.0f ? 0.0f : x[i] <= 3.0f ? dy[i] * (x[i] / 3.0f + 0.5f) : dy[i];
+  });
+}
+
 // ---- silu ----------------------------------------------------------------------
 // y = x sigmoid(x);  y' = s (1 + x (1 - s)). Saves its input.
 
@@ -211,23 +254,128 @@ void add_backward(OpContext& c) {
   }
 }
 
+namespace {
+
+// Per-sample NumPy broadcasting (ir.hpp's broadcast_shape): for each element
+// of one sample's output, the offset of the element of a sample of `in` it
+// reads. Both operands carry the batch axis, so sample s adds s * numel(in).
+std::vector<int64_t> broadcast_offsets(const Shape& out, const Shape& in) {
+  const size_t rank = out.size(), lead = rank - in.size();
+  std::vector<int64_t> stride(rank, 0);  // 0 on the dimensions `in` repeats
+  for (int64_t k = static_cast<int64_t>(rank) - 1, s = 1; k >= static_cast<int64_t>(lead); --k) {
+    const int64_t d = in[static_cast<size_t>(k) - lead];
+    if (d != 1) stride[static_cast<size_t>(k)] = s;
+    s *= d;
+  }
+  std::vector<int64_t> offsets(static_cast<size_t>(numel(out)));
+  std::vector<int64_t> index(rank, 0);
+  int64_t at = 0;
+  for (auto& o : offsets) {
+    o = at;
+    for (size_t k = rank; k-- > 0;) {  // odometer over the output's dimensions
+      at += stride[k];
+      if (++index[k] < out[k]) break;
+      at -= stride[k] * out[k];
+      index[k] = 0;
+    }
+  }
+  return offsets;
+}
+
+struct MulOperands {
+  std::vector<int64_t> a, b;  // broadcast_offsets of each input
+  int64_t per_out, per_a, per_b;
+};
+
+MulOperands mul_operands(const OpContext& c) {
+  const Shape &o = out_shape(c), &a = in_shape(c, 0), &b = in_shape(c, 1);
+  return {broadcast_offsets(o, a), broadcast_offsets(o, b), numel(o), numel(a), numel(b)};
+}
+
+}  // namespace
+
 void mul_forward(OpContext& c) {
   const float* a = c.in[0].f();
   const float* b = c.in[1].f();
   float* y = c.out.f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = a[i] * b[i];
+  if (in_shape(c, 0) == in_shape(c, 1)) {
+    for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = a[i] * b[i];
+    return;
+  }
+  const MulOperands m = mul_operands(c);
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < m.per_out; ++i)
+      y[s * m.per_out + i] = a[s * m.per_a + m.a[static_cast<size_t>(i)]] * b[s * m.per_b + m.b[static_cast<size_t>(i)]];
 }
 
-// da += dy b;  db += dy a (both inputs are saved).
+// da += dy b;  db += dy a (both inputs are saved). A broadcast operand sums
+// the gradient over the elements it was repeated to.
 void mul_backward(OpContext& c) {
   const float* dy = c.dout.f();
-  const int64_t n = total(c);
+  if (in_shape(c, 0) == in_shape(c, 1)) {
+    const int64_t n = total(c);
+    for (int k = 0; k < 2; ++k) {
+      if (!c.din[static_cast<size_t>(k)].defined()) continue;
+      float* dx = c.din[static_cast<size_t>(k)].f();
+      const float* other = c.in[static_cast<size_t>(1 - k)].f();
+      for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * other[i];
+    }
+    return;
+  }
+  const MulOperands m = mul_operands(c);
+  const std::vector<int64_t>* at[2] = {&m.a, &m.b};
+  const int64_t per[2] = {m.per_a, m.per_b};
   for (int k = 0; k < 2; ++k) {
     if (!c.din[static_cast<size_t>(k)].defined()) continue;
     float* dx = c.din[static_cast<size_t>(k)].f();
     const float* other = c.in[static_cast<size_t>(1 - k)].f();
-    for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * other[i];
+    const auto &mine = *at[k], &theirs = *at[1 - k];
+    for (int64_t s = 0; s < c.batch; ++s)
+      for (int64_t i = 0; i < m.per_out; ++i)
+        dx[s * per[k] + mine[static_cast<size_t>(i)]] +=
+            dy[s * m.per_out + i] * other[s * per[1 - k] + theirs[static_cast<size_t>(i)]];
   }
+}
+
+// ---- concat ----------------------------------------------------------------------
+// Per sample, the output along `axis` is the inputs one after another: with
+// outer = the product of the dimensions before the axis, each outer row of
+// the output is input 0's row, then input 1's, ... (torch.cat). Backward hands
+// each input its part of the gradient; nothing is saved.
+
+namespace {
+
+template <typename Fn>  // fn(k, out_offset, in_offset, count): one contiguous run of input k
+void for_each_concat_run(const OpContext& c, Fn fn) {
+  const int64_t axis = c.node->attrs.integer("axis");
+  const Shape& out = out_shape(c);
+  int64_t outer = c.batch;
+  for (int64_t d = 0; d < axis; ++d) outer *= out[static_cast<size_t>(d)];
+  const int64_t out_row = numel(out) * c.batch / outer;
+  int64_t at = 0;  // where input k's run starts within an output row
+  for (size_t k = 0; k < c.in.size(); ++k) {
+    const int64_t run = numel(in_shape(c, static_cast<int>(k))) * c.batch / outer;
+    for (int64_t r = 0; r < outer; ++r) fn(k, r * out_row + at, r * run, run);
+    at += run;
+  }
+}
+
+}  // namespace
+
+void concat_forward(OpContext& c) {
+  float* y = c.out.f();
+  for_each_concat_run(c, [&](size_t k, int64_t o, int64_t i, int64_t n) {
+    std::memcpy(y + o, c.in[k].f() + i, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+void concat_backward(OpContext& c) {
+  const float* dy = c.dout.f();
+  for_each_concat_run(c, [&](size_t k, int64_t o, int64_t i, int64_t n) {
+    if (!c.din[k].defined()) return;
+    float* dx = c.din[k].f() + i;
+    for (int64_t e = 0; e < n; ++e) dx[e] += dy[o + e];
+  });
 }
 
 // ---- dropout -------------------------------------------------------------------

@@ -487,6 +487,7 @@ void add_fwd(Runtime& rt, OpContext& c) {
   add_forward(c.in[0].f(), c.in[1].f(), c.out.f(), total(c), rt.stream);
   LAUNCHED();
 }
+// Same-shape operands only: trainer.cpp's gpu_engine_lacks refuses a broadcasting mul first.
 void mul_fwd(Runtime& rt, OpContext& c) {
   mul_forward(c.in[0].f(), c.in[1].f(), c.out.f(), total(c), rt.stream);
   LAUNCHED();
@@ -797,7 +798,10 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::silu:
     case OpKind::tanh:
     case OpKind::sigmoid: return unary_fwd(rt, c);
-    case OpKind::clip: break;  // trainer.cpp's gpu_engine_lacks refuses such a plan first
+    case OpKind::clip:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
+    case OpKind::hardsigmoid:
+    case OpKind::hardswish:
+    case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
     case OpKind::attention: return attention_fwd(rt, c);
@@ -828,7 +832,10 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::silu:
     case OpKind::tanh:
     case OpKind::sigmoid: return unary_bwd(rt, c);
-    case OpKind::clip: break;
+    case OpKind::clip:
+    case OpKind::hardsigmoid:
+    case OpKind::hardswish:
+    case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);
     case OpKind::attention: return attention_bwd(rt, c);

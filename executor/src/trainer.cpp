@@ -63,6 +63,19 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::clip)
       return fmt::format("node '{}' is a clip (ReLU6, Hardtanh), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);
+    if (n.op == OpKind::maxpool2d && n.attrs.has("ceil_mode") && n.attrs.flag("ceil_mode"))
+      return fmt::format("node '{}' max-pools with ceil_mode (SqueezeNet), which the CPU engine trains and the CUDA "
+                         "engine does not yet", n.name);
+    if (n.op == OpKind::concat)
+      return fmt::format("node '{}' is a concat (DenseNet, SqueezeNet), which the CPU engine trains and the CUDA engine "
+                         "does not yet", n.name);
+    if (n.op == OpKind::hardsigmoid || n.op == OpKind::hardswish)
+      return fmt::format("node '{}' is a {} (MobileNetV3), which the CPU engine trains and the CUDA engine does not yet",
+                         n.name, to_string(n.op));
+    if (n.op == OpKind::mul && m.tensor(n.inputs[0]).shape != m.tensor(n.inputs[1]).shape)
+      return fmt::format("node '{}' multiplies {} by {} with broadcasting (a squeeze-and-excitation scale), which the "
+                         "CPU engine trains and the CUDA engine does not yet",
+                         n.name, to_string(m.tensor(n.inputs[0]).shape), to_string(m.tensor(n.inputs[1]).shape));
     if (n.op == OpKind::rmsnorm && n.attrs.number("offset") != 0.0)
       return fmt::format("node '{}' is an RMSNorm with offset {} (Gemma's 1 + weight)", n.name, n.attrs.number("offset"));
   }

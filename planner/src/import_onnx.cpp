@@ -530,6 +530,10 @@ class Importer {
       return data[0];
     };
     if (op == "Identity" || op == "Cast") return alias(n, i, in0());
+    if (op == "Pad" && n.input_size() >= 2) {  // all-zero pads: torch's avg_pool2d exports one before AveragePool
+      const auto pads = g_.values(n.input(1));
+      if (pads && std::all_of(pads->begin(), pads->end(), [](double v) { return v == 0.0; })) return alias(n, i, in0());
+    }
     if (op == "Dropout") {
       double p = attr_float(n, "ratio", 0.5);
       if (n.input_size() > 1 && !n.input(1).empty())
@@ -614,6 +618,13 @@ class Importer {
                     n.name());
       return unknown(n, i, data);  // one-sided or empty: planned as an opaque op, and noted
     }
+    if (op == "HardSwish")  // x HardSigmoid(x) with alpha 1/6, beta 1/2: PyTorch's Hardswish
+      return emit(ir_name_for(n), "hardswish", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
+    if (op == "HardSigmoid") {  // max(0, min(1, alpha x + beta)); PyTorch's Hardsigmoid is alpha 1/6, beta 1/2
+      if (std::fabs(attr_float(n, "alpha", 0.2) - 1.0 / 6.0) > 1e-6 || std::fabs(attr_float(n, "beta", 0.5) - 0.5) > 1e-6)
+        return unknown(n, i, data);
+      return emit(ir_name_for(n), "hardsigmoid", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
+    }
     if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
       std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";
       return emit(ir_name_for(n), irop.c_str(), {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
@@ -670,14 +681,41 @@ class Importer {
     if (op == "MaxPool" || op == "AveragePool") {
       auto k = attr_ints(n, "kernel_shape");
       if (k.size() != 2) fail(fmt::format("{}: only 2-D pooling is supported", label(n, i)));
-      if (attr_int(n, "ceil_mode", 0) != 0) fail(fmt::format("{}: ceil_mode 1 is not supported", label(n, i)));
+      const bool ceil = attr_int(n, "ceil_mode", 0) != 0;
+      if (ceil && op == "AveragePool")
+        fail(fmt::format("{}: ceil_mode 1 is supported for MaxPool only", label(n, i)));
       auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
+      if (ceil) a["ceil_mode"] = true;
       if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0))
         notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
       return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(in0(), n, i)}, a, n.output(0),
                   n.name());
     }
+    if (op == "ReduceMean") {  // x.mean([2, 3]) of [b, C, H, W]: MNASNet's pooling, a global_avgpool
+      const auto s = g_.shape(in0());
+      auto axes = attr_ints(n, "axes");  // an attribute up to opset 17
+      if (n.input_size() > 1 && !n.input(1).empty())
+        if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
+      for (auto& a : axes)
+        if (s && a < 0) a += static_cast<int64_t>(s->size());
+      std::sort(axes.begin(), axes.end());
+      if (s && s->size() == 4 && axes == std::vector<int64_t>{2, 3}) {
+        OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
+        return emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, a, n.output(0), n.name());
+      }
+      return unknown(n, i, data);
+    }
     if (op == "GlobalAveragePool") {
+      // [C, 1, 1] kept where something other than a flatten reads it: a
+      // squeeze-and-excitation block's 1x1 convolution, or the Mul it scales.
+      bool flattened = true;
+      for (int c : g_.consumers_of(n.output(0))) {
+        const auto& t = g_.node(c).op_type();
+        flattened = flattened && (t == "Flatten" || t == "Reshape" || t == "Squeeze");
+      }
+      if (!flattened)
+        return emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, OJson{{"keepdims", true}}, n.output(0),
+                    n.name());
       emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
       pooled_.insert(n.output(0));
       return;
@@ -712,6 +750,30 @@ class Importer {
       if (cls)
         return emit(ir_name_for(n), "cls_token", {ir_of(n.input(1), n, i)}, OJson::object(), n.output(0), n.name());
     }
+    if (op == "Concat" && !data.empty() && static_cast<int>(data.size()) == n.input_size()) {
+      // Every input an activation (DenseNet's features so far, SqueezeNet's
+      // expand branches): the IR's concat along the per-sample axis.
+      // An input whose shape inference could not tell (shufflenet's Slice
+      // with computed ends) may be the pass-through of an op the importer
+      // does not know, so its planned shape is not to be trusted here.
+      for (const auto& t : data) {
+        const auto ts = g_.shape(t);
+        if (!ts || ts->size() < 2 || std::any_of(ts->begin() + 1, ts->end(), [](int64_t d) { return d <= 0; })) {
+          const int p = g_.producer_of(t);
+          fail(fmt::format("{}: the shape of its input '{}' is unknown after shape inference{}, so the concatenation "
+                           "cannot be planned",
+                           label(n, i), t, p >= 0 ? fmt::format(" (made by {})", label(g_.node(p), p)) : ""));
+        }
+      }
+      const auto s = g_.shape(n.output(0));
+      int64_t axis = attr_int(n, "axis", 0);
+      if (s && axis < 0) axis += static_cast<int64_t>(s->size());
+      if (axis >= 1) {
+        std::vector<std::string> ins;
+        for (const auto& t : data) ins.push_back(ir_of(t, n, i));
+        return emit(ir_name_for(n), "concat", ins, OJson{{"axis", axis - 1}}, n.output(0), n.name());
+      }
+    }
     if (op == "SoftmaxCrossEntropyLoss") {
       loss_emitted_ = true;
       return emit(ir_name_for(n), "cross_entropy", {ir_of(n.input(0), n, i), ir_of(n.input(1), n, i)},
@@ -722,7 +784,7 @@ class Importer {
 
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
-    const char* op = f.kind == "attention" ? "attention" : f.kind == "silu" ? "silu" : "gelu";
+    const char* op = f.kind == "attention" ? "attention" : f.kind == "silu" ? "silu" : f.kind == "hardswish" ? "hardswish" : "gelu";
     auto it = ir_.find(f.x);
     if (it == ir_.end()) fail(fmt::format("the {} pattern named '{}' reads '{}', which was not mapped", f.kind, f.name, f.x));
     emit(unique_name(normalize(f.name)), op, {it->second}, a, f.out, f.unit_source);

@@ -11,6 +11,7 @@
 //   gelu: x / sqrt(2) -> Erf -> +1 -> * x -> * 0.5 (any order of the last
 //     two), and the tanh form x + 0.044715 x^3 -> * sqrt(2/pi) -> Tanh -> ...
 //   silu: x * Sigmoid(x).
+//   hardswish: x * HardSigmoid(x) (alpha 1/6, beta 1/2; opset 13 and below).
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -469,20 +470,33 @@ std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh) {
   return std::nullopt;
 }
 
-std::optional<Fusion> match_silu(const Graph& g, int sig) {
-  const auto& s = g.node(sig);
+// x * gate(x), the gate's output multiplied by the gate's own input: SiLU
+// (Sigmoid) and Hardswish (HardSigmoid).
+std::optional<Fusion> match_self_gated(const Graph& g, int gate, const char* kind) {
+  const auto& s = g.node(gate);
   const auto& cons = g.consumers_of(s.output(0));
   if (cons.size() != 1) return std::nullopt;
   const auto& m = g.node(cons[0]);
   if (m.op_type() != "Mul" || other_operand(m, s.output(0)) != s.input(0)) return std::nullopt;
   Fusion f;
-  f.kind = "silu";
+  f.kind = kind;
   f.x = s.input(0);
   f.out = m.output(0);
-  f.nodes = {sig, cons[0]};
+  f.nodes = {gate, cons[0]};
   f.unit_source = s.name();
-  f.name = s.name().empty() ? "silu" : normalize_name(s.name()) + ".silu";
+  f.name = s.name().empty() ? kind : normalize_name(s.name()) + "." + kind;
   return f;
+}
+
+std::optional<Fusion> match_silu(const Graph& g, int sig) { return match_self_gated(g, sig, "silu"); }
+
+// x * HardSigmoid(x) with PyTorch's alpha 1/6 and beta 1/2: Hardswish as
+// torch exports it below opset 14, which has no HardSwish op.
+std::optional<Fusion> match_hardswish(const Graph& g, int hs) {
+  const auto& s = g.node(hs);
+  if (std::fabs(attr_float(s, "alpha", 0.2) - 1.0 / 6.0) > 1e-6 || std::fabs(attr_float(s, "beta", 0.5) - 0.5) > 1e-6)
+    return std::nullopt;
+  return match_self_gated(g, hs, "hardswish");
 }
 
 }  // namespace
@@ -516,6 +530,7 @@ std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unf
     if (op == "Erf") take(match_gelu_erf(g, i));
     else if (op == "Tanh") take(match_gelu_tanh(g, i));
     else if (op == "Sigmoid") take(match_silu(g, i));
+    else if (op == "HardSigmoid") take(match_hardswish(g, i));
   }
   return out;
 }

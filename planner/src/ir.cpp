@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace dlplan {
 
 std::string node_label(const Node& n) { return "node '" + n.name + "' (" + to_string(n.op) + ")"; }
@@ -29,6 +31,16 @@ int64_t numel(const Shape& s) {
 }
 
 std::string to_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b) {
+  Shape out(std::max(a.size(), b.size()), 1);
+  for (size_t k = 0; k < out.size(); ++k) {  // k counts from the last dimension
+    const int64_t da = k < a.size() ? a[a.size() - 1 - k] : 1, db = k < b.size() ? b[b.size() - 1 - k] : 1;
+    if (da != db && da != 1 && db != 1) return std::nullopt;
+    out[out.size() - 1 - k] = da == 1 ? db : da;
+  }
+  return out;
+}
 
 int64_t Attrs::integer(const char* key) const { return values.at(key).get<int64_t>(); }
 double Attrs::number(const char* key) const { return values.at(key).get<double>(); }

@@ -101,9 +101,11 @@ std::vector<Node> parse_node_headers(const Json& ir, const std::string& src, con
     if (!op_from_string(j["op"].get<std::string>(), n.op))
       fail(src, fmt::format("{}: unknown op '{}' (known: {})", label, j["op"].get<std::string>(), fmt::join(op_names(), ", ")));
     if (!j.contains("in") || !j["in"].is_array()) fail(src, label + ": 'in' must be an array of input names");
-    size_t want = static_cast<size_t>(op_input_count(n.op));
-    if (j["in"].size() != want)
+    if (op_input_count(n.op) == kVariadic) {
+      if (j["in"].empty()) fail(src, fmt::format("{} ({}): takes one or more inputs, got none", label, to_string(n.op)));
+    } else if (const size_t want = static_cast<size_t>(op_input_count(n.op)); j["in"].size() != want) {
       fail(src, fmt::format("{} ({}): takes {} input{}, got {}", label, to_string(n.op), want, want == 1 ? "" : "s", j["in"].size()));
+    }
     for (const auto& e : j["in"])
       if (!e.is_string()) fail(src, fmt::format("{}: 'in' entries must be strings, got {}", label, e.dump()));
     if (j.contains("unit") && !(j["unit"].is_string() && !j["unit"].get<std::string>().empty()))

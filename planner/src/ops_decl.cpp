@@ -232,6 +232,14 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = 2.0 * out_elems;
       d.bwd_flops = 2.0 * out_elems;
       break;
+    case OpKind::hardsigmoid:
+    case OpKind::hardswish:
+      // PyTorch keeps the input of both (derivatives.yaml: hardsigmoid_backward(grad, self),
+      // hardswish_backward(grad, self)); the derivative is piecewise in x.
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 4.0 * out_elems;
+      d.bwd_flops = 4.0 * out_elems;
+      break;
     case OpKind::relu:
     case OpKind::tanh:
     case OpKind::sigmoid:
@@ -241,6 +249,12 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     case OpKind::add:
       d.fwd_flops = static_cast<double>(out_elems);
+      break;
+    case OpKind::concat:
+      // Keeps nothing (derivatives.yaml: cat's gradient is split by the input sizes);
+      // one copy of each element each way.
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
       break;
     case OpKind::mul:
       d.saved = {keep_input(0), keep_input(1)};

@@ -28,7 +28,7 @@ struct AttrSpec {
 struct OpSpec {
   OpKind kind;
   const char* name;
-  int inputs;
+  int inputs;  // kVariadic: one or more
   std::vector<AttrSpec> attrs;
 };
 
@@ -57,18 +57,28 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::sigmoid, "sigmoid", 1, {}},
       // min(max(x, min), max): ReLU6 (0, 6), Hardtanh (-1, 1); ONNX Clip
       {OpKind::clip, "clip", 1, {{"min", T::number, nullptr}, {"max", T::number, nullptr}}},
+      // PyTorch's Hardsigmoid relu6(x + 3) / 6 and Hardswish x relu6(x + 3) / 6
+      // (MobileNetV3); ONNX HardSigmoid (alpha 1/6, beta 0.5) and HardSwish
+      {OpKind::hardsigmoid, "hardsigmoid", 1, {}},
+      {OpKind::hardswish, "hardswish", 1, {}},
       {OpKind::add, "add", 2, {}},
       {OpKind::mul, "mul", 2, {}},
+      // torch.cat along a per-sample axis (0: channels of [C, H, W]); DenseNet, SqueezeNet
+      {OpKind::concat, "concat", kVariadic, {{"axis", T::integer, 0}}},
       {OpKind::attention, "attention", 1,
        {{"heads", T::integer, nullptr}, {"kv_heads", T::integer, kDerived}, {"head_dim", T::integer, kDerived},
         {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"qkv_bias", T::boolean, kDerived},
         {"out_bias", T::boolean, kDerived}, {"dropout", T::number, 0.0}, {"rope", T::boolean, false},
         {"rope_theta", T::number, 10000.0}, {"rotary_dim", T::integer, kDerived}}},
+      // ceil_mode (absent: false): PyTorch's, rounding the output size up (SqueezeNet)
       {OpKind::maxpool2d, "maxpool2d", 1,
-       {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
+       {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0},
+        {"ceil_mode", T::boolean, kDerived}}},
       {OpKind::avgpool2d, "avgpool2d", 1,
        {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
-      {OpKind::global_avgpool, "global_avgpool", 1, {}},
+      // keepdims (absent: false): [C, 1, 1] instead of [C], as a squeeze-and-
+      // excitation block's 1x1 convolutions read it (ONNX GlobalAveragePool).
+      {OpKind::global_avgpool, "global_avgpool", 1, {{"keepdims", T::boolean, kDerived}}},
       {OpKind::flatten, "flatten", 1, {}},
       {OpKind::tokens, "tokens", 1, {}},
       {OpKind::select, "select", 1, {{"index", T::integer, 0}}},
@@ -168,6 +178,15 @@ int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const char* axis
   int64_t span = in + 2 * p - k;
   if (span < 0) fail("kernel {} does not fit the input's {} of {} with padding {}", k, axis, in, p);
   return span / s + 1;
+}
+
+// PyTorch's ceil_mode size (pooling_output_shape in ATen's Pool.h):
+// ceil((in + 2p - k) / s) + 1, less one when the last window would start in
+// the right padding or past it. window_out has checked the window fits.
+int64_t ceil_window_out(int64_t in, int64_t k, int64_t s, int64_t p) {
+  int64_t out = (in + 2 * p - k + s - 1) / s + 1;
+  if ((out - 1) * s >= in + p) --out;
+  return out;
 }
 
 }  // namespace
@@ -319,14 +338,15 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::tanh:
     case OpKind::sigmoid:
     case OpKind::clip:
+    case OpKind::hardsigmoid:
+    case OpKind::hardswish:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);
       out.shape = x.shape;
       break;
     }
-    case OpKind::add:
-    case OpKind::mul: {
+    case OpKind::add: {
       const auto &a = in(0), &b = in(1);
       expect_float(a, fail);
       expect_float(b, fail);
@@ -334,6 +354,36 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         fail("inputs '{}' {} and '{}' {} must have the same shape", a.name, to_string(a.shape), b.name,
              to_string(b.shape));
       out.shape = a.shape;
+      break;
+    }
+    case OpKind::mul: {  // NumPy broadcasting of the per-sample shapes (an SE block's x [C, H, W] * s [C, 1, 1])
+      const auto &a = in(0), &b = in(1);
+      expect_float(a, fail);
+      expect_float(b, fail);
+      auto shape = broadcast_shape(a.shape, b.shape);
+      if (!shape)
+        fail("inputs '{}' {} and '{}' {} do not broadcast (each dimension, aligned from the last, must be equal or 1)",
+             a.name, to_string(a.shape), b.name, to_string(b.shape));
+      out.shape = *shape;
+      break;
+    }
+    case OpKind::concat: {
+      const auto& first = in(0);
+      const int64_t axis = n.attrs.integer("axis");
+      if (axis < 0 || axis >= static_cast<int64_t>(first.shape.size()))
+        fail("axis {} is outside the per-sample dimensions of '{}' {}", axis, first.name, to_string(first.shape));
+      out.shape = first.shape;
+      out.shape[static_cast<size_t>(axis)] = 0;
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const auto& x = in(static_cast<int>(k));
+        expect_float(x, fail);
+        Shape rest = x.shape;
+        if (rest.size() == first.shape.size()) rest[static_cast<size_t>(axis)] = first.shape[static_cast<size_t>(axis)];
+        if (rest != first.shape)
+          fail("input '{}' {} must match '{}' {} in every dimension but axis {}", x.name, to_string(x.shape),
+               first.name, to_string(first.shape), axis);
+        out.shape[static_cast<size_t>(axis)] += x.shape[static_cast<size_t>(axis)];
+      }
       break;
     }
     case OpKind::attention: {
@@ -370,12 +420,14 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       if (p[0] * 2 > k[0] || p[1] * 2 > k[1]) fail("padding must be at most half the kernel");
       out.shape = {x.shape[0], window_out(x.shape[1], k[0], s[0], p[0], "height", fail),
                    window_out(x.shape[2], k[1], s[1], p[1], "width", fail)};
+      if (n.attrs.has("ceil_mode") && n.attrs.flag("ceil_mode"))
+        for (size_t d = 0; d < 2; ++d) out.shape[d + 1] = ceil_window_out(x.shape[d + 1], k[d], s[d], p[d]);
       break;
     }
     case OpKind::global_avgpool: {
       const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
       expect_float(x, fail);
-      out.shape = {x.shape[0]};
+      out.shape = n.attrs.has("keepdims") && n.attrs.flag("keepdims") ? Shape{x.shape[0], 1, 1} : Shape{x.shape[0]};
       break;
     }
     case OpKind::flatten: {

@@ -27,6 +27,7 @@ enum class Gen {
   normal,    // N(0, 1)
   away,      // |x| >= 0.2 (kinks at 0: relu)
   away_one,  // |x| >= 0.2 and ||x| - 1| >= 0.2 (kinks at -1 and 1: clip to [-1, 1])
+  away_three,  // N(0, 2.5) with ||x| - 3| >= 0.2 (kinks at -3 and 3: hardsigmoid, hardswish)
   distinct,  // a shuffled grid 0.05 apart (max pooling: no near-ties)
 };
 
@@ -139,6 +140,35 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("sigmoid", arr({3, 4}), Json{{"op", "sigmoid"}}));
   v.push_back(unary("clip_relu6", arr({3, 4}), Json{{"op", "clip"}, {"min", 0.0}, {"max", 6.0}}, Gen::away));
   v.push_back(unary("clip_hardtanh", arr({3, 4}), Json{{"op", "clip"}, {"min", -1.0}, {"max", 1.0}}, Gen::away_one));
+  v.push_back(unary("hardsigmoid", arr({3, 4}), Json{{"op", "hardsigmoid"}}, Gen::away_three));
+  v.push_back(unary("hardswish", arr({3, 4}), Json{{"op", "hardswish"}}, Gen::away_three));
+  {  // a squeeze-and-excitation scale: x [3, 2, 2] * s [3, 1, 1], and the operands the other way round
+    OpCase c;
+    c.name = "mul_broadcast";
+    c.ir = make_ir("mul_broadcast", Json{{"x", f32(arr({3, 2, 2}))}, {"s", f32(arr({3, 1, 1}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "mul"}, {"in", {"x", "s"}}}}));
+    v.push_back(c);
+    c.name = "mul_broadcast_both";  // [2, 1, 3] * [4, 1]: each operand repeats along a dimension of the other
+    c.ir = make_ir("mul_broadcast_both", Json{{"a", f32(arr({2, 1, 3}))}, {"b", f32(arr({4, 1}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "mul"}, {"in", {"a", "b"}}}}));
+    v.push_back(c);
+  }
+  {  // concat of three inputs along the channels (DenseNet) and along a later axis
+    OpCase c;
+    c.name = "concat_channels";
+    c.ir = make_ir("concat_channels",
+                   Json{{"a", f32(arr({2, 3, 2}))}, {"b", f32(arr({1, 3, 2}))}, {"c", f32(arr({3, 3, 2}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "concat"}, {"in", {"a", "b", "c"}}}}));
+    v.push_back(c);
+    c.name = "concat_axis1";
+    c.ir = make_ir("concat_axis1", Json{{"a", f32(arr({2, 3, 2}))}, {"b", f32(arr({2, 1, 2}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "concat"}, {"in", {"a", "b"}}, {"axis", 1}}}));
+    v.push_back(c);
+  }
+  // SqueezeNet's 3x3 stride-2 pooling with ceil_mode: 7 -> 3 rows, 6 -> 3 columns (the last window half outside)
+  v.push_back(unary("maxpool2d_ceil", arr({2, 7, 6}),
+                    Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, Gen::distinct));
+  v.push_back(unary("global_avgpool_keepdims", arr({3, 4, 5}), Json{{"op", "global_avgpool"}, {"keepdims", true}}));
   for (const char* op : {"add", "mul"}) {
     OpCase c;
     c.name = op;
@@ -242,6 +272,10 @@ inline void fill(Tensor& t, Gen gen, std::mt19937& rng, float scale = 1.0f) {
     float x = nd(rng) * scale;
     if (gen == Gen::away || gen == Gen::away_one) x = (x < 0 ? -1.0f : 1.0f) * (0.2f + std::fabs(x));
     if (gen == Gen::away_one && std::fabs(std::fabs(x) - 1.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;
+    if (gen == Gen::away_three) {
+      x *= 2.5f;
+      if (std::fabs(std::fabs(x) - 3.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;
+    }
     t.f()[i] = x;
   }
 }

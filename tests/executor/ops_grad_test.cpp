@@ -555,6 +555,8 @@ TEST(OpForward, ActivationsKnownValues) {
       {Json{{"op", "relu"}}, 1.0, 0.0},
       {Json{{"op", "clip"}, {"min", -0.25}, {"max", 0.75}}, 0.75, -0.25},  // F.hardtanh(x, -0.25, 0.75)
       {Json{{"op", "clip"}, {"min", 0.0}, {"max", 6.0}}, 1.0, 0.0},        // F.relu6
+      {Json{{"op", "hardsigmoid"}}, 4.0 / 6.0, 2.5 / 6.0},                  // relu6(x + 3) / 6
+      {Json{{"op", "hardswish"}}, 4.0 / 6.0, -0.5 * 2.5 / 6.0},             // x relu6(x + 3) / 6
   };
   auto be = make_cpu_backend();
   for (const auto& ref : refs) {

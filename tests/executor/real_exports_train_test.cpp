@@ -2,7 +2,9 @@
 // docs/onnx.md) train on the CPU engine: the plan dlplan makes of the file runs
 // two steps, and the first step's loss is that of a freshly initialized
 // 1000-class classifier, near ln 1000. MobileNetV2's ReLU6 (ONNX Clip) is a
-// `clip` op, which the CUDA engine does not run yet: the trainer refuses it
+// `clip` op, MobileNetV3's activations are hardswish and hardsigmoid, and
+// squeeze-and-excitation blocks (MobileNetV3, RegNetY) scale by a broadcasting
+// mul; the CUDA engine runs none of these yet: the trainer refuses them
 // there, naming the node.
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
@@ -54,10 +56,14 @@ TEST_P(RealExportTrains, TwoStepsFromTheFilesPlan) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Torchvision, RealExportTrains,
-                         ::testing::Values("resnet18-opset17.onnx", "mobilenet_v2-opset17.onnx"),
+                         ::testing::Values("resnet18-opset17.onnx", "mobilenet_v2-opset17.onnx",
+                                           "mobilenet_v3_small-opset13.onnx", "regnet_y_400mf-opset17.onnx",
+                                           "squeezenet1_1-opset17.onnx", "densenet121-opset17.onnx",
+                                           "mnasnet0_5-opset17.onnx"),
                          [](const auto& info) {
                            std::string s = info.param;
                            s = s.substr(0, s.find('-'));
+                           if (std::string(info.param).find("opset13") != std::string::npos) s += "_opset13";
                            return s;
                          });
 
@@ -67,6 +73,18 @@ TEST(RealExportRefusal, TheGpuEngineNamesTheClip) {
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("is a clip (ReLU6, Hardtanh)"), std::string::npos) << *why;
   EXPECT_FALSE(gpu_engine_lacks(import_onnx(exported("resnet18-opset17.onnx"))).has_value());
+}
+
+// An SE block's scale multiplies [C, H, W] by [C, 1, 1]: the CUDA engine's
+// mul is same-shape only, so the trainer refuses the plan, naming the node.
+TEST(RealExportRefusal, TheGpuEngineNamesTheBroadcastingMul) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto why = gpu_engine_lacks(import_onnx(exported("regnet_y_400mf-opset17.onnx")));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("with broadcasting (a squeeze-and-excitation scale)"), std::string::npos) << *why;
+  const auto v3 = gpu_engine_lacks(import_onnx(exported("mobilenet_v3_small-opset17.onnx")));
+  ASSERT_TRUE(v3.has_value());
+  EXPECT_NE(v3->find("(MobileNetV3)"), std::string::npos) << *v3;
 }
 
 }  // namespace

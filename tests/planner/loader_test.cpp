@@ -436,6 +436,59 @@ TEST(LoaderError, ClipBoundsMustBeOrdered) {
   EXPECT_NO_THROW(parse_model(seq_model(mid), "ok.json"));
 }
 
+// mul broadcasts as NumPy does (x [4, 8] by a [4, 1] gate or an [8] scale); a
+// pair of shapes that does not broadcast names both.
+TEST(LoaderError, MulOperandsMustBroadcast) {
+  J mid = J::array({{{"name", "gate"}, {"op", "linear"}, {"in", {"x"}}, {"out", 3}},
+                    {{"name", "mid"}, {"op", "mul"}, {"in", {"x", "gate"}}}});
+  expect_error(seq_model(mid), {"node 'mid'", "inputs 'x' [4, 8] and 'gate' [4, 3] do not broadcast"});
+  mid[0]["out"] = 1;  // control: [4, 8] * [4, 1]
+  const Model m = parse_model(seq_model(mid), "ok.json");
+  EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{4, 8}));
+  EXPECT_EQ(broadcast_shape({2, 1, 3}, {4, 1}), (Shape{2, 4, 3}));  // each side repeats along the other's
+  EXPECT_EQ(broadcast_shape({3}, {}), (Shape{3}));
+  EXPECT_FALSE(broadcast_shape({2, 3}, {3, 2}).has_value());
+}
+
+// concat: every dimension but the axis equal; one input at least.
+TEST(LoaderError, ConcatShapesMustAgree) {
+  J mid = J::array({{{"name", "a"}, {"op", "linear"}, {"in", {"x"}}, {"out", 3}},
+                    {{"name", "mid"}, {"op", "concat"}, {"in", {"x", "a"}}, {"axis", 0}}});
+  expect_error(seq_model(mid), {"node 'mid'", "input 'a' [4, 3] must match 'x' [4, 8] in every dimension but axis 0"});
+  mid[1]["axis"] = 2;
+  expect_error(seq_model(mid), {"node 'mid'", "axis 2 is outside the per-sample dimensions of 'x' [4, 8]"});
+  mid[1]["in"] = J::array();
+  expect_error(seq_model(mid), {"node 'mid'", "takes one or more inputs, got none"});
+  mid[1]["in"] = {"x", "a", "x"};  // control: [4, 8 + 3 + 8]
+  mid[1]["axis"] = 1;
+  const Model m = parse_model(seq_model(mid), "ok.json");
+  EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{4, 19}));
+}
+
+// ceil_mode rounds the pooled size up as PyTorch does, except that no window
+// may start in the right padding. The expected sizes are PyTorch 1.13's.
+TEST(LoaderShapes, MaxPoolCeilMode) {
+  auto pooled = [](int64_t h, int64_t k, int64_t s, int64_t p, bool ceil) {
+    J ir = J::parse(R"({"inputs": {"x": {"shape": [2, 1, 1], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+                        "nodes": []})");
+    ir["inputs"]["x"]["shape"] = {2, h, h};
+    J pool = {{"name", "pool"}, {"op", "maxpool2d"}, {"in", {"x"}}, {"kernel", k}, {"stride", s}, {"padding", p}};
+    if (ceil) pool["ceil_mode"] = true;
+    ir["nodes"].push_back(pool);
+    ir["nodes"].push_back({{"name", "flat"}, {"op", "flatten"}, {"in", {"pool"}}});
+    ir["nodes"].push_back({{"name", "head"}, {"op", "linear"}, {"in", {"flat"}}, {"out", 3}});
+    ir["nodes"].push_back({{"name", "loss"}, {"op", "cross_entropy"}, {"in", {"head", "label"}}});
+    const Model m = parse_model(ir, "pool.json");
+    return m.tensor(m.nodes[0].output).shape[1];
+  };
+  // torch.nn.functional.max_pool2d(torch.zeros(1, 1, h, h), k, s, p, ceil_mode=True).shape[-1]:
+  EXPECT_EQ(pooled(111, 3, 2, 0, true), 55);
+  EXPECT_EQ(pooled(112, 3, 2, 0, true), 56);  // floor gives 55
+  EXPECT_EQ(pooled(112, 3, 2, 0, false), 55);
+  EXPECT_EQ(pooled(5, 2, 2, 1, true), 3);  // rounded up to 4, but the 4th window would start in the padding
+  EXPECT_EQ(pooled(5, 2, 2, 0, true), 3);
+}
+
 TEST(LoaderError, DropoutProbabilityRequired) {
   expect_error(seq_model(J::array({{{"name", "mid"}, {"op", "dropout"}, {"in", {"x"}}}})),
                {"node 'mid'", "missing required attribute 'p'"});

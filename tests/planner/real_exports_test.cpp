@@ -47,29 +47,22 @@ const std::map<std::string, std::string> kToday = {
      "node '/features/features.0/features.0.1/Transpose' (Transpose): op 'Transpose' is not supported"},
     {"convnext_tiny-opset17.onnx",
      "node '/features/features.0/features.0.1/Transpose' (Transpose): op 'Transpose' is not supported"},
-    {"densenet121-opset17.onnx",
-     "node '/features/denseblock1/denselayer2/Concat' (Concat): op 'Concat' is not supported"},
-    {"efficientnet_b0-opset17.onnx",
-     "node 'features.features.1.features.1.0.block.block.1.fc1.Conv' (conv2d): input 'features.features.1.features.1.0.block.block.1.avgpool.GlobalAveragePool' has shape [32], expected [C, H, W]"},
+    {"densenet121-opset17.onnx", "imports"},
+    {"efficientnet_b0-opset17.onnx", "imports"},
     {"gpt2-opset17.onnx",
      "node '/inner/transformer/h.0/attn/c_attn/Reshape_1' (Reshape): op 'Reshape' is not supported"},
-    {"mnasnet0_5-opset17.onnx",
-     "node '/ReduceMean' (ReduceMean): op 'ReduceMean' is not supported"},
+    {"mnasnet0_5-opset17.onnx", "imports"},
     {"mobilenet_v2-opset17.onnx", "imports"},
-    {"mobilenet_v3_small-opset13.onnx",
-     "node 'features.features.1.block.block.1.fc1.Conv' (conv2d): input 'features.features.1.block.block.1.avgpool.GlobalAveragePool' has shape [16], expected [C, H, W]"},
-    {"mobilenet_v3_small-opset17.onnx",
-     "node 'features.features.1.block.block.1.fc1.Conv' (conv2d): input 'features.features.1.block.block.1.avgpool.GlobalAveragePool' has shape [16], expected [C, H, W]"},
-    {"regnet_y_400mf-opset17.onnx",
-     "node 'trunk_output.block1.block1-0.f.se.fc1.Conv' (conv2d): input 'trunk_output.block1.block1-0.f.se.avgpool.GlobalAveragePool' has shape [48], expected [C, H, W]"},
+    {"mobilenet_v3_small-opset13.onnx", "imports"},
+    {"mobilenet_v3_small-opset17.onnx", "imports"},
+    {"regnet_y_400mf-opset17.onnx", "imports"},
     {"resnet18-opset13.onnx", "imports"},
     {"resnet18-opset17.onnx", "imports"},
     {"resnet50-opset17.onnx", "imports"},
     {"resnext50_32x4d-opset17.onnx", "imports"},
     {"shufflenet_v2_x1_0-opset17.onnx",
-     "node '/stage2/stage2.0/Concat' (Concat): op 'Concat' is not supported"},
-    {"squeezenet1_1-opset17.onnx",
-     "node '/features/features.2/MaxPool' (MaxPool): ceil_mode 1 is not supported"},
+     "node '/stage2/stage2.1/Concat' (Concat): the shape of its input '/stage2/stage2.1/Slice_output_0' is unknown"},
+    {"squeezenet1_1-opset17.onnx", "imports"},
     {"swin_t-opset17.onnx",
      "node '/features/features.0/features.0.1/Transpose' (Transpose): op 'Transpose' is not supported"},
     {"tiny-bert-opset13.onnx",
@@ -106,6 +99,15 @@ Outcome import_file(const std::string& file, const nlohmann::json& ref) {
     return {std::nullopt, e.what()};
   }
 }
+
+// Imported files whose activations are known to miss PyTorch's by more than
+// 5 %, with the reason (docs/onnx.md).
+const std::map<std::string, std::string> kKnownGaps = {
+    {"vgg11_bn-opset17.onnx", "max-pool indices: int32 in dlplan's engine, int64 in PyTorch (-8.0 %)"},
+    {"squeezenet1_1-opset17.onnx",
+     "max pooling keeps only its int32 indices in dlplan's engine; PyTorch keeps int64 indices and its input, which "
+     "here is a concat output nothing else keeps (-18.9 %)"},
+};
 
 // The most activation bytes the step holds at any moment, fp32, micro-batch 1:
 // what autograd keeps at the end of forward + loss.
@@ -161,8 +163,12 @@ TEST(RealExports, ImportOutcomesAreTheRecordedOnesAndCountsExact) {
     EXPECT_EQ(o.model->parameter_count(), params) << file;
     const int64_t act = max_activations(*o.model);
     const int64_t torch_act = ref["saved_bytes_with_loss"].get<int64_t>();
+    const double error = static_cast<double>(act) / static_cast<double>(torch_act) - 1;
+    if (!kKnownGaps.count(file)) {
+      EXPECT_LE(std::fabs(error), 0.05) << file << ": " << act << " activation bytes planned, PyTorch saves " << torch_act;
+    }
     table += fmt::format("{:36s} {:>12} {:>12} {:>12} {:>+7.1f}%\n", file, o.model->parameter_count(), act,
-                         torch_act, 100.0 * (static_cast<double>(act) / static_cast<double>(torch_act) - 1));
+                         torch_act, 100.0 * error);
   }
   std::cout << "real torch.onnx.export files: " << imported << " of " << reference()["files"].size()
             << " import\n"
@@ -184,4 +190,31 @@ TEST(RealExports, MobileNetV2sReLU6IsAClip) {
   }
   EXPECT_EQ(clips, 35);
   for (const auto& note : m.notes) EXPECT_EQ(note.find("Clip"), std::string::npos) << note;
+}
+
+// MobileNetV3's Hardswish exports as HardSwish at opset 14 and later, and as
+// x * HardSigmoid(x) below: both files plan the same hardswish ops, and its
+// squeeze-and-excitation blocks (GlobalAveragePool [C, 1, 1] -> 1x1 Conv ->
+// HardSigmoid -> Mul) plan through keepdims pooling and a broadcasting mul,
+// nothing passed through unplanned.
+TEST(RealExports, MobileNetV3sHardswishAndSqueezeExcitation) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  std::map<std::string, std::map<OpKind, int>> counts;
+  for (const char* file : {"mobilenet_v3_small-opset13.onnx", "mobilenet_v3_small-opset17.onnx"}) {
+    const Model m = import_onnx(exports_dir() + file);
+    for (const Node& n : m.nodes) counts[file][n.op] += 1;
+    for (const auto& note : m.notes) EXPECT_EQ(note.find("unmapped"), std::string::npos) << file << ": " << note;
+    int se_scales = 0;
+    for (const Node& n : m.nodes) {
+      if (n.op == OpKind::global_avgpool && n.attrs.has("keepdims") && n.attrs.flag("keepdims")) {
+        EXPECT_EQ(m.tensor(n.output).shape.size(), 3u) << n.name;
+      }
+      if (n.op == OpKind::mul && m.tensor(n.inputs[0]).shape != m.tensor(n.inputs[1]).shape) ++se_scales;
+    }
+    EXPECT_EQ(se_scales, 9) << file;  // torchvision's mobilenet_v3_small has 9 SE blocks
+  }
+  auto& c13 = counts["mobilenet_v3_small-opset13.onnx"];
+  EXPECT_EQ(c13, counts["mobilenet_v3_small-opset17.onnx"]);
+  EXPECT_EQ(c13[OpKind::hardsigmoid], 9);  // the SE gates
+  EXPECT_EQ(c13[OpKind::hardswish], 19);   // the notes of the pass-through importer counted 19 HardSwish
 }

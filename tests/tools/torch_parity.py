@@ -45,6 +45,11 @@ CASES = {
     "tiny-gpt-flash": ("models/tiny-gpt.json", 4, ["--attention", "flash"]),
     "tiny-llama": ("tests/fixtures/tiny-llama.json", 4, []),
     "tiny-ops": ("tests/fixtures/tiny-ops.json", 6, []),
+    # The pieces of torchvision's MobileNetV3, DenseNet and SqueezeNet:
+    # hardswish, ReLU6 (clip), a squeeze-and-excitation block (keepdims
+    # pooling, 1x1 convs, hardsigmoid, broadcasting mul), ceil_mode max
+    # pooling and a three-way concat.
+    "tiny-se": ("tests/fixtures/tiny-se.json", 4, []),
     # Hugging Face configs (tests/fixtures/make_hf_fixtures.py): Qwen2's q, k, v
     # biases, Gemma's scaled embedding, 1 + w RMSNorm and GeGLU, Phi's parallel
     # blocks and partial rotary.
@@ -53,7 +58,7 @@ CASES = {
     "tiny-phi": ("tests/fixtures/hf/tiny-phi.json", 2, []),
     "tiny-phi-flash": ("tests/fixtures/hf/tiny-phi.json", 2, ["--attention", "flash"]),
 }
-DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-qwen2",
+DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash"]
 
 

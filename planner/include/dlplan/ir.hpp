@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,13 @@ const char* to_string(DType d);
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& s);
 std::string to_string(const Shape& s);
+// NumPy broadcasting: the shapes aligned from the last dimension, each pair
+// equal or one of them 1. nullopt when they do not broadcast.
+std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b);
 
 enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
-  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, add, mul, attention, maxpool2d,
+  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, concat, attention, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy,
 };
 const char* to_string(OpKind op);

@@ -71,6 +71,8 @@ struct DeclOptions {
 void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string& where);
 // Derived defaults (max_len, kv_heads, head_dim, pool stride) are filled here.
 TensorInfo infer_output(const Model& m, Node& n, const std::string& where);
+// The number of inputs an op takes; kVariadic: one or more (concat).
+constexpr int kVariadic = -1;
 int op_input_count(OpKind op);
 bool op_from_string(const std::string& s, OpKind& out);
 std::vector<std::string> op_names();
