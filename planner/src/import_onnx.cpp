@@ -218,6 +218,11 @@ double attr_float(const onnx::NodeProto& n, const char* name, double def) {
   auto a = attr(n, name);
   return a ? a->f() : def;
 }
+bool is_torch_hardsigmoid(const onnx::NodeProto& n) {
+  return n.op_type() == "HardSigmoid" && std::fabs(attr_float(n, "alpha", 0.2) - 1.0 / 6.0) <= 1e-6 &&
+         std::fabs(attr_float(n, "beta", 0.5) - 0.5) <= 1e-6;
+}
+
 std::vector<int64_t> attr_ints(const onnx::NodeProto& n, const char* name) {
   auto a = attr(n, name);
   if (!a) return {};
@@ -620,9 +625,8 @@ class Importer {
     }
     if (op == "HardSwish")  // x HardSigmoid(x) with alpha 1/6, beta 1/2: PyTorch's Hardswish
       return emit(ir_name_for(n), "hardswish", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-    if (op == "HardSigmoid") {  // max(0, min(1, alpha x + beta)); PyTorch's Hardsigmoid is alpha 1/6, beta 1/2
-      if (std::fabs(attr_float(n, "alpha", 0.2) - 1.0 / 6.0) > 1e-6 || std::fabs(attr_float(n, "beta", 0.5) - 0.5) > 1e-6)
-        return unknown(n, i, data);
+    if (op == "HardSigmoid") {  // max(0, min(1, alpha x + beta)); other alphas and betas are opaque
+      if (!is_torch_hardsigmoid(n)) return unknown(n, i, data);
       return emit(ir_name_for(n), "hardsigmoid", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
     }
     if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
@@ -708,16 +712,14 @@ class Importer {
     if (op == "GlobalAveragePool") {
       // [C, 1, 1] kept where something other than a flatten reads it: a
       // squeeze-and-excitation block's 1x1 convolution, or the Mul it scales.
-      bool flattened = true;
-      for (int c : g_.consumers_of(n.output(0))) {
+      const auto& cons = g_.consumers_of(n.output(0));
+      const bool flattened = std::all_of(cons.begin(), cons.end(), [&](int c) {
         const auto& t = g_.node(c).op_type();
-        flattened = flattened && (t == "Flatten" || t == "Reshape" || t == "Squeeze");
-      }
-      if (!flattened)
-        return emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, OJson{{"keepdims", true}}, n.output(0),
-                    n.name());
-      emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-      pooled_.insert(n.output(0));
+        return t == "Flatten" || t == "Reshape" || t == "Squeeze";
+      });
+      emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)},
+           flattened ? OJson::object() : OJson{{"keepdims", true}}, n.output(0), n.name());
+      if (flattened) pooled_.insert(n.output(0));  // a later Flatten of it is the IR's [C] already
       return;
     }
     if (op == "Flatten" || op == "Reshape" || op == "Squeeze") {

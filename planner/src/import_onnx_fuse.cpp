@@ -493,9 +493,7 @@ std::optional<Fusion> match_silu(const Graph& g, int sig) { return match_self_ga
 // x * HardSigmoid(x) with PyTorch's alpha 1/6 and beta 1/2: Hardswish as
 // torch exports it below opset 14, which has no HardSwish op.
 std::optional<Fusion> match_hardswish(const Graph& g, int hs) {
-  const auto& s = g.node(hs);
-  if (std::fabs(attr_float(s, "alpha", 0.2) - 1.0 / 6.0) > 1e-6 || std::fabs(attr_float(s, "beta", 0.5) - 0.5) > 1e-6)
-    return std::nullopt;
+  if (!is_torch_hardsigmoid(g.node(hs))) return std::nullopt;
   return match_self_gated(g, hs, "hardswish");
 }
 

@@ -60,6 +60,8 @@ std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unf
 const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name);
 int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def);
 double attr_float(const onnx::NodeProto& n, const char* name, double def);
+// A HardSigmoid with PyTorch's alpha 1/6 and beta 1/2 (ONNX's defaults are 0.2, 0.5).
+bool is_torch_hardsigmoid(const onnx::NodeProto& n);
 std::vector<int64_t> attr_ints(const onnx::NodeProto& n, const char* name);
 std::string attr_text(const onnx::NodeProto& n, const char* name, const std::string& def);
 std::string label(const onnx::NodeProto& n, int index);

@@ -86,3 +86,23 @@ TEST(KnobGrid, AllocationsRoundedLikeAGpuAreAsPlanned) {
   for (int s = 0; s < opt.steps; ++s) t.step();
   EXPECT_GT(t.allocator().peak(), walk_step(unrounded.model, unrounded.cluster, unrounded.training).peak);
 }
+
+// The ops real exports brought (hardswish, hardsigmoid, clip, concat, a
+// broadcasting mul, keepdims and ceil-mode pooling: tests/fixtures/tiny-se.json)
+// under every single knob change: measured memory equals the plan's, at the
+// peak and after every op, on the CPU engine that trains them.
+TEST(KnobGrid, RealExportOpsMeasureAsPlannedUnderEveryKnob) {
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  int runs = 0;
+  for (auto k : knobs::single_knob_changes()) {
+    if (k[knobs::kModel] != 0 && k[knobs::kSyncBn] == 0) continue;  // a change of model: tiny-se is the model here
+    k[knobs::kModel] = 0;  // SyncBN's change: tiny-se has BatchNorm
+    const knobs::Outcome o =
+        knobs::run_config(k, *comm, *backend, 2, 0, false, DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-se.json");
+    EXPECT_TRUE(o.equal()) << "tiny-se " << knobs::describe(k) << ": " << knobs::mismatch(o);
+    EXPECT_TRUE(std::isfinite(o.loss)) << "tiny-se " << knobs::describe(k);
+    ++runs;
+  }
+  EXPECT_GT(runs, 10);
+}

@@ -1,7 +1,8 @@
 // Real torch.onnx.export files that import today (tests/fixtures/exports,
 // docs/onnx.md) train on the CPU engine: the plan dlplan makes of the file runs
-// two steps, and the first step's loss is that of a freshly initialized
-// 1000-class classifier, near ln 1000. MobileNetV2's ReLU6 (ONNX Clip) is a
+// two steps, the first step's loss is that of a freshly initialized
+// 1000-class classifier, near ln 1000, and the engine's measured memory is the
+// plan's. MobileNetV2's ReLU6 (ONNX Clip) is a
 // `clip` op, MobileNetV3's activations are hardswish and hardsigmoid, and
 // squeeze-and-excitation blocks (MobileNetV3, RegNetY) scale by a broadcasting
 // mul; the CUDA engine runs none of these yet: the trainer refuses them
@@ -14,6 +15,7 @@
 #include "dlplan/loader.hpp"
 #include "dlplan/planner.hpp"
 #include "dlplan/plan_io.hpp"
+#include "dlplan/step_walk.hpp"
 
 #include <gtest/gtest.h>
 
@@ -53,6 +55,12 @@ TEST_P(RealExportTrains, TwoStepsFromTheFilesPlan) {
   // Cross-entropy of 1000 classes at initialization: ln 1000 = 6.91 for
   // uniform logits; an untrained network's logits spread it a little.
   EXPECT_NEAR(first, std::log(1000.0), 1.5) << GetParam();
+  // What the engine allocated is what the planner walked, byte for byte.
+  const StepWalk w = walk_step(plan.model, plan.cluster, plan.training);
+  EXPECT_EQ(t.allocator().peak(), w.peak) << GetParam();
+  for (Category cat : kAllCategories)
+    EXPECT_EQ(t.allocator().at_peak()[static_cast<size_t>(cat)], w.at_peak[static_cast<size_t>(cat)])
+        << GetParam() << " " << to_string(cat);
 }
 
 INSTANTIATE_TEST_SUITE_P(Torchvision, RealExportTrains,
