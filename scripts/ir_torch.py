@@ -84,7 +84,9 @@ OPS = {
     "hardswish": (1, {}),
     "add": (2, {}),
     "mul": (2, {}),
+    "scale": (1, {"shape": _REQUIRED}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
+    "transpose": (1, {"perm": _REQUIRED}),
     "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                       "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                       "rope_theta": 10000.0, "rotary_dim": _DERIVED}),
@@ -242,6 +244,15 @@ def _plan(ir):
             out = tuple(sum(s[ax] for s in n.in_shapes) if d == ax else x[d] for d in range(len(x)))
         elif op == "mul":  # NumPy broadcasting of the per-sample shapes
             out = tuple(torch.broadcast_shapes(x, n.in_shapes[1]))
+        elif op == "transpose":
+            perm = [int(p) for p in a["perm"]]
+            if sorted(perm) != list(range(len(x))):
+                raise ValueError(f"node '{n.name}': perm {perm} is not a permutation of {len(x)} axes")
+            out = tuple(x[p] for p in perm)
+        elif op == "scale":
+            if tuple(torch.broadcast_shapes(x, tuple(int(d) for d in a["shape"]))) != x:
+                raise ValueError(f"node '{n.name}': shape {a['shape']} does not broadcast to {x}")
+            out = x
         elif op == "flatten":
             out = (_numel(x),)
         elif op == "tokens":
@@ -362,6 +373,8 @@ class IRModule(nn.Module):
                 add("bias", P(x[-1]), False)
         elif op == "rmsnorm":
             add("weight", P(x[-1]), False)
+        elif op == "scale":
+            add("weight", P(*[int(d) for d in a["shape"]]), False)
         elif op == "attention":
             D, H, KV, hd = x[1], int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
             if H % KV:
@@ -527,6 +540,10 @@ class IRModule(nn.Module):
             return x + xs[1]
         if op == "mul":
             return x * xs[1]
+        if op == "scale":
+            return x * self._p(n, "weight")
+        if op == "transpose":
+            return x.permute(0, *[int(p) + 1 for p in a["perm"]]).contiguous()
         if op == "concat":
             return torch.cat(list(xs), dim=int(a["axis"]) + 1)
         if op == "attention":
@@ -732,7 +749,9 @@ def _node_flops(n):
         return out, 0.0
     if op == "mul":
         return out, 2.0 * out
-    if op == "concat":
+    if op == "scale":
+        return out, 2.0 * out
+    if op in ("concat", "transpose"):
         return out, out
     if op == "attention":
         T, D = x

@@ -116,6 +116,8 @@ class CpuBackend final : public Backend {
       case OpKind::concat: return concat_forward(c);
       case OpKind::add: return add_forward(c);
       case OpKind::mul: return mul_forward(c);
+      case OpKind::scale: return scale_forward(c);
+      case OpKind::transpose: return transpose_forward(c);
       case OpKind::attention: return attention_forward(c);
       case OpKind::maxpool2d: return maxpool2d_forward(c);
       case OpKind::avgpool2d: return avgpool2d_forward(c);
@@ -150,6 +152,8 @@ class CpuBackend final : public Backend {
       case OpKind::concat: return concat_backward(c);
       case OpKind::add: return add_backward(c);
       case OpKind::mul: return mul_backward(c);
+      case OpKind::scale: return scale_backward(c);
+      case OpKind::transpose: return transpose_backward(c);
       case OpKind::attention: return attention_backward(c);
       case OpKind::maxpool2d: return maxpool2d_backward(c);
       case OpKind::avgpool2d: return avgpool2d_backward(c);

@@ -145,8 +145,18 @@ void add_forward(OpContext& c);
 void add_backward(OpContext& c);
 void mul_forward(OpContext& c);
 void mul_backward(OpContext& c);
+void scale_forward(OpContext& c);
+void scale_backward(OpContext& c);
 void dropout_forward(OpContext& c);
 void dropout_backward(OpContext& c);
+
+// ---- ops_shape.cpp -------------------------------------------------------------
+// For each element of an array of shape `extent`, in row-major order, the
+// offset sum_k index[k] * stride[k]: where a strided view (a permutation, a
+// broadcast with stride 0) reads it.
+std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride);
+void transpose_forward(OpContext& c);
+void transpose_backward(OpContext& c);
 
 // ---- ops_attention.cpp ---------------------------------------------------------
 void attention_forward(OpContext& c);

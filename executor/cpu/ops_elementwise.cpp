@@ -267,19 +267,7 @@ std::vector<int64_t> broadcast_offsets(const Shape& out, const Shape& in) {
     if (d != 1) stride[static_cast<size_t>(k)] = s;
     s *= d;
   }
-  std::vector<int64_t> offsets(static_cast<size_t>(numel(out)));
-  std::vector<int64_t> index(rank, 0);
-  int64_t at = 0;
-  for (auto& o : offsets) {
-    o = at;
-    for (size_t k = rank; k-- > 0;) {  // odometer over the output's dimensions
-      at += stride[k];
-      if (++index[k] < out[k]) break;
-      at -= stride[k] * out[k];
-      index[k] = 0;
-    }
-  }
-  return offsets;
+  return strided_offsets(out, stride);
 }
 
 struct MulOperands {
@@ -335,6 +323,40 @@ void mul_backward(OpContext& c) {
         dx[s * per[k] + mine[static_cast<size_t>(i)]] +=
             dy[s * m.per_out + i] * other[s * per[1 - k] + theirs[static_cast<size_t>(i)]];
   }
+}
+
+// ---- scale -----------------------------------------------------------------------
+// y = x gamma, gamma a parameter of per-sample shape `shape` broadcast to x's
+// (ConvNeXt's layer_scale [C, 1, 1]): dx += dy gamma; dgamma += the sum of
+// dy x over the samples and the elements gamma was repeated to.
+
+void scale_forward(OpContext& c) {
+  const Shape& x_shape = in_shape(c, 0);
+  const auto g_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
+  const int64_t per = numel(x_shape);
+  const float* x = c.in[0].f();
+  const float* g = c.params[0].f();
+  float* y = c.out.f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) y[s * per + i] = x[s * per + i] * g[g_at[static_cast<size_t>(i)]];
+}
+
+void scale_backward(OpContext& c) {
+  const Shape& x_shape = in_shape(c, 0);
+  const auto g_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
+  const int64_t per = numel(x_shape);
+  const float* dy = c.dout.f();
+  const float* g = c.params[0].f();
+  float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
+  float* dg = grad_or_null(c.dparams[0]);
+  const float* x = dg ? c.in[0].f() : nullptr;  // kept only when gamma trains
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) {
+      const int64_t e = s * per + i;
+      const auto k = static_cast<size_t>(g_at[static_cast<size_t>(i)]);
+      if (dx) dx[e] += dy[e] * g[k];
+      if (dg) dg[k] += dy[e] * x[e];
+    }
 }
 
 // ---- concat ----------------------------------------------------------------------

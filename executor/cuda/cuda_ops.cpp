@@ -801,6 +801,8 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::clip:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
     case OpKind::hardsigmoid:
     case OpKind::hardswish:
+    case OpKind::scale:
+    case OpKind::transpose:
     case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
@@ -835,6 +837,8 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::clip:
     case OpKind::hardsigmoid:
     case OpKind::hardswish:
+    case OpKind::scale:
+    case OpKind::transpose:
     case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);

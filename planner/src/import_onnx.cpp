@@ -199,6 +199,23 @@ std::optional<std::vector<double>> Graph::values(const std::string& t) const {
   return std::nullopt;
 }
 
+std::optional<std::pair<int64_t, int64_t>> Graph::matmul_weight(const std::string& t) const {
+  std::string w = t;
+  bool transposed = false;
+  if (!is_init(t)) {
+    const int p = producer_of(t);
+    if (p < 0 || node(p).op_type() != "Transpose" || node(p).input_size() != 1 || !is_init(node(p).input(0)))
+      return std::nullopt;
+    const auto perm = attr_ints(node(p), "perm");
+    if (!perm.empty() && perm != std::vector<int64_t>{1, 0}) return std::nullopt;
+    w = node(p).input(0);
+    transposed = true;
+  }
+  const auto s = shape(w);
+  if (!s || s->size() != 2) return std::nullopt;
+  return transposed ? std::make_pair((*s)[1], (*s)[0]) : std::make_pair((*s)[0], (*s)[1]);
+}
+
 std::optional<double> Graph::scalar(const std::string& t) const {
   auto v = values(t);
   if (!v || v->size() != 1) return std::nullopt;
@@ -325,8 +342,12 @@ class Importer {
       }
       return out;
     }
-    for (const auto& in : n.input())
-      if (!in.empty() && !g_.is_const(in)) out.push_back(in);
+    for (int k = 0; k < n.input_size(); ++k) {
+      const auto& in = n.input(k);
+      if (in.empty() || g_.is_const(in)) continue;
+      if (op == "MatMul" && k == 1 && g_.matmul_weight(in)) continue;  // Transpose(W): a weight, not data
+      out.push_back(in);
+    }
     return out;
   }
 
@@ -468,6 +489,28 @@ class Importer {
     emit(name, "linear", {ir_of(x, n, i)}, OJson{{"out", out}, {"bias", bias}}, result, n.name());
   }
 
+  // The per-sample shape of a learned tensor `t` that a Mul applies to `x`
+  // (ConvNeXt's layer_scale [C, 1, 1]): a float initializer torch named after
+  // a module parameter (its own constants are 'onnx::...'), which broadcasts to
+  // x without growing it. Nothing when it is not one.
+  std::optional<Dims> learned_scale(const std::string& t, const std::string& x) const {
+    if (!is_float(g_.dtype(t)) || t.rfind("onnx::", 0) == 0) return std::nullopt;
+    const auto full = g_.shape(x);
+    Dims gamma = *g_.shape(t);
+    if (!full || full->size() < 2) return std::nullopt;
+    if (gamma.size() == full->size()) {  // [1, C, 1, 1]: a leading batch axis of 1
+      if (gamma[0] != 1) return std::nullopt;
+      gamma.erase(gamma.begin());
+    }
+    const Dims xs(full->begin() + 1, full->end());
+    if (gamma.empty() || gamma.size() > xs.size()) return std::nullopt;
+    for (auto d : xs)
+      if (d <= 0) return std::nullopt;
+    if (broadcast_shape(Shape(xs.begin(), xs.end()), Shape(gamma.begin(), gamma.end())) != Shape(xs.begin(), xs.end()))
+      return std::nullopt;
+    return gamma;
+  }
+
   void alias(const onnx::NodeProto& n, int i, const std::string& from) { ir_[n.output(0)] = ir_of(from, n, i); }
 
   void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
@@ -560,10 +603,12 @@ class Importer {
     }
     if (op == "MatMul") {
       if (g_.is_init(n.input(1)) && !g_.is_init(n.input(0))) {
-        auto w = *g_.shape(n.input(1));
-        if (w.size() != 2) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
-        return map_linear(n, i, n.input(0), w[1], false);
+        const auto w = g_.matmul_weight(n.input(1));
+        if (!w) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
+        return map_linear(n, i, n.input(0), w->second, false);
       }
+      if (const auto w = g_.matmul_weight(n.input(1)); w && !g_.is_init(n.input(0)))
+        return map_linear(n, i, n.input(0), w->second, false);
       std::string hint;
       for (const auto& [sm, why] : unfused_)
         hint += fmt::format("; attention not recognised at {}: {}", label(g_.node(sm), sm), why);
@@ -671,6 +716,10 @@ class Importer {
         auto s = *g_.shape(t);
         int64_t c = 1;
         for (auto d : s) c *= d;
+        if (op == "Mul" && c > 1 && data.size() == 1)
+          if (auto gamma = learned_scale(t, data[0]))  // ConvNeXt's layer_scale
+            return emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0),
+                        n.name());
         if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
           const int64_t len = s[s.size() - 2];
           return emit(ir_name_for(n), "pos_embedding", {ir_of(in0(), n, i)}, OJson{{"max_len", len}}, n.output(0),
@@ -681,6 +730,27 @@ class Importer {
       }
       constant_elementwise_ += 1;
       return alias(n, i, in0());
+    }
+    if (op == "Transpose") {
+      // A permutation of the per-sample axes (ConvNeXt's [C, H, W] <-> [H, W, C]);
+      // the batch axis must stay first. ONNX's default perm reverses the axes.
+      const auto s = g_.shape(in0());
+      if (!s) fail(fmt::format("{}: the shape of its input '{}' is unknown after shape inference", label(n, i), in0()));
+      auto perm = attr_ints(n, "perm");
+      if (perm.empty())
+        for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
+      if (perm.size() != s->size() || perm[0] != 0)
+        fail(fmt::format("{}: perm [{}] moves the batch axis of its input {}; dlplan plans per sample, so the batch "
+                         "must stay first",
+                         label(n, i), fmt::join(perm, ", "), fmt::join(*s, ", ")));
+      OJson per = OJson::array();
+      bool identity = true;
+      for (size_t k = 1; k < perm.size(); ++k) {
+        per.push_back(perm[k] - 1);
+        identity = identity && perm[k] == static_cast<int64_t>(k);
+      }
+      if (identity) return alias(n, i, in0());
+      return emit(ir_name_for(n), "transpose", {ir_of(in0(), n, i)}, OJson{{"perm", per}}, n.output(0), n.name());
     }
     if (op == "MaxPool" || op == "AveragePool") {
       auto k = attr_ints(n, "kernel_shape");
@@ -786,7 +856,9 @@ class Importer {
 
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
-    const char* op = f.kind == "attention" ? "attention" : f.kind == "silu" ? "silu" : f.kind == "hardswish" ? "hardswish" : "gelu";
+    static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm"};
+    if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
+    const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);
     if (it == ir_.end()) fail(fmt::format("the {} pattern named '{}' reads '{}', which was not mapped", f.kind, f.name, f.x));
     emit(unique_name(normalize(f.name)), op, {it->second}, a, f.out, f.unit_source);

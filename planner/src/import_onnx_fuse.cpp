@@ -12,6 +12,8 @@
 //     two), and the tanh form x + 0.044715 x^3 -> * sqrt(2/pi) -> Tanh -> ...
 //   silu: x * Sigmoid(x).
 //   hardswish: x * HardSigmoid(x) (alpha 1/6, beta 1/2; opset 13 and below).
+//   layernorm: x - mean, over the root of the mean square plus eps, times w
+//     (+ b): LayerNorm over the last axis below opset 17.
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <deque>
 #include <set>
+#include <tuple>
 
 namespace dlplan::onnx_import {
 namespace {
@@ -107,11 +110,8 @@ std::optional<Proj> projection_at(const Graph& g, const std::string& t) {
     pr.params += numel(*g.shape(b));
   }
   const auto& m = g.node(mm);
-  if (m.op_type() == "MatMul" && g.is_init(m.input(1)) && !g.is_const(m.input(0))) {
-    auto w = *g.shape(m.input(1));
-    if (w.size() != 2) return std::nullopt;
-    pr.in_f = w[0];
-    pr.out_f = w[1];
+  if (m.op_type() == "MatMul" && m.input_size() == 2 && g.matmul_weight(m.input(1)) && !g.is_const(m.input(0))) {
+    std::tie(pr.in_f, pr.out_f) = *g.matmul_weight(m.input(1));
   } else if (m.op_type() == "Gemm" && !pr.bias && m.input_size() >= 2 && g.is_init(m.input(1)) &&
              attr_int(m, "transA", 0) == 0) {
     auto w = *g.shape(m.input(1));
@@ -497,6 +497,79 @@ std::optional<Fusion> match_hardswish(const Graph& g, int hs) {
   return match_self_gated(g, hs, "hardswish");
 }
 
+// The axes a ReduceMean reduces: its attribute (up to opset 17) or its
+// second input (opset 18), negative axes counted from the end of `rank`.
+std::vector<int64_t> reduce_axes(const Graph& g, const onnx::NodeProto& n, size_t rank) {
+  auto axes = attr_ints(n, "axes");
+  if (n.input_size() > 1 && !n.input(1).empty())
+    if (auto v = g.values(n.input(1))) axes.assign(v->begin(), v->end());
+  for (auto& a : axes)
+    if (a < 0) a += static_cast<int64_t>(rank);
+  return axes;
+}
+
+// The one node reading `t`, if exactly one does and it is `op`.
+std::optional<int> sole_consumer(const Graph& g, const std::string& t, const char* op) {
+  const auto& cons = g.consumers_of(t);
+  if (cons.size() != 1 || g.node(cons[0]).op_type() != op) return std::nullopt;
+  return cons[0];
+}
+
+// LayerNorm over the last axis as torch exports it below opset 17, which has
+// no LayerNormalization op (anchored at the Sqrt):
+//   d = x - ReduceMean(x); Div(d, Sqrt(ReduceMean(Pow(d, 2)) + eps)) * w [+ b]
+// with w and b initializers of the last axis's size (the affine form; without
+// w it is not nn.LayerNorm's parameters, and is left to the generic ops).
+std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
+  const auto& sq = g.node(sqrt);
+  const int add_eps = g.producer_of(sq.input(0));
+  if (add_eps < 0 || g.node(add_eps).op_type() != "Add") return std::nullopt;
+  const auto var_t = data_operand(g, g.node(add_eps));
+  const auto eps = var_t ? g.scalar(other_operand(g.node(add_eps), *var_t)) : std::nullopt;
+  if (!eps || !(*eps > 0)) return std::nullopt;
+  const int var = g.producer_of(*var_t);
+  if (var < 0 || g.node(var).op_type() != "ReduceMean") return std::nullopt;
+  const int pow = g.producer_of(g.node(var).input(0));
+  if (pow < 0 || g.node(pow).op_type() != "Pow" || g.node(pow).input_size() != 2) return std::nullopt;
+  if (g.scalar(g.node(pow).input(1)) != std::optional<double>(2.0)) return std::nullopt;
+  const std::string d = g.node(pow).input(0);
+  const int sub = g.producer_of(d);
+  if (sub < 0 || g.node(sub).op_type() != "Sub" || g.node(sub).input_size() != 2) return std::nullopt;
+  const std::string x = g.node(sub).input(0);
+  const int mean = g.producer_of(g.node(sub).input(1));
+  if (mean < 0 || g.node(mean).op_type() != "ReduceMean" || g.node(mean).input(0) != x) return std::nullopt;
+  const auto xs = g.shape(x);
+  if (!xs || xs->size() < 2 || xs->back() <= 0) return std::nullopt;
+  const std::vector<int64_t> last{static_cast<int64_t>(xs->size()) - 1};
+  for (int r : {mean, var})
+    if (reduce_axes(g, g.node(r), xs->size()) != last || attr_int(g.node(r), "keepdims", 1) != 1) return std::nullopt;
+  const auto div = sole_consumer(g, sq.output(0), "Div");
+  if (!div || g.node(*div).input(0) != d || g.node(*div).input(1) != sq.output(0)) return std::nullopt;
+  // The affine part: * w, then + b, each an initializer [C].
+  auto affine = [&](const std::string& t, const char* op) -> std::optional<int> {
+    const auto n = sole_consumer(g, t, op);
+    if (!n) return std::nullopt;
+    const std::string p = other_operand(g.node(*n), t);
+    const auto ps = g.is_init(p) ? g.shape(p) : std::nullopt;
+    if (!ps || *ps != Dims{xs->back()}) return std::nullopt;
+    return n;
+  };
+  const auto mul = affine(g.node(*div).output(0), "Mul");
+  if (!mul) return std::nullopt;
+  const auto bias = affine(g.node(*mul).output(0), "Add");
+  Fusion f;
+  f.kind = "layernorm";
+  f.x = x;
+  f.nodes = {mean, sub, pow, var, add_eps, sqrt, *div, *mul};
+  if (bias) f.nodes.push_back(*bias);
+  f.out = g.node(f.nodes.back()).output(0);
+  f.unit_source = sq.name();
+  f.name = sq.name().empty() ? "layernorm" : common_prefix({sq.name()}) + ".layernorm";
+  f.attrs["eps"] = *eps;  // as LayerNormalization's epsilon attribute reads: the float32's value
+  f.attrs["bias"] = bias.has_value();
+  return f;
+}
+
 }  // namespace
 
 std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused) {
@@ -529,6 +602,7 @@ std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unf
     else if (op == "Tanh") take(match_gelu_tanh(g, i));
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
+    else if (op == "Sqrt") take(match_layernorm(g, i));
   }
   return out;
 }

@@ -31,6 +31,10 @@ struct Graph {
   // Values of a small constant (initializer with data, or Constant node).
   std::optional<std::vector<double>> values(const std::string& t) const;
   std::optional<double> scalar(const std::string& t) const;
+  // A MatMul's right operand that is a weight: an initializer W [in, out], or
+  // (torch's opset-13 export of nn.Linear) Transpose(W [out, in]). Its
+  // [in, out], or nothing when `t` is an activation.
+  std::optional<std::pair<int64_t, int64_t>> matmul_weight(const std::string& t) const;
 
   onnx::ModelProto& m;
   onnx::GraphProto& g;

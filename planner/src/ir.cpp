@@ -46,6 +46,7 @@ int64_t Attrs::integer(const char* key) const { return values.at(key).get<int64_
 double Attrs::number(const char* key) const { return values.at(key).get<double>(); }
 bool Attrs::flag(const char* key) const { return values.at(key).get<bool>(); }
 std::string Attrs::text(const char* key) const { return values.at(key).get<std::string>(); }
+std::vector<int64_t> Attrs::ints(const char* key) const { return values.at(key).get<std::vector<int64_t>>(); }
 
 std::array<int64_t, 2> Attrs::pair(const char* key) const {
   const auto& v = values.at(key);

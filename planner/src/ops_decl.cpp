@@ -256,6 +256,23 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = static_cast<double>(out_elems);
       break;
+    case OpKind::scale: {
+      // y = x gamma: PyTorch's mul keeps x for gamma's gradient (gamma, a
+      // parameter, is not an activation). No weight decay: a per-channel
+      // gain, as norm weights and biases are.
+      const Shape gamma = n.attrs.ints("shape");
+      d.params = {{"weight", numel(gamma), false, gamma}};
+      d.saved = {keep_input(0)};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = 2.0 * out_elems;
+      break;
+    }
+    case OpKind::transpose:
+      // Keeps nothing (derivatives.yaml: permute's gradient is the inverse
+      // permute); the output is a contiguous copy, one move per element.
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
     case OpKind::mul:
       d.saved = {keep_input(0), keep_input(1)};
       d.fwd_flops = static_cast<double>(out_elems);
@@ -375,6 +392,7 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
       break;
     }
     case OpKind::embedding:
+    case OpKind::scale:  // x serves gamma's gradient only
       if (!g.base) drop(is_input(0));
       break;
     case OpKind::mul:

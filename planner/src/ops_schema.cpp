@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -14,7 +15,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-enum class AttrType { integer, number, boolean, text, int_or_pair };
+enum class AttrType { integer, number, boolean, text, int_or_pair, int_list };
 
 // `def` null: required. A string "(derived)" default: filled by shape inference.
 // `optional_null`: may be absent and stays null (linear's tie).
@@ -63,8 +64,14 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::hardswish, "hardswish", 1, {}},
       {OpKind::add, "add", 2, {}},
       {OpKind::mul, "mul", 2, {}},
+      // x times a learned tensor of per-sample shape `shape` that broadcasts
+      // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale)
+      {OpKind::scale, "scale", 1, {{"shape", T::int_list, nullptr}}},
       // torch.cat along a per-sample axis (0: channels of [C, H, W]); DenseNet, SqueezeNet
       {OpKind::concat, "concat", kVariadic, {{"axis", T::integer, 0}}},
+      // x.permute(perm) over the per-sample axes (ConvNeXt's [C, H, W] ->
+      // [H, W, C] around its LayerNorm); the output is a contiguous copy
+      {OpKind::transpose, "transpose", 1, {{"perm", T::int_list, nullptr}}},
       {OpKind::attention, "attention", 1,
        {{"heads", T::integer, nullptr}, {"kv_heads", T::integer, kDerived}, {"head_dim", T::integer, kDerived},
         {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"qkv_bias", T::boolean, kDerived},
@@ -101,6 +108,7 @@ const char* type_name(AttrType t) {
     case AttrType::boolean: return "true or false";
     case AttrType::text: return "a string";
     case AttrType::int_or_pair: return "an integer or [h, w]";
+    case AttrType::int_list: return "a list of integers";
   }
   return "?";
 }
@@ -114,6 +122,8 @@ bool type_ok(AttrType t, const Json& v) {
     case AttrType::int_or_pair:
       return v.is_number_integer() ||
              (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer());
+    case AttrType::int_list:
+      return v.is_array() && std::all_of(v.begin(), v.end(), [](const Json& e) { return e.is_number_integer(); });
   }
   return false;
 }
@@ -365,6 +375,38 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         fail("inputs '{}' {} and '{}' {} do not broadcast (each dimension, aligned from the last, must be equal or 1)",
              a.name, to_string(a.shape), b.name, to_string(b.shape));
       out.shape = *shape;
+      break;
+    }
+    case OpKind::scale: {
+      const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
+      expect_float(x, fail);
+      const Shape gamma = n.attrs.ints("shape");
+      for (int64_t d : gamma)
+        if (d <= 0) fail("attribute 'shape' {} has a non-positive dimension", to_string(gamma));
+      checked_numel(gamma, fail);
+      if (broadcast_shape(x.shape, gamma) != x.shape)
+        fail("its learned tensor's shape {} does not broadcast to input '{}' {} (each dimension, aligned from the "
+             "last, must be equal or 1, and no longer than the input)",
+             to_string(gamma), x.name, to_string(x.shape));
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::transpose: {
+      const auto& x = in(0);
+      expect_float(x, fail);
+      const auto perm = n.attrs.ints("perm");
+      std::vector<bool> seen(x.shape.size(), false);
+      if (perm.size() != x.shape.size())
+        fail("perm [{}] must name each of the {} per-sample axes of '{}' {} once", fmt::join(perm, ", "),
+             x.shape.size(), x.name, to_string(x.shape));
+      out.shape.clear();
+      for (int64_t a : perm) {
+        if (a < 0 || a >= static_cast<int64_t>(x.shape.size()) || seen[static_cast<size_t>(a)])
+          fail("perm [{}] must name each of the {} per-sample axes of '{}' {} once", fmt::join(perm, ", "),
+               x.shape.size(), x.name, to_string(x.shape));
+        seen[static_cast<size_t>(a)] = true;
+        out.shape.push_back(x.shape[static_cast<size_t>(a)]);
+      }
       break;
     }
     case OpKind::concat: {

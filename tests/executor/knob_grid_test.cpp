@@ -87,22 +87,28 @@ TEST(KnobGrid, AllocationsRoundedLikeAGpuAreAsPlanned) {
   EXPECT_GT(t.allocator().peak(), walk_step(unrounded.model, unrounded.cluster, unrounded.training).peak);
 }
 
-// The ops real exports brought (hardswish, hardsigmoid, clip, concat, a
-// broadcasting mul, keepdims and ceil-mode pooling: tests/fixtures/tiny-se.json)
-// under every single knob change: measured memory equals the plan's, at the
-// peak and after every op, on the CPU engine that trains them.
+// The ops real exports brought under every single knob change: measured
+// memory equals the plan's, at the peak and after every op, on the CPU engine
+// that trains them. tests/fixtures/tiny-se.json has hardswish, hardsigmoid,
+// clip, concat, a broadcasting mul, keepdims and ceil-mode pooling (MobileNetV3,
+// DenseNet, SqueezeNet); tiny-convnext.json has ConvNeXt's transposes around
+// its LayerNorms and its learned layer scale.
 TEST(KnobGrid, RealExportOpsMeasureAsPlannedUnderEveryKnob) {
   auto comm = make_single_communicator();
   auto backend = make_cpu_backend();
-  int runs = 0;
-  for (auto k : knobs::single_knob_changes()) {
-    if (k[knobs::kModel] != 0 && k[knobs::kSyncBn] == 0) continue;  // a change of model: tiny-se is the model here
-    k[knobs::kModel] = 0;  // SyncBN's change: tiny-se has BatchNorm
-    const knobs::Outcome o =
-        knobs::run_config(k, *comm, *backend, 2, 0, false, DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-se.json");
-    EXPECT_TRUE(o.equal()) << "tiny-se " << knobs::describe(k) << ": " << knobs::mismatch(o);
-    EXPECT_TRUE(std::isfinite(o.loss)) << "tiny-se " << knobs::describe(k);
-    ++runs;
+  for (const std::string fixture : {"tiny-se", "tiny-convnext"}) {
+    const bool has_batchnorm = fixture == "tiny-se";
+    int runs = 0;
+    for (auto k : knobs::single_knob_changes()) {
+      if (k[knobs::kModel] != 0 && k[knobs::kSyncBn] == 0) continue;  // a change of model: the fixture is the model
+      if (k[knobs::kSyncBn] != 0 && !has_batchnorm) continue;       // SyncBN's change needs BatchNorm
+      k[knobs::kModel] = 0;
+      const knobs::Outcome o = knobs::run_config(k, *comm, *backend, 2, 0, false,
+                                                 DLPLAN_SOURCE_DIR "/tests/fixtures/" + fixture + ".json");
+      EXPECT_TRUE(o.equal()) << fixture << " " << knobs::describe(k) << ": " << knobs::mismatch(o);
+      EXPECT_TRUE(std::isfinite(o.loss)) << fixture << " " << knobs::describe(k);
+      ++runs;
+    }
+    EXPECT_GT(runs, 10) << fixture;
   }
-  EXPECT_GT(runs, 10);
 }

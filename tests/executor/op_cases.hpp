@@ -153,6 +153,28 @@ inline std::vector<OpCase> op_cases() {
                    Json::array({Json{{"name", "op"}, {"op", "mul"}, {"in", {"a", "b"}}}}));
     v.push_back(c);
   }
+  {  // ConvNeXt's permutes around its LayerNorm, and a cyclic one of three unequal axes
+    OpCase c;
+    c.name = "transpose_to_channels_last";
+    c.ir = make_ir("transpose_to_channels_last", Json{{"x", f32(arr({3, 2, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "transpose"}, {"in", {"x"}}, {"perm", {1, 2, 0}}}}));
+    v.push_back(c);
+    c.name = "transpose_cyclic";
+    c.ir = make_ir("transpose_cyclic", Json{{"x", f32(arr({2, 3, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "transpose"}, {"in", {"x"}}, {"perm", {2, 0, 1}}}}));
+    v.push_back(c);
+  }
+  {  // a learned per-channel gain (ConvNeXt's layer_scale [C, 1, 1]) and one over the last axis
+    OpCase c;
+    c.name = "scale_channels";
+    c.ir = make_ir("scale_channels", Json{{"x", f32(arr({3, 2, 2}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "scale"}, {"in", {"x"}}, {"shape", {3, 1, 1}}}}));
+    v.push_back(c);
+    c.name = "scale_last_axis";
+    c.ir = make_ir("scale_last_axis", Json{{"x", f32(arr({2, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "scale"}, {"in", {"x"}}, {"shape", {4}}}}));
+    v.push_back(c);
+  }
   {  // concat of three inputs along the channels (DenseNet) and along a later axis
     OpCase c;
     c.name = "concat_channels";

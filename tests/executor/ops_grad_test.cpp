@@ -571,6 +571,24 @@ TEST(OpForward, ActivationsKnownValues) {
   }
 }
 
+// transpose against the definition: y[s, a1, a2, a0] = x[s, a0, a1, a2] for
+// perm [1, 2, 0], element by element over two samples.
+TEST(OpForward, TransposeMatchesTheDefinition) {
+  OpCase c = find_case("transpose_to_channels_last");  // x [3, 2, 4] -> [2, 4, 3]
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 2);
+  forward(*be, r);
+  const int64_t A = 3, B = 2, C = 4;
+  ASSERT_EQ(r.ctx.out.numel(), 2 * A * B * C);
+  for (int64_t s = 0; s < 2; ++s)
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < C; ++k)
+          ASSERT_EQ(r.ctx.out.f()[((s * B + b) * C + k) * A + a], r.ctx.in[0].f()[((s * A + a) * B + b) * C + k])
+              << "sample " << s << " at [" << a << ", " << b << ", " << k << "]";
+}
+
 // conv2d against the definition, in double: y[o, i, j] = b[o] + sum over the
 // group's channels and the kernel of w x (zero padding).
 TEST(OpForward, ConvMatchesTheDefinition) {

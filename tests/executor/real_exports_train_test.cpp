@@ -5,8 +5,10 @@
 // plan's. MobileNetV2's ReLU6 (ONNX Clip) is a
 // `clip` op, MobileNetV3's activations are hardswish and hardsigmoid, and
 // squeeze-and-excitation blocks (MobileNetV3, RegNetY) scale by a broadcasting
-// mul; the CUDA engine runs none of these yet: the trainer refuses them
-// there, naming the node.
+// mul; ConvNeXt permutes to channels-last and back around each LayerNorm
+// (transpose) and scales each block by a learned gamma (scale); the CUDA
+// engine runs none of these yet: the trainer refuses them there, naming the
+// node.
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
@@ -67,7 +69,7 @@ INSTANTIATE_TEST_SUITE_P(Torchvision, RealExportTrains,
                          ::testing::Values("resnet18-opset17.onnx", "mobilenet_v2-opset17.onnx",
                                            "mobilenet_v3_small-opset13.onnx", "regnet_y_400mf-opset17.onnx",
                                            "squeezenet1_1-opset17.onnx", "densenet121-opset17.onnx",
-                                           "mnasnet0_5-opset17.onnx"),
+                                           "mnasnet0_5-opset17.onnx", "convnext_tiny-opset13.onnx"),
                          [](const auto& info) {
                            std::string s = info.param;
                            s = s.substr(0, s.find('-'));
@@ -93,6 +95,16 @@ TEST(RealExportRefusal, TheGpuEngineNamesTheBroadcastingMul) {
   const auto v3 = gpu_engine_lacks(import_onnx(exported("mobilenet_v3_small-opset17.onnx")));
   ASSERT_TRUE(v3.has_value());
   EXPECT_NE(v3->find("(MobileNetV3)"), std::string::npos) << *v3;
+}
+
+// ConvNeXt's permutes and layer scales: refused on CUDA by name, and the
+// opset-13 export (LayerNorm decomposed, nn.Linear's weight transposed by a
+// node) plans the same ops as the opset-17 one.
+TEST(RealExportRefusal, TheGpuEngineNamesConvNeXtsTranspose) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto why = gpu_engine_lacks(import_onnx(exported("convnext_tiny-opset17.onnx")));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("is a transpose (ConvNeXt)"), std::string::npos) << *why;
 }
 
 }  // namespace

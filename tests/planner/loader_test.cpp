@@ -465,6 +465,42 @@ TEST(LoaderError, ConcatShapesMustAgree) {
   EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{4, 19}));
 }
 
+// transpose: perm names each per-sample axis once; the output is permuted.
+TEST(LoaderError, TransposePermMustBeAPermutation) {
+  J mid = J::array({{{"name", "a"}, {"op", "linear"}, {"in", {"x"}}, {"out", 3}},
+                    {{"name", "mid"}, {"op", "transpose"}, {"in", {"a"}}, {"perm", {1, 1}}}});
+  expect_error(seq_model(mid), {"node 'mid'", "perm [1, 1] must name each of the 2 per-sample axes of 'a' [4, 3] once"});
+  mid[1]["perm"] = {1, 0, 2};
+  expect_error(seq_model(mid), {"node 'mid'", "perm [1, 0, 2] must name each of the 2 per-sample axes"});
+  mid[1]["perm"] = {0, -1};
+  expect_error(seq_model(mid), {"node 'mid'", "perm [0, -1]"});
+  mid[1]["perm"] = "1,0";
+  expect_error(seq_model(mid), {"node 'mid'", "attribute 'perm' must be a list of integers"});
+  mid[1]["perm"] = {1, 0};  // control: [4, 3] -> [3, 4]
+  const Model m = parse_model(seq_model(mid), "ok.json");
+  EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{3, 4}));
+}
+
+// scale: the learned tensor broadcasts to the input without growing it, and
+// is a parameter of that shape.
+TEST(LoaderError, ScaleShapeMustBroadcastToItsInput) {
+  J mid = J::array({{{"name", "mid"}, {"op", "scale"}, {"in", {"x"}}, {"shape", {3, 1}}}});
+  expect_error(seq_model(mid), {"node 'mid'", "its learned tensor's shape [3, 1] does not broadcast to input 'x' [4, 8]"});
+  mid[0]["shape"] = {2, 4, 8};
+  expect_error(seq_model(mid), {"node 'mid'", "does not broadcast to input 'x' [4, 8]"});
+  mid[0]["shape"] = {0, 8};
+  expect_error(seq_model(mid), {"node 'mid'", "attribute 'shape' [0, 8] has a non-positive dimension"});
+  mid[0].erase("shape");
+  expect_error(seq_model(mid), {"node 'mid'", "missing required attribute 'shape'"});
+  mid[0]["shape"] = {4, 1};  // control: a gain per row, 4 parameters
+  const Model m = parse_model(seq_model(mid), "ok.json");
+  EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{4, 8}));
+  int64_t gamma = 0;
+  for (const auto& p : m.params)
+    if (p.name == "mid.weight") gamma = p.numel;
+  EXPECT_EQ(gamma, 4);
+}
+
 // ceil_mode rounds the pooled size up as PyTorch does, except that no window
 // may start in the right padding. The expected sizes are PyTorch 1.13's.
 TEST(LoaderShapes, MaxPoolCeilMode) {

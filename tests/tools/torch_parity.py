@@ -50,6 +50,9 @@ CASES = {
     # pooling, 1x1 convs, hardsigmoid, broadcasting mul), ceil_mode max
     # pooling and a three-way concat.
     "tiny-se": ("tests/fixtures/tiny-se.json", 4, []),
+    # ConvNeXt's block: transposes to channels-last and back around its
+    # LayerNorm, and the learned layer scale.
+    "tiny-convnext": ("tests/fixtures/tiny-convnext.json", 4, []),
     # Hugging Face configs (tests/fixtures/make_hf_fixtures.py): Qwen2's q, k, v
     # biases, Gemma's scaled embedding, 1 + w RMSNorm and GeGLU, Phi's parallel
     # blocks and partial rotary.
@@ -58,7 +61,8 @@ CASES = {
     "tiny-phi": ("tests/fixtures/hf/tiny-phi.json", 2, []),
     "tiny-phi-flash": ("tests/fixtures/hf/tiny-phi.json", 2, ["--attention", "flash"]),
 }
-DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-qwen2",
+DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext",
+           "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash"]
 
 

@@ -31,7 +31,7 @@ std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b);
 
 enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
-  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, concat, attention, maxpool2d,
+  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale, concat, transpose, attention, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy,
 };
 const char* to_string(OpKind op);
@@ -51,6 +51,7 @@ struct Attrs {
   bool flag(const char* key) const;
   std::string text(const char* key) const;
   std::array<int64_t, 2> pair(const char* key) const;  // int or [h, w]
+  std::vector<int64_t> ints(const char* key) const;    // a list of integers
   bool has(const char* key) const { return values.contains(key) && !values[key].is_null(); }
 };
 

@@ -1,0 +1,65 @@
+// Ops that move elements without arithmetic: transpose (x.permute(perm) over
+// the per-sample axes, made contiguous). Nothing is saved; backward moves the
+// gradient back through the inverse permutation.
+#include "ops.hpp"
+
+#include <vector>
+
+namespace dlplan::exec::cpu {
+std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride) {
+  const size_t rank = extent.size();
+  std::vector<int64_t> offsets(static_cast<size_t>(numel(extent)));
+  std::vector<int64_t> index(rank, 0);
+  int64_t at = 0;
+  for (auto& o : offsets) {
+    o = at;
+    for (size_t k = rank; k-- > 0;) {  // an odometer over the axes, the last fastest
+      at += stride[k];
+      if (++index[k] < extent[k]) break;
+      at -= stride[k] * extent[k];
+      index[k] = 0;
+    }
+  }
+  return offsets;
+}
+
+namespace {
+
+// For each element of one sample's output, in order, the offset within the
+// sample of the input element it copies: output axis k walks input axis
+// perm[k], so its stride is that axis's row-major stride in the input.
+std::vector<int64_t> permuted_offsets(const Shape& in, const std::vector<int64_t>& perm) {
+  const size_t rank = in.size();
+  std::vector<int64_t> in_stride(rank, 1);
+  for (size_t k = rank; k-- > 1;) in_stride[k - 1] = in_stride[k] * in[k];
+  std::vector<int64_t> stride(rank);
+  Shape extent(rank);
+  for (size_t k = 0; k < rank; ++k) {
+    stride[k] = in_stride[static_cast<size_t>(perm[k])];
+    extent[k] = in[static_cast<size_t>(perm[k])];
+  }
+  return strided_offsets(extent, stride);
+}
+
+}  // namespace
+
+void transpose_forward(OpContext& c) {
+  const auto off = permuted_offsets(in_shape(c, 0), c.node->attrs.ints("perm"));
+  const int64_t per = static_cast<int64_t>(off.size());
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) y[s * per + i] = x[s * per + off[static_cast<size_t>(i)]];
+}
+
+void transpose_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const auto off = permuted_offsets(in_shape(c, 0), c.node->attrs.ints("perm"));
+  const int64_t per = static_cast<int64_t>(off.size());
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) dx[s * per + off[static_cast<size_t>(i)]] += dy[s * per + i];
+}
+
+}  // namespace dlplan::exec::cpu
