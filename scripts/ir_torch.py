@@ -87,6 +87,8 @@ OPS = {
     "scale": (1, {"shape": _REQUIRED}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
+    "reshape": (1, {"shape": _REQUIRED}),
+    "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED}),
     "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                       "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                       "rope_theta": 10000.0, "rotary_dim": _DERIVED}),
@@ -249,6 +251,15 @@ def _plan(ir):
             if sorted(perm) != list(range(len(x))):
                 raise ValueError(f"node '{n.name}': perm {perm} is not a permutation of {len(x)} axes")
             out = tuple(x[p] for p in perm)
+        elif op == "slice":
+            ax, s0, s1 = int(a["axis"]), int(a["start"]), int(a["end"])
+            if not (0 <= ax < len(x) and 0 <= s0 < s1 <= x[ax]):
+                raise ValueError(f"node '{n.name}': slice [{s0}, {s1}) of axis {ax} is outside {x}")
+            out = tuple(s1 - s0 if d == ax else x[d] for d in range(len(x)))
+        elif op == "reshape":
+            out = tuple(int(d) for d in a["shape"])
+            if _numel(out) != _numel(x):
+                raise ValueError(f"node '{n.name}': cannot reshape {x} to {out}")
         elif op == "scale":
             if tuple(torch.broadcast_shapes(x, tuple(int(d) for d in a["shape"]))) != x:
                 raise ValueError(f"node '{n.name}': shape {a['shape']} does not broadcast to {x}")
@@ -542,6 +553,10 @@ class IRModule(nn.Module):
             return x * xs[1]
         if op == "scale":
             return x * self._p(n, "weight")
+        if op == "slice":
+            return x.narrow(int(a["axis"]) + 1, int(a["start"]), int(a["end"]) - int(a["start"]))
+        if op == "reshape":
+            return x.reshape(x.shape[0], *[int(d) for d in a["shape"]])
         if op == "transpose":
             return x.permute(0, *[int(p) + 1 for p in a["perm"]]).contiguous()
         if op == "concat":
@@ -751,7 +766,7 @@ def _node_flops(n):
         return out, 2.0 * out
     if op == "scale":
         return out, 2.0 * out
-    if op in ("concat", "transpose"):
+    if op in ("concat", "transpose", "slice"):
         return out, out
     if op == "attention":
         T, D = x

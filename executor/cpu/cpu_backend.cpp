@@ -118,11 +118,13 @@ class CpuBackend final : public Backend {
       case OpKind::mul: return mul_forward(c);
       case OpKind::scale: return scale_forward(c);
       case OpKind::transpose: return transpose_forward(c);
+      case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
       case OpKind::maxpool2d: return maxpool2d_forward(c);
       case OpKind::avgpool2d: return avgpool2d_forward(c);
       case OpKind::global_avgpool: return global_avgpool_forward(c);
-      case OpKind::flatten: return flatten_forward(c);
+      case OpKind::flatten:
+      case OpKind::reshape: return flatten_forward(c);
       case OpKind::tokens: return tokens_forward(c);
       case OpKind::select: return select_forward(c);
       case OpKind::dropout: return dropout_forward(c);
@@ -154,11 +156,13 @@ class CpuBackend final : public Backend {
       case OpKind::mul: return mul_backward(c);
       case OpKind::scale: return scale_backward(c);
       case OpKind::transpose: return transpose_backward(c);
+      case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);
       case OpKind::maxpool2d: return maxpool2d_backward(c);
       case OpKind::avgpool2d: return avgpool2d_backward(c);
       case OpKind::global_avgpool: return global_avgpool_backward(c);
-      case OpKind::flatten: return flatten_backward(c);
+      case OpKind::flatten:
+      case OpKind::reshape: return flatten_backward(c);
       case OpKind::tokens: return tokens_backward(c);
       case OpKind::select: return select_backward(c);
       case OpKind::dropout: return dropout_backward(c);

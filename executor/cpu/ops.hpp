@@ -157,6 +157,8 @@ void dropout_backward(OpContext& c);
 std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride);
 void transpose_forward(OpContext& c);
 void transpose_backward(OpContext& c);
+void slice_forward(OpContext& c);
+void slice_backward(OpContext& c);
 
 // ---- ops_attention.cpp ---------------------------------------------------------
 void attention_forward(OpContext& c);

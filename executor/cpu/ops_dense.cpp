@@ -192,7 +192,7 @@ void tokens_backward(OpContext& c) {
   }
 }
 
-// ---- flatten -------------------------------------------------------------------
+// ---- flatten, reshape -------------------------------------------------------------
 // Same memory, new shape: a copy forward, an add backward.
 
 void flatten_forward(OpContext& c) {

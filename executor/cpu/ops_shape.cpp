@@ -1,8 +1,9 @@
 // Ops that move elements without arithmetic: transpose (x.permute(perm) over
-// the per-sample axes, made contiguous). Nothing is saved; backward moves the
-// gradient back through the inverse permutation.
+// the per-sample axes, made contiguous) and slice (a range along one axis).
+// Nothing is saved; backward moves the gradient back where it came from.
 #include "ops.hpp"
 
+#include <cstring>
 #include <vector>
 
 namespace dlplan::exec::cpu {
@@ -42,6 +43,42 @@ std::vector<int64_t> permuted_offsets(const Shape& in, const std::vector<int64_t
 }
 
 }  // namespace
+
+// slice: per sample, with outer = the product of the dimensions before the
+// axis, each outer row of the output is the run [start, end) of the input's
+// row along the axis (and everything after it).
+namespace {
+
+template <typename Fn>  // fn(out_offset, in_offset, count)
+void for_each_slice_run(const OpContext& c, Fn fn) {
+  const auto axis = static_cast<size_t>(c.node->attrs.integer("axis"));
+  const int64_t start = c.node->attrs.integer("start");
+  const Shape& in = in_shape(c, 0);
+  int64_t outer = c.batch, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= in[d];
+  for (size_t d = axis + 1; d < in.size(); ++d) inner *= in[d];
+  const int64_t in_row = in[axis] * inner, out_row = out_shape(c)[axis] * inner;
+  for (int64_t r = 0; r < outer; ++r) fn(r * out_row, r * in_row + start * inner, out_row);
+}
+
+}  // namespace
+
+void slice_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  for_each_slice_run(c, [&](int64_t o, int64_t i, int64_t n) {
+    std::memcpy(y + o, x + i, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+void slice_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  for_each_slice_run(c, [&](int64_t o, int64_t i, int64_t n) {
+    for (int64_t e = 0; e < n; ++e) dx[i + e] += dy[o + e];
+  });
+}
 
 void transpose_forward(OpContext& c) {
   const auto off = permuted_offsets(in_shape(c, 0), c.node->attrs.ints("perm"));

@@ -803,6 +803,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::hardswish:
     case OpKind::scale:
     case OpKind::transpose:
+    case OpKind::slice:
     case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
@@ -810,7 +811,8 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::maxpool2d: return maxpool2d_fwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_fwd(rt, c);
     case OpKind::global_avgpool: return global_avgpool_fwd(rt, c);
-    case OpKind::flatten: return copy_fwd(rt, c);
+    case OpKind::flatten:
+    case OpKind::reshape: return copy_fwd(rt, c);
     case OpKind::tokens: return tokens_fwd(rt, c);
     case OpKind::select: return select_fwd(rt, c);
     case OpKind::dropout: return dropout_fwd(rt, c);
@@ -839,6 +841,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::hardswish:
     case OpKind::scale:
     case OpKind::transpose:
+    case OpKind::slice:
     case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);
@@ -846,7 +849,8 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::maxpool2d: return maxpool2d_bwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_bwd(rt, c);
     case OpKind::global_avgpool: return global_avgpool_bwd(rt, c);
-    case OpKind::flatten: return accumulate_bwd(rt, c);
+    case OpKind::flatten:
+    case OpKind::reshape: return accumulate_bwd(rt, c);
     case OpKind::tokens: return tokens_bwd(rt, c);
     case OpKind::select: return select_bwd(rt, c);
     case OpKind::dropout: return dropout_bwd(rt, c);

@@ -69,9 +69,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::concat)
       return fmt::format("node '{}' is a concat (DenseNet, SqueezeNet), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);
-    if (n.op == OpKind::scale || n.op == OpKind::transpose)
-      return fmt::format("node '{}' is a {} (ConvNeXt), which the CPU engine trains and the CUDA engine does not yet",
-                         n.name, to_string(n.op));
+    if (n.op == OpKind::scale || n.op == OpKind::transpose || n.op == OpKind::slice)
+      return fmt::format("node '{}' is a {} (ConvNeXt, ShuffleNetV2), which the CPU engine trains and the CUDA engine "
+                         "does not yet", n.name, to_string(n.op));
     if (n.op == OpKind::hardsigmoid || n.op == OpKind::hardswish)
       return fmt::format("node '{}' is a {} (MobileNetV3), which the CPU engine trains and the CUDA engine does not yet",
                          n.name, to_string(n.op));

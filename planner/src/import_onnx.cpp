@@ -35,6 +35,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <tuple>
 #include <sstream>
 #endif
 
@@ -140,8 +141,6 @@ int32_t Graph::dtype(const std::string& t) const {
   return onnx::TensorProto::FLOAT;
 }
 
-namespace {
-
 std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t) {
   using TP = onnx::TensorProto;
   if (t.data_location() == TP::EXTERNAL) return std::nullopt;
@@ -180,8 +179,6 @@ std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t) {
   }
   return v;
 }
-
-}  // namespace
 
 std::optional<std::vector<double>> Graph::values(const std::string& t) const {
   if (auto it = inits.find(t); it != inits.end()) return tensor_values(*it->second);
@@ -511,6 +508,54 @@ class Importer {
     return gamma;
   }
 
+  // A Slice of one per-sample axis with step 1 and constant bounds (after
+  // fold_shape_subgraphs): the axis (of the full shape), and [start, end)
+  // clamped as ONNX does. Nothing for any other Slice.
+  std::optional<std::tuple<int64_t, int64_t, int64_t>> sliced(const onnx::NodeProto& n) const {
+    const auto s = g_.shape(n.input(0));
+    const auto starts = g_.values(n.input(1)), ends = g_.values(n.input(2));
+    std::optional<std::vector<double>> axes, steps;
+    if (n.input_size() > 3 && !n.input(3).empty()) axes = g_.values(n.input(3));
+    if (n.input_size() > 4 && !n.input(4).empty()) steps = g_.values(n.input(4));
+    if (!s || !starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+    if ((n.input_size() > 3 && !n.input(3).empty() && (!axes || axes->size() != 1)) ||
+        (n.input_size() > 4 && !n.input(4).empty() && (!steps || steps->size() != 1 || (*steps)[0] != 1.0)))
+      return std::nullopt;
+    const auto rank = static_cast<int64_t>(s->size());
+    for (const auto* v : {&*starts, &*ends})
+      if (std::isnan((*v)[0])) return std::nullopt;
+    if (axes && !(std::fabs((*axes)[0]) <= static_cast<double>(rank))) return std::nullopt;
+    int64_t axis = axes ? static_cast<int64_t>((*axes)[0]) : 0;
+    if (axis < 0) axis += rank;
+    if (axis < 1 || axis >= rank || (*s)[static_cast<size_t>(axis)] <= 0) return std::nullopt;  // not the batch axis
+    const int64_t dim = (*s)[static_cast<size_t>(axis)];
+    auto bound = [dim](double v) {
+      const double b = v < 0 ? v + static_cast<double>(dim) : v;
+      return static_cast<int64_t>(std::clamp(b, 0.0, static_cast<double>(dim)));
+    };
+    const int64_t start = bound((*starts)[0]), end = bound((*ends)[0]);
+    if (start >= end) return std::nullopt;
+    return std::make_tuple(axis, start, end);
+  }
+
+  // The per-sample shape a Reshape, Squeeze or Unsqueeze of `x` gives, when
+  // shape inference knows both sides (after fold_shape_subgraphs, a view's
+  // computed shape is known). The batch axis must stay first and whole: a
+  // node that folds it into another axis (GPT-2's Conv1D flattens [b, T, D]
+  // to [b T, D]) is refused, naming it.
+  std::optional<Dims> reshaped(const onnx::NodeProto& n, int i, const std::string& x) const {
+    const auto in = g_.shape(x), out = g_.shape(n.output(0));
+    auto known = [](const std::optional<Dims>& d) {
+      return d && !d->empty() && std::all_of(d->begin(), d->end(), [](int64_t v) { return v > 0; });
+    };
+    if (!known(in) || !known(out)) return std::nullopt;
+    if ((*in)[0] != (*out)[0] || (*out)[0] != opt_.micro_batch)
+      fail(fmt::format("{}: reshapes [{}] to [{}] with the micro-batch {} bound at import, which moves the batch axis "
+                       "or folds it into another; dlplan plans per sample, so the batch must stay the first axis",
+                       label(n, i), fmt::join(*in, ", "), fmt::join(*out, ", "), opt_.micro_batch));
+    return Dims(out->begin() + 1, out->end());
+  }
+
   void alias(const onnx::NodeProto& n, int i, const std::string& from) { ir_[n.output(0)] = ir_of(from, n, i); }
 
   void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
@@ -731,6 +776,15 @@ class Importer {
       constant_elementwise_ += 1;
       return alias(n, i, in0());
     }
+    if (op == "Slice" && n.input_size() >= 3) {
+      if (auto r = sliced(n)) {
+        const auto& [axis, start, end] = *r;
+        if (start == 0 && end == (*g_.shape(in0()))[static_cast<size_t>(axis)]) return alias(n, i, in0());
+        return emit(ir_name_for(n), "slice", {ir_of(in0(), n, i)},
+                    OJson{{"axis", axis - 1}, {"start", start}, {"end", end}}, n.output(0), n.name());
+      }
+      return unknown(n, i, data);
+    }
     if (op == "Transpose") {
       // A permutation of the per-sample axes (ConvNeXt's [C, H, W] <-> [H, W, C]);
       // the batch axis must stay first. ONNX's default perm reverses the axes.
@@ -792,7 +846,7 @@ class Importer {
       if (flattened) pooled_.insert(n.output(0));  // a later Flatten of it is the IR's [C] already
       return;
     }
-    if (op == "Flatten" || op == "Reshape" || op == "Squeeze") {
+    if (op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze") {
       const auto out = per_sample(n.output(0));
       if (pooled_.count(in0()) && out.size() <= 1) {  // [C, 1, 1] -> [C]: the IR's global_avgpool is [C] already
         pooled_.insert(n.output(0));
@@ -807,6 +861,10 @@ class Importer {
         absorbed_.insert(cons[0]);
         return emit(ir_name_for(n), "tokens", {ir_of(in0(), n, i)}, OJson::object(), g_.node(cons[0]).output(0),
                     n.name());
+      }
+      if (const auto s = reshaped(n, i, in0())) {
+        if (*s == per_sample(in0())) return alias(n, i, in0());
+        return emit(ir_name_for(n), "reshape", {ir_of(in0(), n, i)}, OJson{{"shape", *s}}, n.output(0), n.name());
       }
       return unknown(n, i, data);
     }
@@ -1075,6 +1133,16 @@ Model import_onnx(const std::string& path, const ImportOptions& opt) {
       onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), so);
     } catch (const std::exception& e) {
       inference_notes.push_back(fmt::format("ONNX shape inference stopped ({}); shapes stored in the file are used", e.what()));
+    }
+    if (inference_notes.empty()) {
+      try {
+        if (const int folded = fold_shape_subgraphs(model, path); folded > 0)
+          inference_notes.push_back(fmt::format(
+              "{} node{} computing shapes, positions or masks evaluated at import (micro-batch {}{})", folded,
+              folded == 1 ? "" : "s", opt.micro_batch, opt.seq_len > 0 ? fmt::format(", sequence {}", opt.seq_len) : ""));
+      } catch (const std::exception& e) {
+        inference_notes.push_back(fmt::format("ONNX shape inference stopped after shapes were evaluated ({})", e.what()));
+      }
     }
   }
 

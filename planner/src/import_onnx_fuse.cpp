@@ -303,7 +303,7 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     int c = single(t);
     if (c < 0) break;
     const auto& n = g.node(c);
-    if ((n.op_type() == "MatMul" && n.input(0) == t && g.is_init(n.input(1))) || n.op_type() == "Gemm") {
+    if ((n.op_type() == "MatMul" && n.input(0) == t && g.matmul_weight(n.input(1))) || n.op_type() == "Gemm") {
       std::string cand = n.output(0);
       int b = single(cand);
       if (b >= 0 && g.node(b).op_type() == "Add") {

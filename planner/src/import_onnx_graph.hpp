@@ -61,6 +61,17 @@ struct Fusion {
 // Softmax nodes that did not match attention go to `unfused` with the reason.
 std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused = nullptr);
 
+// The values of a tensor stored in the file (raw or typed data), as doubles;
+// nothing for external data or an element type not read here.
+std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t);
+
+// Evaluates at import the subgraphs that compute shapes (Shape -> Gather ->
+// Unsqueeze -> Concat -> Reshape, Range, ConstantOfShape, ...), now that the
+// inputs' dimensions are bound: each node whose inputs are all known becomes
+// a Constant, and shape inference runs again, until nothing more folds
+// (import_onnx_fold.cpp). Returns how many nodes were folded.
+int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src);
+
 const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name);
 int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def);
 double attr_float(const onnx::NodeProto& n, const char* name, double def);

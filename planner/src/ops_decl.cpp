@@ -267,6 +267,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.bwd_flops = 2.0 * out_elems;
       break;
     }
+    case OpKind::slice:  // keeps nothing (derivatives.yaml: slice_backward needs only the sizes)
     case OpKind::transpose:
       // Keeps nothing (derivatives.yaml: permute's gradient is the inverse
       // permute); the output is a contiguous copy, one move per element.
@@ -299,6 +300,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.bwd_flops = d.fwd_flops;
       break;
     case OpKind::flatten:
+    case OpKind::reshape:  // keeps nothing: view's gradient is the reshaped gradient
     case OpKind::tokens:
     case OpKind::select:
       break;

@@ -72,6 +72,12 @@ const std::vector<OpSpec>& op_table() {
       // x.permute(perm) over the per-sample axes (ConvNeXt's [C, H, W] ->
       // [H, W, C] around its LayerNorm); the output is a contiguous copy
       {OpKind::transpose, "transpose", 1, {{"perm", T::int_list, nullptr}}},
+      // x.reshape(shape) over the per-sample axes (view/reshape/squeeze/
+      // unsqueeze); the same elements in the same order
+      {OpKind::reshape, "reshape", 1, {{"shape", T::int_list, nullptr}}},
+      // x.narrow(axis, start, end - start) over a per-sample axis (ShuffleNetV2's
+      // channel split, torch.chunk)
+      {OpKind::slice, "slice", 1, {{"axis", T::integer, nullptr}, {"start", T::integer, nullptr}, {"end", T::integer, nullptr}}},
       {OpKind::attention, "attention", 1,
        {{"heads", T::integer, nullptr}, {"kv_heads", T::integer, kDerived}, {"head_dim", T::integer, kDerived},
         {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"qkv_bias", T::boolean, kDerived},
@@ -407,6 +413,32 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         seen[static_cast<size_t>(a)] = true;
         out.shape.push_back(x.shape[static_cast<size_t>(a)]);
       }
+      break;
+    }
+    case OpKind::reshape: {
+      const auto& x = in(0);
+      expect_float(x, fail);
+      const Shape shape = n.attrs.ints("shape");
+      for (int64_t d : shape)
+        if (d <= 0) fail("attribute 'shape' {} has a non-positive dimension", to_string(shape));
+      if (checked_numel(shape, fail) != numel(x.shape))
+        fail("cannot reshape '{}' {} ({} elements) to {} ({} elements)", x.name, to_string(x.shape), numel(x.shape),
+             to_string(shape), numel(shape));
+      out.shape = shape;
+      break;
+    }
+    case OpKind::slice: {
+      const auto& x = in(0);
+      expect_float(x, fail);
+      const int64_t axis = n.attrs.integer("axis"), start = n.attrs.integer("start"), end = n.attrs.integer("end");
+      if (axis < 0 || axis >= static_cast<int64_t>(x.shape.size()))
+        fail("axis {} is outside the per-sample dimensions of '{}' {}", axis, x.name, to_string(x.shape));
+      const int64_t dim = x.shape[static_cast<size_t>(axis)];
+      if (start < 0 || end > dim || start >= end)
+        fail("[start, end) = [{}, {}) is not a non-empty range within axis {} of '{}' {}", start, end, axis, x.name,
+             to_string(x.shape));
+      out.shape = x.shape;
+      out.shape[static_cast<size_t>(axis)] = end - start;
       break;
     }
     case OpKind::concat: {

@@ -92,12 +92,13 @@ TEST(KnobGrid, AllocationsRoundedLikeAGpuAreAsPlanned) {
 // that trains them. tests/fixtures/tiny-se.json has hardswish, hardsigmoid,
 // clip, concat, a broadcasting mul, keepdims and ceil-mode pooling (MobileNetV3,
 // DenseNet, SqueezeNet); tiny-convnext.json has ConvNeXt's transposes around
-// its LayerNorms and its learned layer scale.
+// its LayerNorms and its learned layer scale; tiny-shuffle.json ShuffleNetV2's
+// channel split (slice) and channel shuffle (reshape, transpose, reshape).
 TEST(KnobGrid, RealExportOpsMeasureAsPlannedUnderEveryKnob) {
   auto comm = make_single_communicator();
   auto backend = make_cpu_backend();
-  for (const std::string fixture : {"tiny-se", "tiny-convnext"}) {
-    const bool has_batchnorm = fixture == "tiny-se";
+  for (const std::string fixture : {"tiny-se", "tiny-convnext", "tiny-shuffle"}) {
+    const bool has_batchnorm = fixture != "tiny-convnext";
     int runs = 0;
     for (auto k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 && k[knobs::kSyncBn] == 0) continue;  // a change of model: the fixture is the model

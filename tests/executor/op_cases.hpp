@@ -164,6 +164,24 @@ inline std::vector<OpCase> op_cases() {
                    Json::array({Json{{"name", "op"}, {"op", "transpose"}, {"in", {"x"}}, {"perm", {2, 0, 1}}}}));
     v.push_back(c);
   }
+  {  // ShuffleNetV2's channel split (both halves) and a range of a later axis
+    OpCase c;
+    c.name = "slice_channels";
+    c.ir = make_ir("slice_channels", Json{{"x", f32(arr({4, 2, 3}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "slice"}, {"in", {"x"}}, {"axis", 0}, {"start", 2}, {"end", 4}}}));
+    v.push_back(c);
+    c.name = "slice_middle_axis";
+    c.ir = make_ir("slice_middle_axis", Json{{"x", f32(arr({2, 5, 3}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "slice"}, {"in", {"x"}}, {"axis", 1}, {"start", 1}, {"end", 4}}}));
+    v.push_back(c);
+  }
+  {  // heads split out of the width, as a view does: [6, 4] -> [6, 2, 2]
+    OpCase c;
+    c.name = "reshape_split_heads";
+    c.ir = make_ir("reshape_split_heads", Json{{"x", f32(arr({6, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "reshape"}, {"in", {"x"}}, {"shape", {6, 2, 2}}}}));
+    v.push_back(c);
+  }
   {  // a learned per-channel gain (ConvNeXt's layer_scale [C, 1, 1]) and one over the last axis
     OpCase c;
     c.name = "scale_channels";

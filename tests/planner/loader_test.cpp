@@ -481,6 +481,17 @@ TEST(LoaderError, TransposePermMustBeAPermutation) {
   EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{3, 4}));
 }
 
+// reshape: the same number of elements, every dimension positive.
+TEST(LoaderError, ReshapeMustKeepTheElementCount) {
+  J mid = J::array({{{"name", "mid"}, {"op", "reshape"}, {"in", {"x"}}, {"shape", {4, 4, 3}}}});
+  expect_error(seq_model(mid), {"node 'mid'", "cannot reshape 'x' [4, 8] (32 elements) to [4, 4, 3] (48 elements)"});
+  mid[0]["shape"] = {-1, 8};
+  expect_error(seq_model(mid), {"node 'mid'", "attribute 'shape' [-1, 8] has a non-positive dimension"});
+  mid[0]["shape"] = {2, 16};  // control
+  const Model m = parse_model(seq_model(mid), "ok.json");
+  EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("mid"))].output).shape, (Shape{2, 16}));
+}
+
 // scale: the learned tensor broadcasts to the input without growing it, and
 // is a parameter of that shape.
 TEST(LoaderError, ScaleShapeMustBroadcastToItsInput) {

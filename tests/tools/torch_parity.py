@@ -53,6 +53,9 @@ CASES = {
     # ConvNeXt's block: transposes to channels-last and back around its
     # LayerNorm, and the learned layer scale.
     "tiny-convnext": ("tests/fixtures/tiny-convnext.json", 4, []),
+    # ShuffleNetV2's block: the channel split (slice) and shuffle (reshape,
+    # transpose, reshape).
+    "tiny-shuffle": ("tests/fixtures/tiny-shuffle.json", 4, []),
     # Hugging Face configs (tests/fixtures/make_hf_fixtures.py): Qwen2's q, k, v
     # biases, Gemma's scaled embedding, 1 + w RMSNorm and GeGLU, Phi's parallel
     # blocks and partial rotary.
@@ -61,7 +64,7 @@ CASES = {
     "tiny-phi": ("tests/fixtures/hf/tiny-phi.json", 2, []),
     "tiny-phi-flash": ("tests/fixtures/hf/tiny-phi.json", 2, ["--attention", "flash"]),
 }
-DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext",
+DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash"]
 

@@ -31,7 +31,7 @@ std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b);
 
 enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
-  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale, concat, transpose, attention, maxpool2d,
+  rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale, concat, transpose, reshape, slice, attention, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy,
 };
 const char* to_string(OpKind op);

@@ -1,0 +1,523 @@
+// Shape subgraphs evaluated at import. torch.onnx.export writes the shapes
+// of views as computations: Shape(x) -> Gather -> Unsqueeze -> Concat ->
+// Reshape, Range for positions, ConstantOfShape / Where / Expand for masks.
+// ONNX's shape inference cannot see through them, so a Reshape's output
+// shape stays unknown. Once the importer has bound the inputs' dimensions
+// (the micro-batch, the sequence length) every such value is a constant:
+// this file computes it, turns the node into a Constant holding it, and runs
+// shape inference again, until nothing more folds.
+//
+// Only integer and boolean arithmetic on values that do not depend on a
+// graph input is folded, plus float tensors built from attributes (masks);
+// a node reading a float initializer (a parameter: an embedding table, a
+// class token) is left for the importer to plan.
+#include "dlplan/error.hpp"
+#include "dlplan/ir.hpp"
+#include "import_onnx_graph.hpp"
+
+#include <fmt/format.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <numeric>
+
+namespace dlplan::onnx_import {
+namespace {
+
+using TP = onnx::TensorProto;
+
+constexpr int64_t kMaxFoldedElements = int64_t{1} << 20;
+
+struct Const {
+  Dims shape;
+  std::vector<double> v;
+  int32_t type = TP::INT64;
+};
+
+// Elements of a shape; -1 for a negative dimension, and kMaxFoldedElements + 1
+// for any count beyond it (a file's dimensions may be anything).
+int64_t count(const Dims& d) {
+  int64_t n = 1;
+  for (auto x : d) {
+    if (x < 0) return -1;
+    if (x > 0 && n > kMaxFoldedElements / x) return kMaxFoldedElements + 1;
+    n *= x;
+  }
+  return n;
+}
+
+int64_t normalize_axis(int64_t a, size_t rank) { return a < 0 ? a + static_cast<int64_t>(rank) : a; }
+
+// A stored integer as int64, clamped to +-2^62: torch writes "to the end" as
+// INT64_MAX, which a double rounds past the int64 range.
+int64_t to_i64(double x) {
+  constexpr double kLimit = 4611686018427387904.0;  // 2^62
+  if (std::isnan(x)) return 0;
+  return static_cast<int64_t>(std::clamp(x, -kLimit, kLimit));
+}
+
+std::vector<int64_t> ints_of(const Const* c) {
+  std::vector<int64_t> out;
+  for (double x : c->v) out.push_back(to_i64(x));
+  return out;
+}
+
+bool is_integral(int32_t t) {
+  return t == TP::INT64 || t == TP::INT32 || t == TP::INT16 || t == TP::INT8 || t == TP::UINT8 || t == TP::BOOL;
+}
+
+bool storable(int32_t t) { return is_integral(t) || t == TP::FLOAT || t == TP::DOUBLE; }
+
+// Rounds what an op computed to its element type, as the runtime would store it.
+double to_type(double x, int32_t t) {
+  if (t == TP::BOOL) return x != 0.0 ? 1.0 : 0.0;
+  if (is_integral(t)) return std::trunc(x);
+  if (t == TP::FLOAT) return static_cast<double>(static_cast<float>(x));
+  return x;
+}
+
+// Row-major offsets into an array of shape `in` (aligned to the right of
+// `out`, NumPy broadcasting) for each element of `out`.
+std::vector<int64_t> broadcast_index(const Dims& out, const Dims& in) {
+  const size_t rank = out.size(), lead = rank - in.size();
+  std::vector<int64_t> stride(rank, 0);
+  for (size_t k = rank, s = 1; k-- > lead;) {
+    const int64_t d = in[k - lead];
+    if (d != 1) stride[k] = static_cast<int64_t>(s);
+    s *= static_cast<size_t>(d);
+  }
+  std::vector<int64_t> offsets(static_cast<size_t>(count(out)));
+  std::vector<int64_t> index(rank, 0);
+  int64_t at = 0;
+  for (auto& o : offsets) {
+    o = at;
+    for (size_t k = rank; k-- > 0;) {
+      at += stride[k];
+      if (++index[k] < out[k]) break;
+      at -= stride[k] * out[k];
+      index[k] = 0;
+    }
+  }
+  return offsets;
+}
+
+std::optional<Dims> broadcast(const std::vector<const Const*>& in) {
+  Shape s = in[0]->shape;
+  for (size_t k = 1; k < in.size(); ++k) {
+    auto b = broadcast_shape(s, in[k]->shape);
+    if (!b) return std::nullopt;
+    s = *b;
+  }
+  return Dims(s.begin(), s.end());
+}
+
+std::optional<Const> elementwise(const std::vector<const Const*>& in, int32_t type,
+                                 const std::function<double(const std::vector<double>&)>& f) {
+  const auto shape = broadcast(in);
+  if (!shape || count(*shape) > kMaxFoldedElements) return std::nullopt;
+  std::vector<std::vector<int64_t>> at;
+  for (const Const* c : in) at.push_back(broadcast_index(*shape, c->shape));
+  Const out{*shape, {}, type};
+  std::vector<double> args(in.size());
+  for (size_t i = 0; i < static_cast<size_t>(count(*shape)); ++i) {
+    for (size_t k = 0; k < in.size(); ++k) args[k] = in[k]->v[static_cast<size_t>(at[k][i])];
+    out.v.push_back(to_type(f(args), type));
+  }
+  return out;
+}
+
+// Axes from the attribute (older opsets) or the input `input` (newer ones).
+std::optional<std::vector<int64_t>> axes_of(const onnx::NodeProto& n, const std::vector<const Const*>& in, size_t input) {
+  if (in.size() > input && in[input]) return ints_of(in[input]);
+  if (attr(n, "axes")) return attr_ints(n, "axes");
+  return std::nullopt;
+}
+
+
+std::optional<Const> slice(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
+  const Const& x = *in[0];
+  const size_t rank = x.shape.size();
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (in.size() >= 3) {
+    if (!in[1] || !in[2]) return std::nullopt;
+    starts = ints_of(in[1]);
+    ends = ints_of(in[2]);
+    if (in.size() > 3 && in[3]) axes = ints_of(in[3]);
+    if (in.size() > 4 && in[4]) steps = ints_of(in[4]);
+  } else {
+    starts = attr_ints(n, "starts");
+    ends = attr_ints(n, "ends");
+    axes = attr_ints(n, "axes");
+  }
+  if (axes.empty())
+    for (size_t k = 0; k < starts.size(); ++k) axes.push_back(static_cast<int64_t>(k));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) return std::nullopt;
+  std::vector<int64_t> begin(rank, 0), step(rank, 1);
+  Dims shape = x.shape;
+  for (size_t k = 0; k < starts.size(); ++k) {  // ONNX Slice's clamping rules
+    const int64_t a = normalize_axis(axes[k], rank);
+    if (a < 0 || a >= static_cast<int64_t>(rank) || steps[k] == 0) return std::nullopt;
+    const int64_t dim = x.shape[static_cast<size_t>(a)], st = steps[k];
+    int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
+    int64_t e = ends[k] < 0 ? ends[k] + dim : ends[k];
+    if (st > 0) {
+      s = std::clamp<int64_t>(s, 0, dim);
+      e = std::clamp<int64_t>(e, 0, dim);
+    } else {
+      s = std::clamp<int64_t>(s, 0, dim - 1);
+      e = std::clamp<int64_t>(e, -1, dim - 1);
+    }
+    const int64_t len = st > 0 ? (e - s + st - 1) / st : (s - e + (-st) - 1) / (-st);
+    shape[static_cast<size_t>(a)] = std::max<int64_t>(len, 0);
+    begin[static_cast<size_t>(a)] = s;
+    step[static_cast<size_t>(a)] = st;
+  }
+  Const out{shape, {}, x.type};
+  if (count(shape) == 0) return out;
+  std::vector<int64_t> in_stride(rank, 1);
+  for (size_t k = rank; k-- > 1;) in_stride[k - 1] = in_stride[k] * x.shape[k];
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t i = 0; i < count(shape); ++i) {
+    int64_t at = 0;
+    for (size_t k = 0; k < rank; ++k) at += (begin[k] + index[k] * step[k]) * in_stride[k];
+    out.v.push_back(x.v[static_cast<size_t>(at)]);
+    for (size_t k = rank; k-- > 0;) {
+      if (++index[k] < shape[k]) break;
+      index[k] = 0;
+    }
+  }
+  return out;
+}
+
+std::optional<Const> gather(const onnx::NodeProto& n, const Const& x, const Const& idx) {
+  const size_t rank = x.shape.size();
+  if (rank == 0) return std::nullopt;
+  const int64_t axis = normalize_axis(attr_int(n, "axis", 0), rank);
+  if (axis < 0 || axis >= static_cast<int64_t>(rank)) return std::nullopt;
+  const int64_t dim = x.shape[static_cast<size_t>(axis)];
+  Dims shape(x.shape.begin(), x.shape.begin() + axis);
+  shape.insert(shape.end(), idx.shape.begin(), idx.shape.end());
+  shape.insert(shape.end(), x.shape.begin() + axis + 1, x.shape.end());
+  if (count(shape) < 0 || count(shape) > kMaxFoldedElements) return std::nullopt;
+  const int64_t outer = count(Dims(x.shape.begin(), x.shape.begin() + axis));
+  const int64_t inner = count(Dims(x.shape.begin() + axis + 1, x.shape.end()));
+  Const out{shape, {}, x.type};
+  for (int64_t o = 0; o < outer; ++o)
+    for (double iv : idx.v) {
+      int64_t i = to_i64(iv);
+      if (i < 0) i += dim;
+      if (i < 0 || i >= dim) return std::nullopt;
+      for (int64_t r = 0; r < inner; ++r) out.v.push_back(x.v[static_cast<size_t>((o * dim + i) * inner + r)]);
+    }
+  return out;
+}
+
+std::optional<Const> concat(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
+  const size_t rank = in[0]->shape.size();
+  const int64_t axis = normalize_axis(attr_int(n, "axis", 0), rank);
+  if (axis < 0 || axis >= static_cast<int64_t>(rank)) return std::nullopt;
+  Dims shape = in[0]->shape;
+  shape[static_cast<size_t>(axis)] = 0;
+  for (const Const* c : in) {
+    if (c->shape.size() != rank) return std::nullopt;
+    for (size_t d = 0; d < rank; ++d)
+      if (static_cast<int64_t>(d) != axis && c->shape[d] != in[0]->shape[d]) return std::nullopt;
+    shape[static_cast<size_t>(axis)] += c->shape[static_cast<size_t>(axis)];
+  }
+  if (count(shape) > kMaxFoldedElements) return std::nullopt;
+  const int64_t outer = count(Dims(shape.begin(), shape.begin() + axis));
+  Const out{shape, {}, in[0]->type};
+  for (int64_t o = 0; o < outer; ++o)
+    for (const Const* c : in) {
+      const int64_t run = count(Dims(c->shape.begin() + axis, c->shape.end()));
+      out.v.insert(out.v.end(), c->v.begin() + o * run, c->v.begin() + (o + 1) * run);
+    }
+  return out;
+}
+
+// The value of one node whose inputs are all known; nothing when the op is
+// not one folded here or its inputs do not fit it.
+std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
+  const auto& op = n.op_type();
+  auto binary = [&](std::function<double(double, double)> f, int32_t type) {
+    return elementwise(in, type, [&](const std::vector<double>& a) { return f(a[0], a[1]); });
+  };
+  auto unary = [&](std::function<double(double)> f) {
+    return elementwise(in, in[0]->type, [&](const std::vector<double>& a) { return f(a[0]); });
+  };
+  // The inputs each op reads (the rest optional); a fuzzed file may hold fewer.
+  static const std::map<std::string, size_t> kArity = {
+      {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
+      {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
+      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}};
+  const auto arity = kArity.find(op);
+  const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
+  if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
+  const size_t present = op == "Concat" ? in.size() : needed;
+  for (size_t k = 0; k < present; ++k)
+    if (!in[k]) return std::nullopt;
+  if (op == "Range" && (in[0]->v.size() != 1 || in[1]->v.size() != 1 || in[2]->v.size() != 1)) return std::nullopt;
+  const int32_t t0 = in[0]->type;
+  const bool integral = is_integral(t0);
+  if (op == "Identity") return *in[0];
+  if (op == "Cast") {
+    const auto to = static_cast<int32_t>(attr_int(n, "to", TP::FLOAT));
+    if (!storable(to)) return std::nullopt;
+    Const c = *in[0];
+    c.type = to;
+    for (auto& x : c.v) x = to_type(x, to);
+    return c;
+  }
+  if (op == "Unsqueeze" || op == "Squeeze") {
+    Const c = *in[0];
+    auto axes = axes_of(n, in, 1);
+    if (op == "Unsqueeze") {
+      if (!axes) return std::nullopt;
+      const size_t rank = c.shape.size() + axes->size();
+      for (auto& a : *axes) a = normalize_axis(a, rank);
+      std::sort(axes->begin(), axes->end());
+      for (auto a : *axes) {
+        if (a < 0 || a > static_cast<int64_t>(c.shape.size())) return std::nullopt;
+        c.shape.insert(c.shape.begin() + a, 1);
+      }
+      return c;
+    }
+    Dims kept;
+    for (size_t k = 0; k < c.shape.size(); ++k) {
+      const bool named = axes ? std::count_if(axes->begin(), axes->end(), [&](int64_t a) {
+                                  return normalize_axis(a, c.shape.size()) == static_cast<int64_t>(k);
+                                }) > 0
+                              : c.shape[k] == 1;
+      if (!named) kept.push_back(c.shape[k]);
+    }
+    c.shape = kept;
+    return c;
+  }
+  if (op == "Concat") return concat(n, in);
+  if (op == "Gather") return gather(n, *in[0], *in[1]);
+  if (op == "Slice") return slice(n, in);
+  if (op == "Reshape") {
+    Const c = *in[0];
+    Dims shape = ints_of(in[1]);
+    int64_t known = 1, infer = -1;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      if (shape[k] == 0 && attr_int(n, "allowzero", 0) == 0) shape[k] = k < c.shape.size() ? c.shape[k] : 0;
+      if (shape[k] == -1) {
+        if (infer >= 0) return std::nullopt;
+        infer = static_cast<int64_t>(k);
+      } else {
+        known *= shape[k];
+      }
+    }
+    if (infer >= 0 && known > 0) shape[static_cast<size_t>(infer)] = count(c.shape) / known;
+    if (count(shape) != count(c.shape)) return std::nullopt;
+    c.shape = shape;
+    return c;
+  }
+  if (op == "Range") {
+    const double start = in[0]->v.at(0), limit = in[1]->v.at(0), delta = in[2]->v.at(0);
+    const double steps = std::ceil((limit - start) / delta);
+    if (delta == 0 || !std::isfinite(steps) || steps > static_cast<double>(kMaxFoldedElements)) return std::nullopt;
+    const auto len = static_cast<int64_t>(std::max(steps, 0.0));
+    Const c{{len}, {}, t0};
+    for (int64_t i = 0; i < len; ++i) c.v.push_back(to_type(start + static_cast<double>(i) * delta, t0));
+    return c;
+  }
+  if (op == "ConstantOfShape") {
+    const Dims shape = ints_of(in[0]);
+    if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0 || d > kMaxFoldedElements; }) ||
+        count(shape) > kMaxFoldedElements)
+      return std::nullopt;
+    Const c{shape, {}, TP::FLOAT};
+    double fill = 0;
+    if (const auto* a = attr(n, "value")) {
+      c.type = a->t().data_type();
+      const auto v = tensor_values(a->t());
+      if (!v || v->size() != 1 || !storable(c.type)) return std::nullopt;
+      fill = (*v)[0];
+    }
+    c.v.assign(static_cast<size_t>(count(shape)), fill);
+    return c;
+  }
+  if (op == "Expand") {
+    Const target{ints_of(in[1]), {}, TP::INT64};
+    for (auto d : target.shape)
+      if (d < 0 || d > kMaxFoldedElements) return std::nullopt;
+    const std::vector<const Const*> both{in[0], &target};
+    const auto shape = broadcast(both);
+    if (!shape || count(*shape) > kMaxFoldedElements) return std::nullopt;
+    Const c{*shape, {}, in[0]->type};
+    for (auto at : broadcast_index(*shape, in[0]->shape)) c.v.push_back(in[0]->v[static_cast<size_t>(at)]);
+    return c;
+  }
+  if (op == "Add") return binary([](double a, double b) { return a + b; }, t0);
+  if (op == "Sub") return binary([](double a, double b) { return a - b; }, t0);
+  if (op == "Mul") return binary([](double a, double b) { return a * b; }, t0);
+  if (op == "Div") {
+    for (double b : in[1]->v)
+      if (integral && b == 0) return std::nullopt;
+    return binary([](double a, double b) { return a / b; }, t0);  // integers truncate (to_type)
+  }
+  if (op == "Mod") {
+    const bool fmod = attr_int(n, "fmod", 0) != 0;
+    for (double b : in[1]->v)
+      if (b == 0) return std::nullopt;
+    return binary([fmod](double a, double b) { return fmod ? std::fmod(a, b) : a - std::floor(a / b) * b; }, t0);
+  }
+  if (op == "Pow") return binary([](double a, double b) { return std::pow(a, b); }, t0);
+  if (op == "Max") return binary([](double a, double b) { return std::max(a, b); }, t0);
+  if (op == "Min") return binary([](double a, double b) { return std::min(a, b); }, t0);
+  if (op == "Equal") return binary([](double a, double b) { return a == b ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "Less") return binary([](double a, double b) { return a < b ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "Greater") return binary([](double a, double b) { return a > b ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "LessOrEqual") return binary([](double a, double b) { return a <= b ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "GreaterOrEqual") return binary([](double a, double b) { return a >= b ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "And") return binary([](double a, double b) { return a != 0 && b != 0 ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "Or") return binary([](double a, double b) { return a != 0 || b != 0 ? 1.0 : 0.0; }, TP::BOOL);
+  if (op == "Where")
+    return elementwise(in, in[1]->type, [](const std::vector<double>& a) { return a[0] != 0 ? a[1] : a[2]; });
+  if (op == "Not") return unary([](double a) { return a != 0 ? 0.0 : 1.0; });
+  if (op == "Neg") return unary([](double a) { return -a; });
+  if (op == "Abs") return unary([](double a) { return std::fabs(a); });
+  if (op == "Floor") return unary([](double a) { return std::floor(a); });
+  if (op == "Ceil") return unary([](double a) { return std::ceil(a); });
+  if (op == "Sqrt") return unary([](double a) { return std::sqrt(a); });
+  return std::nullopt;
+}
+
+onnx::TensorProto to_tensor(const Const& c) {
+  onnx::TensorProto t;
+  t.set_data_type(c.type);
+  for (auto d : c.shape) t.add_dims(d);
+  for (double x : c.v) {
+    if (c.type == TP::INT64) t.add_int64_data(to_i64(x));
+    else if (c.type == TP::FLOAT) t.add_float_data(static_cast<float>(x));
+    else if (c.type == TP::DOUBLE) t.add_double_data(x);
+    else t.add_int32_data(static_cast<int32_t>(std::clamp<int64_t>(to_i64(x), INT32_MIN, INT32_MAX)));  // int32 .. bool
+  }
+  return t;
+}
+
+class Folder {
+ public:
+  explicit Folder(onnx::ModelProto& model, const std::string& src) : model_(model), src_(src) {}
+
+  // One pass in topological order: returns how many nodes became Constants.
+  int pass() {
+    Graph g(model_, src_);
+    g.index();
+    known_.clear();
+    int folded = 0;
+    auto* nodes = model_.mutable_graph()->mutable_node();
+    for (int i = 0; i < nodes->size(); ++i) {
+      auto& n = *nodes->Mutable(i);
+      if (n.op_type() == "Constant" || n.output_size() != 1 || !(n.domain().empty() || n.domain() == "ai.onnx"))
+        continue;
+      std::optional<Const> value;
+      if (n.op_type() == "Shape" || n.op_type() == "Size") {
+        value = shape_of(g, n);
+      } else {
+        std::vector<const Const*> in;
+        bool all = n.input_size() > 0;
+        for (const auto& t : n.input()) {
+          if (t.empty()) {
+            in.push_back(nullptr);
+            continue;
+          }
+          const Const* c = lookup(g, t);
+          if (!c) all = false;
+          in.push_back(c);
+        }
+        // Optional inputs may be absent, the data ones may not.
+        if (all && in[0] && std::none_of(in.begin(), in.end(), [](const Const* c) {
+              return c && c->type == -1;  // a parameter: left to the importer
+            }))
+          value = evaluate(n, in);
+      }
+      if (!value || count(value->shape) > kMaxFoldedElements || !storable(value->type)) continue;
+      if (static_cast<int64_t>(value->v.size()) != count(value->shape)) continue;
+      known_[n.output(0)] = *value;
+      n.clear_input();
+      n.clear_attribute();
+      n.set_op_type("Constant");
+      auto* a = n.add_attribute();
+      a->set_name("value");
+      a->set_type(onnx::AttributeProto::TENSOR);
+      *a->mutable_t() = to_tensor(*value);
+      ++folded;
+    }
+    return folded;
+  }
+
+ private:
+  std::optional<Const> shape_of(const Graph& g, const onnx::NodeProto& n) const {
+    if (n.input_size() < 1) return std::nullopt;
+    const auto s = g.shape(n.input(0));
+    if (!s || std::any_of(s->begin(), s->end(), [](int64_t d) { return d <= 0; })) return std::nullopt;
+    if (n.op_type() == "Size") return Const{{}, {static_cast<double>(count(*s))}, TP::INT64};
+    const auto rank = static_cast<int64_t>(s->size());
+    auto clampdim = [&](int64_t a) { return std::clamp<int64_t>(a < 0 ? a + rank : a, 0, rank); };
+    const int64_t start = clampdim(attr_int(n, "start", 0)), end = clampdim(attr_int(n, "end", rank));
+    Const c{{std::max<int64_t>(end - start, 0)}, {}, TP::INT64};
+    for (int64_t k = start; k < end; ++k) c.v.push_back(static_cast<double>((*s)[static_cast<size_t>(k)]));
+    return c;
+  }
+
+  // A known value: folded in this pass, a Constant, or an integer
+  // initializer. A float initializer is marked (type -1): a parameter, or a
+  // buffer, that the importer plans.
+  const Const* lookup(const Graph& g, const std::string& t) {
+    if (auto it = known_.find(t); it != known_.end()) return &it->second;
+    const onnx::TensorProto* tp = nullptr;
+    if (auto it = g.inits.find(t); it != g.inits.end()) {
+      tp = it->second;
+      if (!is_integral(tp->data_type())) return &param_;
+    } else if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant") {
+      for (const auto& a : g.node(p).attribute()) {
+        if (a.name() == "value") tp = &a.t();
+        if (a.name() == "value_int" || a.name() == "value_ints" || a.name() == "value_float" ||
+            a.name() == "value_floats") {
+          const auto v = g.values(t);
+          if (!v) return nullptr;
+          const bool list = a.name() == "value_ints" || a.name() == "value_floats";
+          const int32_t type = a.name().rfind("value_int", 0) == 0 ? TP::INT64 : TP::FLOAT;
+          return &(known_[t] = Const{list ? Dims{static_cast<int64_t>(v->size())} : Dims{}, *v, type});
+        }
+      }
+    }
+    if (!tp || !storable(tp->data_type()) || count(Dims(tp->dims().begin(), tp->dims().end())) > kMaxFoldedElements)
+      return nullptr;
+    const auto v = tensor_values(*tp);
+    const Dims shape(tp->dims().begin(), tp->dims().end());
+    if (!v || static_cast<int64_t>(v->size()) != count(shape)) return nullptr;
+    return &(known_[t] = Const{shape, *v, tp->data_type()});
+  }
+
+  onnx::ModelProto& model_;
+  const std::string& src_;
+  std::map<std::string, Const> known_;
+  const Const param_{{}, {}, -1};
+};
+
+}  // namespace
+
+int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src) {
+  Folder f(model, src);
+  int total = 0;
+  for (int round = 0; round < 32; ++round) {  // each round after shape inference revealed more dimensions
+    const int folded = f.pass();
+    if (folded == 0) break;
+    total += folded;
+    model.mutable_graph()->clear_value_info();
+    onnx::ShapeInferenceOptions so(false, 0, true);
+    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), so);
+  }
+  return total;
+}
+
+}  // namespace dlplan::onnx_import
