@@ -549,10 +549,12 @@ class Importer {
       return d && !d->empty() && std::all_of(d->begin(), d->end(), [](int64_t v) { return v > 0; });
     };
     if (!known(in) || !known(out)) return std::nullopt;
-    if ((*in)[0] != (*out)[0] || (*out)[0] != opt_.micro_batch)
-      fail(fmt::format("{}: reshapes [{}] to [{}] with the micro-batch {} bound at import, which moves the batch axis "
-                       "or folds it into another; dlplan plans per sample, so the batch must stay the first axis",
-                       label(n, i), fmt::join(*in, ", "), fmt::join(*out, ", "), opt_.micro_batch));
+    // (A file may fix its batch at a size other than --micro-batch: the
+    // first axis is compared with the input's, not with the option.)
+    if ((*in)[0] != (*out)[0])
+      fail(fmt::format("{}: reshapes [{}] to [{}], which moves the batch axis or folds it into another; dlplan plans "
+                       "per sample, so the batch must stay the first axis",
+                       label(n, i), fmt::join(*in, ", "), fmt::join(*out, ", ")));
     return Dims(out->begin() + 1, out->end());
   }
 

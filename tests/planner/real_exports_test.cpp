@@ -254,6 +254,16 @@ TEST(RealExports, ShuffleNetsShapeComputationsAreEvaluatedAtImport) {
     return s.find("computing shapes, positions or masks evaluated at import") != std::string::npos;
   });
   EXPECT_TRUE(noted);
+  // The IR is per sample: evaluated with the batch bound to 4 instead of 1,
+  // every node's attributes and shape come out the same.
+  ImportOptions four;
+  four.micro_batch = 4;
+  const Model m4 = import_onnx(exports_dir() + "shufflenet_v2_x1_0-opset17.onnx", four);
+  ASSERT_EQ(m4.nodes.size(), m.nodes.size());
+  for (size_t k = 0; k < m.nodes.size(); ++k) {
+    EXPECT_EQ(m4.nodes[k].attrs.values, m.nodes[k].attrs.values) << m.nodes[k].name;
+    EXPECT_EQ(m4.tensor(m4.nodes[k].output).shape, m.tensor(m.nodes[k].output).shape) << m.nodes[k].name;
+  }
 }
 
 TEST(RealExports, MobileNetV3sHardswishAndSqueezeExcitation) {
