@@ -163,6 +163,7 @@ std::optional<Const> slice(const onnx::NodeProto& n, const std::vector<const Con
     const int64_t a = normalize_axis(axes[k], rank);
     if (a < 0 || a >= static_cast<int64_t>(rank) || steps[k] == 0) return std::nullopt;
     const int64_t dim = x.shape[static_cast<size_t>(a)], st = steps[k];
+    if (dim == 0) continue;  // an empty axis stays empty
     int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
     int64_t e = ends[k] < 0 ? ends[k] + dim : ends[k];
     if (st > 0) {
@@ -310,6 +311,8 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       if (shape[k] == -1) {
         if (infer >= 0) return std::nullopt;
         infer = static_cast<int64_t>(k);
+      } else if (shape[k] < 0 || (shape[k] > 0 && known > kMaxFoldedElements / shape[k])) {
+        return std::nullopt;  // not a shape, or more elements than the data has
       } else {
         known *= shape[k];
       }

@@ -511,7 +511,7 @@ std::vector<int64_t> reduce_axes(const Graph& g, const onnx::NodeProto& n, size_
 // The one node reading `t`, if exactly one does and it is `op`.
 std::optional<int> sole_consumer(const Graph& g, const std::string& t, const char* op) {
   const auto& cons = g.consumers_of(t);
-  if (cons.size() != 1 || g.node(cons[0]).op_type() != op) return std::nullopt;
+  if (cons.size() != 1 || g.node(cons[0]).op_type() != op || g.node(cons[0]).output_size() < 1) return std::nullopt;
   return cons[0];
 }
 
@@ -522,13 +522,14 @@ std::optional<int> sole_consumer(const Graph& g, const std::string& t, const cha
 // w it is not nn.LayerNorm's parameters, and is left to the generic ops).
 std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
   const auto& sq = g.node(sqrt);
+  if (sq.input_size() != 1 || sq.output_size() != 1) return std::nullopt;
   const int add_eps = g.producer_of(sq.input(0));
   if (add_eps < 0 || g.node(add_eps).op_type() != "Add") return std::nullopt;
   const auto var_t = data_operand(g, g.node(add_eps));
   const auto eps = var_t ? g.scalar(other_operand(g.node(add_eps), *var_t)) : std::nullopt;
   if (!eps || !(*eps > 0)) return std::nullopt;
   const int var = g.producer_of(*var_t);
-  if (var < 0 || g.node(var).op_type() != "ReduceMean") return std::nullopt;
+  if (var < 0 || g.node(var).op_type() != "ReduceMean" || g.node(var).input_size() < 1) return std::nullopt;
   const int pow = g.producer_of(g.node(var).input(0));
   if (pow < 0 || g.node(pow).op_type() != "Pow" || g.node(pow).input_size() != 2) return std::nullopt;
   if (g.scalar(g.node(pow).input(1)) != std::optional<double>(2.0)) return std::nullopt;
@@ -537,20 +538,23 @@ std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
   if (sub < 0 || g.node(sub).op_type() != "Sub" || g.node(sub).input_size() != 2) return std::nullopt;
   const std::string x = g.node(sub).input(0);
   const int mean = g.producer_of(g.node(sub).input(1));
-  if (mean < 0 || g.node(mean).op_type() != "ReduceMean" || g.node(mean).input(0) != x) return std::nullopt;
+  if (mean < 0 || g.node(mean).op_type() != "ReduceMean" || g.node(mean).input_size() < 1 ||
+      g.node(mean).input(0) != x)
+    return std::nullopt;
   const auto xs = g.shape(x);
   if (!xs || xs->size() < 2 || xs->back() <= 0) return std::nullopt;
   const std::vector<int64_t> last{static_cast<int64_t>(xs->size()) - 1};
   for (int r : {mean, var})
     if (reduce_axes(g, g.node(r), xs->size()) != last || attr_int(g.node(r), "keepdims", 1) != 1) return std::nullopt;
   const auto div = sole_consumer(g, sq.output(0), "Div");
-  if (!div || g.node(*div).input(0) != d || g.node(*div).input(1) != sq.output(0)) return std::nullopt;
+  if (!div || g.node(*div).input_size() != 2 || g.node(*div).input(0) != d || g.node(*div).input(1) != sq.output(0))
+    return std::nullopt;
   // The affine part: * w, then + b, each an initializer [C].
   auto affine = [&](const std::string& t, const char* op) -> std::optional<int> {
     const auto n = sole_consumer(g, t, op);
     if (!n) return std::nullopt;
-    const std::string p = other_operand(g.node(*n), t);
-    const auto ps = g.is_init(p) ? g.shape(p) : std::nullopt;
+    const std::string p = other_operand(g.node(*n), t);  // "" unless the node is binary
+    const auto ps = !p.empty() && g.is_init(p) ? g.shape(p) : std::nullopt;
     if (!ps || *ps != Dims{xs->back()}) return std::nullopt;
     return n;
   };
