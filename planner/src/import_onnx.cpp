@@ -435,7 +435,10 @@ class Importer {
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
     if (!s || s->empty()) return {};
-    return Dims(s->begin() + 1, s->end());
+    Dims d(s->begin() + 1, s->end());
+    if (auto f = batch_folded_.find(t); f != batch_folded_.end() && (*s)[0] > 0)
+      d.insert(d.begin(), (*s)[0] / f->second);  // [b m, ...] -> [m, ...]
+    return d;
   }
 
   // An integer or [h, w] pair: one value when both are equal.
@@ -483,7 +486,13 @@ class Importer {
         absorbed_.insert(*add);
         result = g_.node(*add).output(0);
       }
-    emit(name, "linear", {ir_of(x, n, i)}, OJson{{"out", out}, {"bias", bias}}, result, n.name());
+    OJson a{{"out", out}, {"bias", bias}};
+    // A head reading an embedding's own table (GPT-2's lm_head is
+    // x @ Transpose(wte)) shares its weight: the linear is tied to it.
+    std::string w = n.input_size() > 1 ? n.input(1) : std::string();
+    if (int p = g_.producer_of(w); p >= 0 && g_.node(p).op_type() == "Transpose") w = g_.node(p).input(0);
+    if (auto e = embedding_of_table_.find(w); e != embedding_of_table_.end()) a["tie"] = e->second;
+    emit(name, "linear", {ir_of(x, n, i)}, a, result, n.name());
   }
 
   // The per-sample shape of a learned tensor `t` that a Mul applies to `x`
@@ -540,25 +549,55 @@ class Importer {
 
   // The per-sample shape a Reshape, Squeeze or Unsqueeze of `x` gives, when
   // shape inference knows both sides (after fold_shape_subgraphs, a view's
-  // computed shape is known). The batch axis must stay first and whole: a
-  // node that folds it into another axis (GPT-2's Conv1D flattens [b, T, D]
-  // to [b T, D]) is refused, naming it.
-  std::optional<Dims> reshaped(const onnx::NodeProto& n, int i, const std::string& x) const {
+  // computed shape is known).
+  //
+  // Every tensor here is batch-major: sample s is one contiguous block,
+  // either because the batch is the first axis ([b, T, D]) or because a
+  // reshape folded it into the first axis as its outer factor ([b T, D],
+  // GPT-2's Conv1D; `batch_folded_` holds b). A reshape between two
+  // batch-major layouts is a reshape of each sample's block, since a
+  // reshape never moves data in row-major order. Any other first axis would
+  // mix samples, and the node is refused, naming both shapes.
+  std::optional<Dims> reshaped(const onnx::NodeProto& n, int i, const std::string& x) {
     const auto in = g_.shape(x), out = g_.shape(n.output(0));
     auto known = [](const std::optional<Dims>& d) {
       return d && !d->empty() && std::all_of(d->begin(), d->end(), [](int64_t v) { return v > 0; });
     };
     if (!known(in) || !known(out)) return std::nullopt;
     // (A file may fix its batch at a size other than --micro-batch: the
-    // first axis is compared with the input's, not with the option.)
-    if ((*in)[0] != (*out)[0])
-      fail(fmt::format("{}: reshapes [{}] to [{}], which moves the batch axis or folds it into another; dlplan plans "
-                       "per sample, so the batch must stay the first axis",
-                       label(n, i), fmt::join(*in, ", "), fmt::join(*out, ", ")));
-    return Dims(out->begin() + 1, out->end());
+    // batch is the input's, not the option.)
+    const auto f = batch_folded_.find(x);
+    const int64_t batch = f != batch_folded_.end() ? f->second : (*in)[0];
+    const Dims in_sample = per_sample(x);
+    const Dims rest(out->begin() + 1, out->end());
+    auto numel = [](const Dims& d) {  // saturates: a hostile shape cannot overflow
+      int64_t c = 1;
+      for (auto v : d) c = v > 0 && c > kMaxTensorElements / v ? kMaxTensorElements : c * v;
+      return c;
+    };
+    const auto sample_elems = numel(in_sample);
+    if ((*out)[0] == batch && numel(rest) == sample_elems) return rest;
+    if ((*out)[0] % batch == 0 && ((*out)[0] / batch) * numel(rest) == sample_elems) {
+      batch_folded_[n.output(0)] = batch;
+      Dims d = rest;
+      d.insert(d.begin(), (*out)[0] / batch);
+      return d;
+    }
+    fail(fmt::format("{}: reshapes [{}] to [{}], which moves the batch axis or mixes samples; dlplan plans per sample, "
+                     "so each sample must stay one contiguous block led by the first axis",
+                     label(n, i), fmt::join(*in, ", "), fmt::join(*out, ", ")));
   }
 
   void alias(const onnx::NodeProto& n, int i, const std::string& from) { ir_[n.output(0)] = ir_of(from, n, i); }
+
+  // Why the attention patterns nearby did not match: an unsupported op is
+  // often plumbing inside an attention block that was not recognised.
+  std::string attention_hint() const {
+    std::string hint;
+    for (const auto& [sm, why] : unfused_)
+      hint += fmt::format("; attention not recognised at {}: {}", label(g_.node(sm), sm), why);
+    return hint;
+  }
 
   void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto key = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
@@ -571,8 +610,8 @@ class Importer {
       differs = (*in)[d] > 0 && (*out)[d] > 0 && (*in)[d] != (*out)[d];
     if (differs)
       fail(fmt::format("{}: op '{}' is not supported, and its output shape [{}] differs from its input's [{}], so it "
-                       "cannot be planned as a pass-through",
-                       label(n, i), key, fmt::join(*out, ", "), fmt::join(*in, ", ")));
+                       "cannot be planned as a pass-through{}",
+                       label(n, i), key, fmt::join(*out, ", "), fmt::join(*in, ", "), attention_hint()));
     int64_t elems = 1;
     bool known = true;
     const Dims ps = per_sample(in ? data[0] : n.output(0));  // the input's dims are bound, the output's may not be
@@ -656,11 +695,8 @@ class Importer {
       }
       if (const auto w = g_.matmul_weight(n.input(1)); w && !g_.is_init(n.input(0)))
         return map_linear(n, i, n.input(0), w->second, false);
-      std::string hint;
-      for (const auto& [sm, why] : unfused_)
-        hint += fmt::format("; attention not recognised at {}: {}", label(g_.node(sm), sm), why);
       fail(fmt::format("{}: MatMul of two activations outside a recognised attention pattern is not supported{}",
-                       label(n, i), hint));
+                       label(n, i), attention_hint()));
     }
     if (op == "Conv") {
       auto w = g_.shape(n.input(1));
@@ -737,8 +773,10 @@ class Importer {
           pos_tables_[n.output(0)] = w[0];
           return;
         }
-        return emit(ir_name_for(n), "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}},
-                    n.output(0), n.name());
+        const auto name = ir_name_for(n);
+        embedding_of_table_.emplace(n.input(0), name);
+        return emit(name, "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}}, n.output(0),
+                    n.name());
       }
       auto idx = g_.values(n.input(1));
       if (attr_int(n, "axis", 0) == 1 && idx && idx->size() == 1)
@@ -854,7 +892,14 @@ class Importer {
         pooled_.insert(n.output(0));
         return alias(n, i, in0());
       }
-      if ((op == "Flatten" && attr_int(n, "axis", 1) == 1) || (op != "Flatten" && out.size() == 1))
+      // (A Reshape of [b, T, D] to [b T, D] at batch 1 looks like [T, D] -> [D]
+      // per sample; it is a batch fold, which reshaped() below tells.)
+      const auto si = g_.shape(in0()), so = g_.shape(n.output(0));
+      const bool folds = si && so && !si->empty() && !so->empty() && (*so)[0] > 0 &&
+                         (*so)[0] != (batch_folded_.count(in0()) ? batch_folded_.at(in0()) : (*si)[0]);
+      if (si && so && *si == *so && std::all_of(si->begin(), si->end(), [](int64_t d) { return d > 0; }))
+        return alias(n, i, in0());  // input_ids.view(-1, T) of [b, T]: GPT-2's first node
+      if ((op == "Flatten" && attr_int(n, "axis", 1) == 1) || (op != "Flatten" && out.size() == 1 && !folds))
         return emit(ir_name_for(n), "flatten", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
       // [C, H, W] -> [C, H*W] followed by Transpose to [H*W, C]: ViT's patch tokens.
       const auto& cons = g_.consumers_of(n.output(0));
@@ -923,6 +968,7 @@ class Importer {
     if (it == ir_.end()) fail(fmt::format("the {} pattern named '{}' reads '{}', which was not mapped", f.kind, f.name, f.x));
     emit(unique_name(normalize(f.name)), op, {it->second}, a, f.out, f.unit_source);
     if (!f.note.empty()) notes_.push_back(f.note);
+    carry_batch_fold({f.x}, {f.out});
   }
 
   void map_nodes() {
@@ -949,6 +995,30 @@ class Importer {
       }
       if (!needed_.count(i) || absorbed_.count(i)) continue;
       map_node(i);
+      carry_batch_fold(i);
+    }
+  }
+
+  // A node that keeps the first axis of a batch-folded input ([b T, D] ->
+  // [b T, N]: a Gemm, an Add of its bias, an activation) gives a
+  // batch-folded output. Views decide for themselves (reshaped).
+  void carry_batch_fold(int i) {
+    const auto& n = g_.node(i);
+    static const std::set<std::string> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"};
+    if (kViews.count(n.op_type())) return;
+    carry_batch_fold({n.input().begin(), n.input().end()}, {n.output().begin(), n.output().end()});
+  }
+  void carry_batch_fold(const std::vector<std::string>& inputs, const std::vector<std::string>& outputs) {
+    if (batch_folded_.empty()) return;
+    for (const auto& t : inputs) {
+      const auto f = batch_folded_.find(t);
+      if (f == batch_folded_.end()) continue;
+      const auto in = g_.shape(t);
+      for (const auto& o : outputs) {
+        const auto out = g_.shape(o);
+        if (in && out && !in->empty() && !out->empty() && (*out)[0] == (*in)[0] && !batch_folded_.count(o))
+          batch_folded_[o] = f->second;
+      }
     }
   }
 
@@ -1031,6 +1101,8 @@ class Importer {
   std::set<std::string> used_inputs_, used_names_, pooled_;
   mutable std::map<std::string, bool> dep_memo_;
   std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
+  std::map<std::string, int64_t> batch_folded_;
+  std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it  // ONNX tensor [b m, ...] -> b (see reshaped)
   std::map<std::string, int64_t> pos_tables_;
   std::map<std::string, Unknown> unknown_;
   std::vector<std::string> uncounted_params_;

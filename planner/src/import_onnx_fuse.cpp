@@ -269,6 +269,14 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     return c.size() == 1 ? c[0] : -1;
   };
   int nx = single(probs);
+  // (GPT-2 casts the probabilities to v's type: a Cast or Identity is skipped.)
+  auto skip_casts = [&] {
+    while (nx >= 0 && (g.node(nx).op_type() == "Cast" || g.node(nx).op_type() == "Identity")) {
+      probs = g.node(nx).output(0);
+      nx = single(probs);
+    }
+  };
+  skip_casts();
   if (nx >= 0 && g.node(nx).op_type() == "Dropout") {
     const auto& d = g.node(nx);
     dropout = attr_float(d, "ratio", 0.5);
@@ -278,6 +286,7 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
       if (auto v = g.scalar(d.input(2)); v && *v == 0.0) dropout = 0.0;
     probs = d.output(0);
     nx = single(probs);
+    skip_casts();
   }
   if (nx < 0 || g.node(nx).op_type() != "MatMul" || g.node(nx).input(0) != probs) {
     why = "its output does not feed MatMul(probabilities, v)";

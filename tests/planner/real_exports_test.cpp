@@ -48,8 +48,7 @@ const std::map<std::string, std::string> kToday = {
     {"convnext_tiny-opset17.onnx", "imports"},
     {"densenet121-opset17.onnx", "imports"},
     {"efficientnet_b0-opset17.onnx", "imports"},
-    {"gpt2-opset17.onnx",
-     "node '/inner/transformer/h.0/attn/c_attn/Reshape_1' (Reshape): reshapes [64, 2304]"},
+    {"gpt2-opset17.onnx", "imports"},
     {"mnasnet0_5-opset17.onnx", "imports"},
     {"mobilenet_v2-opset17.onnx", "imports"},
     {"mobilenet_v3_small-opset13.onnx", "imports"},
@@ -67,8 +66,7 @@ const std::map<std::string, std::string> kToday = {
      "node 'inner.bert.embeddings.Add' (pos_embedding): sequence length 64 exceeds the position table's max_len 2"},
     {"tiny-bert-opset17.onnx",
      "node 'inner.bert.embeddings.Add' (pos_embedding): sequence length 64 exceeds the position table's max_len 2"},
-    {"tiny-gpt2-opset17.onnx",
-     "node '/inner/transformer/h.0/attn/c_attn/Reshape_1' (Reshape): reshapes [64, 384]"},
+    {"tiny-gpt2-opset17.onnx", "imports"},
     {"tiny-hf-vit-opset17.onnx", "imports"},
     {"tiny-llama-opset17.onnx",
      "node '/inner/model/layers.0/input_layernorm/ReduceMean' (ReduceMean): op 'ReduceMean' is not supported"},
@@ -104,6 +102,16 @@ const std::map<std::string, std::string> kKnownGaps = {
     {"shufflenet_v2_x1_0-opset17.onnx",
      "torch.chunk's halves are copies in dlplan's engine and views in PyTorch, so where a convolution keeps one half "
      "PyTorch keeps the whole tensor's storage alive (13 blocks), and max-pool indices (-8.5 %)"},
+    // Measured with make_exports.py's saved_bytes on tiny-gpt2 with each
+    // block's NewGELUActivation replaced by nn.GELU(approximate="tanh"): PyTorch
+    // then saves 1,963,020 bytes instead of 2,749,500, and dlplan plans 1,708,544
+    // (-13.0 %), the rest being what GPT-2's eager attention keeps besides:
+    // the scores before `attn_weights / torch.full(...)` (a Div by a tensor
+    // keeps its numerator) and each layer's causal-mask buffer.
+    {"gpt2-opset17.onnx",
+     "GPT-2's gelu_new is 0.5 x (1 + tanh(...)) written out, which PyTorch's eager autograd runs as 8 ops keeping 4 "
+     "tensors of [T, 4D]; dlplan fuses it into one gelu (tanh) keeping x, as its engine runs it (-44.6 %)"},
+    {"tiny-gpt2-opset17.onnx", "as gpt2-opset17.onnx (-37.9 %; -13.0 % against PyTorch with a fused GELU)"},
     {"squeezenet1_1-opset17.onnx",
      "max pooling keeps only its int32 indices in dlplan's engine; PyTorch keeps int64 indices and its input, which "
      "here is a concat output nothing else keeps (-18.9 %)"},
@@ -263,6 +271,44 @@ TEST(RealExports, ShuffleNetsShapeComputationsAreEvaluatedAtImport) {
   for (size_t k = 0; k < m.nodes.size(); ++k) {
     EXPECT_EQ(m4.nodes[k].attrs.values, m.nodes[k].attrs.values) << m.nodes[k].name;
     EXPECT_EQ(m4.tensor(m4.nodes[k].output).shape, m.tensor(m.nodes[k].output).shape) << m.nodes[k].name;
+  }
+}
+
+// GPT-2's Conv1D is x.view(-1, D) @ W + b, viewed back to [b, T, N]: the
+// batch folded into the rows and unfolded again. Each sample stays one
+// contiguous block of rows, so both views are per-sample identities and the
+// projection a linear over [T, D]. The head reads x @ Transpose(wte): tied to
+// the token embedding, counted once (124,439,808, PyTorch's count). The IR
+// is the same when the batch is bound to 3 instead of 1.
+TEST(RealExports, GPT2sConv1DFoldsTheBatchIntoRowsAndTheHeadIsTied) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions one;
+  one.seq_len = 64;
+  const Model m = import_onnx(exports_dir() + "tiny-gpt2-opset17.onnx", one);
+  std::map<OpKind, int> count;
+  for (const Node& n : m.nodes) count[n.op] += 1;
+  EXPECT_EQ(count[OpKind::attention], 2);
+  EXPECT_EQ(count[OpKind::reshape], 0);
+  EXPECT_EQ(count[OpKind::flatten], 0);
+  EXPECT_EQ(count[OpKind::gelu], 2);
+  EXPECT_EQ(count[OpKind::linear], 2 * 2 + 1);  // mlp c_fc, c_proj per block; the head (attention holds its own)
+  const Node& head = m.nodes[m.nodes.size() - 2];
+  ASSERT_EQ(head.op, OpKind::linear);
+  EXPECT_EQ(head.attrs.text("tie"), m.nodes[static_cast<size_t>(m.node_index(head.attrs.text("tie")))].name);
+  EXPECT_EQ(m.nodes[static_cast<size_t>(m.node_index(head.attrs.text("tie")))].op, OpKind::embedding);
+  EXPECT_EQ(m.tensor(head.output).shape, (Shape{64, 1000}));
+  for (const Node& n : m.nodes)
+    if (n.op == OpKind::attention) {
+      EXPECT_EQ(m.tensor(n.inputs[0]).shape, (Shape{64, 128})) << n.name;
+      EXPECT_EQ(n.attrs.integer("heads"), 4) << n.name;
+    }
+  ImportOptions three = one;
+  three.micro_batch = 3;
+  const Model m3 = import_onnx(exports_dir() + "tiny-gpt2-opset17.onnx", three);
+  ASSERT_EQ(m3.nodes.size(), m.nodes.size());
+  for (size_t k = 0; k < m.nodes.size(); ++k) {
+    EXPECT_EQ(m3.nodes[k].attrs.values, m.nodes[k].attrs.values) << m.nodes[k].name;
+    EXPECT_EQ(m3.tensor(m3.nodes[k].output).shape, m.tensor(m.nodes[k].output).shape) << m.nodes[k].name;
   }
 }
 
