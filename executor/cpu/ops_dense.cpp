@@ -46,23 +46,37 @@ void embedding_backward(OpContext& c) {
 }
 
 // ---- pos_embedding -------------------------------------------------------------
-// x: [b, T, D]; table: [max_len, D]; out = x + table[0..T).
+// x: [b, T, D]; table: [max_len, D]; out = x + table[0..T), or with `row`
+// r, out[t] = x[t] + table[r] for every t.
+
+namespace {
+// The table row position t reads, as an offset into the table.
+struct PosRows {
+  int64_t row = -1, dim = 0;
+  explicit PosRows(const OpContext& c) : dim(in_shape(c, 0).back()) {
+    if (c.node->attrs.has("row")) row = c.node->attrs.integer("row");
+  }
+  int64_t at(int64_t t) const { return (row < 0 ? t : row) * dim; }
+};
+}  // namespace
 
 void pos_embedding_forward(OpContext& c) {
   const int64_t td = numel(in_shape(c, 0));
+  const PosRows rows(c);
   const float* x = c.in[0].f();
   const float* w = c.params[0].f();
   float* y = c.out.f();
   for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < td; ++i) y[s * td + i] = x[s * td + i] + w[i];
+    for (int64_t i = 0; i < td; ++i) y[s * td + i] = x[s * td + i] + w[rows.at(i / rows.dim) + i % rows.dim];
 }
 
 void pos_embedding_backward(OpContext& c) {
   const int64_t td = numel(in_shape(c, 0));
+  const PosRows rows(c);
   const float* dy = c.dout.f();
   if (float* dw = grad_or_null(c.dparams[0]))
     for (int64_t s = 0; s < c.batch; ++s)
-      for (int64_t i = 0; i < td; ++i) dw[i] += dy[s * td + i];
+      for (int64_t i = 0; i < td; ++i) dw[rows.at(i / rows.dim) + i % rows.dim] += dy[s * td + i];
   if (c.din[0].defined()) {
     float* dx = c.din[0].f();
     for (int64_t i = 0; i < c.batch * td; ++i) dx[i] += dy[i];

@@ -60,6 +60,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     }
     if (n.op == OpKind::embedding && n.attrs.number("scale") != 1.0)
       return fmt::format("node '{}' scales its embedding by {}", n.name, n.attrs.number("scale"));
+    if (n.op == OpKind::pos_embedding && n.attrs.has("row"))
+      return fmt::format("node '{}' adds one row of its table at every position (BERT's token types), which the CPU "
+                         "engine trains and the CUDA engine does not yet", n.name);
     if (n.op == OpKind::clip)
       return fmt::format("node '{}' is a clip (ReLU6, Hardtanh), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);

@@ -495,6 +495,28 @@ class Importer {
     emit(name, "linear", {ir_of(x, n, i)}, a, result, n.name());
   }
 
+  // The indices a table is read with when they are not the model's input:
+  // positions 0, 1, ..., T-1 (nothing returned), or one row for every
+  // position (returned: BERT's token_type_ids default to a buffer of zeros,
+  // expanded to [b, T]). Indices evaluated at import that are neither are
+  // refused, naming the node.
+  std::optional<int64_t> table_row(const onnx::NodeProto& n, int i, int64_t rows) const {
+    const auto v = g_.values(n.input(1));
+    if (!v || v->empty()) return std::nullopt;
+    const auto s = g_.shape(n.input(1));
+    const int64_t per = s && s->size() >= 2 ? s->back() : static_cast<int64_t>(v->size());
+    bool positions = per > 0, same = true;
+    for (size_t k = 0; k < v->size(); ++k) {
+      positions = positions && (*v)[k] == static_cast<double>(static_cast<int64_t>(k) % per);
+      same = same && (*v)[k] == (*v)[0];
+    }
+    if (positions) return std::nullopt;
+    if (same && (*v)[0] >= 0 && (*v)[0] < static_cast<double>(rows)) return static_cast<int64_t>((*v)[0]);
+    fail(fmt::format("{}: reads table '{}' at constant indices that are neither the positions 0..T-1 nor one row "
+                     "of it for every position; such a lookup is not supported",
+                     label(n, i), n.input(0)));
+  }
+
   // The per-sample shape of a learned tensor `t` that a Mul applies to `x`
   // (ConvNeXt's layer_scale [C, 1, 1]): a float initializer torch named after
   // a module parameter (its own constants are 'onnx::...'), which broadcasts to
@@ -770,7 +792,7 @@ class Importer {
         auto w = *g_.shape(n.input(0));
         if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
         if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
-          pos_tables_[n.output(0)] = w[0];
+          pos_tables_[n.output(0)] = PosTable{w[0], table_row(n, i, w[0])};
           return;
         }
         const auto name = ir_name_for(n);
@@ -788,8 +810,13 @@ class Importer {
       if (data.size() == 2) {
         for (int k = 0; k < 2; ++k)
           if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)]))
-            return emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)},
-                        OJson{{"max_len", pos_tables_.at(data[static_cast<size_t>(k)])}}, n.output(0), n.name());
+          {
+            const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
+            OJson a{{"max_len", t.rows}};
+            if (t.row) a["row"] = *t.row;
+            return emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, a,
+                        n.output(0), n.name());
+          }
         if (op == "Add" || op == "Mul")
           return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
                       OJson::object(), n.output(0), n.name());
@@ -1103,7 +1130,11 @@ class Importer {
   std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
   std::map<std::string, int64_t> batch_folded_;
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it  // ONNX tensor [b m, ...] -> b (see reshaped)
-  std::map<std::string, int64_t> pos_tables_;
+  struct PosTable {
+    int64_t rows = 0;
+    std::optional<int64_t> row;  // every position reads this row (see table_row)
+  };
+  std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, Unknown> unknown_;
   std::vector<std::string> uncounted_params_;
   OJson nodes_ = OJson::array();

@@ -173,11 +173,49 @@ bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::strin
   return false;
 }
 
+// How a mask meets the scores: added to them, or a Where that keeps the
+// scores where its condition is true (or where it is false).
+enum class MaskUse { add, keep_if_true, keep_if_false };
+
 struct Scores {
   int qk = -1;
-  std::vector<std::string> masks;
+  std::vector<std::pair<std::string, MaskUse>> masks;
   std::vector<int> nodes;
 };
+
+// A mask evaluated at import, over its last two axes [Tq, Tk]: whether it
+// hides nothing (BERT's extended mask of an all-ones attention_mask is all
+// zeros), hides exactly the future (j > i: causal), or something else
+// (a sliding window, or values not known at import).
+enum class MaskKind { none, causal, other };
+
+MaskKind classify_mask(const Graph& g, const std::string& m, MaskUse use) {
+  const auto v = g.values(m);
+  const auto s = g.shape(m);
+  if (!v || !s || s->size() < 2 || v->empty()) return MaskKind::other;
+  const int64_t tq = (*s)[s->size() - 2], tk = s->back();
+  if (tq <= 0 || tk <= 0 || static_cast<int64_t>(v->size()) % (tq * tk) != 0) return MaskKind::other;
+  auto hidden = [&](double x) -> std::optional<bool> {  // whether this entry hides its score
+    switch (use) {
+      case MaskUse::add:
+        if (x == 0.0) return false;
+        if (x <= -1e4) return true;  // -inf, or finfo.min as transformers writes it
+        return std::nullopt;
+      case MaskUse::keep_if_true: return x == 0.0;
+      case MaskUse::keep_if_false: return x != 0.0;
+    }
+    return std::nullopt;
+  };
+  bool none = true, causal = true;
+  for (size_t k = 0; k < v->size(); ++k) {
+    const auto h = hidden((*v)[k]);
+    if (!h) return MaskKind::other;
+    const int64_t i = static_cast<int64_t>(k) / tk % tq, j = static_cast<int64_t>(k) % tk;
+    none = none && !*h;
+    causal = causal && *h == (j > i + (tk - tq));  // (a query attends to keys up to its own position)
+  }
+  return none ? MaskKind::none : causal ? MaskKind::causal : MaskKind::other;
+}
 
 bool find_qk(const Graph& g, const std::string& t, Scores& s, int depth = 0) {
   if (depth > 6) return false;
@@ -199,7 +237,7 @@ bool find_qk(const Graph& g, const std::string& t, Scores& s, int depth = 0) {
     for (int k = 0; k < 2; ++k) {
       Scores sub = s;
       sub.nodes.push_back(p);
-      sub.masks.push_back(n.input(1 - k));
+      sub.masks.emplace_back(n.input(1 - k), MaskUse::add);
       if (find_qk(g, n.input(k), sub, depth + 1)) {
         s = sub;
         return true;
@@ -212,7 +250,7 @@ bool find_qk(const Graph& g, const std::string& t, Scores& s, int depth = 0) {
       if (g.is_const(n.input(k))) continue;
       Scores sub = s;
       sub.nodes.push_back(p);
-      sub.masks.push_back(n.input(0));
+      sub.masks.emplace_back(n.input(0), k == 1 ? MaskUse::keep_if_true : MaskUse::keep_if_false);
       if (find_qk(g, n.input(k), sub, depth + 1)) {
         s = sub;
         return true;
@@ -376,10 +414,10 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   f.name = base.empty() ? "attention" : base;
   bool causal = false;
   std::vector<std::string> input_masks;
-  for (const auto& m : s.masks) {
+  for (const auto& [m, use] : s.masks) {
     std::set<std::string> seen;
     if (reads_graph_input(g, m, seen)) input_masks.push_back(m);
-    else causal = true;
+    else if (classify_mask(g, m, use) != MaskKind::none) causal = true;  // a window is planned as causal
   }
   f.attrs["heads"] = heads;
   if (kv != heads) f.attrs["kv_heads"] = kv;

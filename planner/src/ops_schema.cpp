@@ -41,7 +41,8 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::embedding, "embedding", 1,
        {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}, {"scale", T::number, 1.0},
         {"padding_idx", T::integer, nullptr, true}}},
-      {OpKind::pos_embedding, "pos_embedding", 1, {{"max_len", T::integer, kDerived}}},
+      {OpKind::pos_embedding, "pos_embedding", 1,
+       {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}}},
       {OpKind::cls_token, "cls_token", 1, {}},
       {OpKind::linear, "linear", 1,
        {{"out", T::integer, nullptr}, {"bias", T::boolean, true}, {"tie", T::text, nullptr, true}}},
@@ -298,8 +299,14 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       expect_float(x, fail);
       if (!n.attrs.has("max_len")) n.attrs.values["max_len"] = x.shape[0];
       int64_t max_len = positive(n, "max_len", fail);
-      if (x.shape[0] > max_len)
+      // `row`: every position adds that one row (BERT's token-type table
+      // [2, D] read with the all-zero token_type_ids it defaults to).
+      if (n.attrs.has("row")) {
+        if (n.attrs.integer("row") < 0 || n.attrs.integer("row") >= max_len)
+          fail("row {} is outside the table's [0, {})", n.attrs.integer("row"), max_len);
+      } else if (x.shape[0] > max_len) {
         fail("sequence length {} exceeds the position table's max_len {}", x.shape[0], max_len);
+      }
       check_weight("the position table [max_len, D]", {max_len, x.shape[1]}, fail);
       out.shape = x.shape;
       break;

@@ -98,7 +98,8 @@ Cluster make_cluster(const RequestFlags& f, std::string* source) {
 // rotary positions do not, but beyond the model's context they extrapolate.
 void check_seq_len(const Model& m, int64_t seq_len, int64_t context, std::vector<std::string>& notes) {
   for (const auto& n : m.nodes)
-    if (n.op == OpKind::pos_embedding && n.attrs.has("max_len") && seq_len > n.attrs.integer("max_len"))
+    if (n.op == OpKind::pos_embedding && n.attrs.has("max_len") && !n.attrs.has("row") &&
+        seq_len > n.attrs.integer("max_len"))
       throw UsageError(fmt::format(
           "{}: --seq-len {} exceeds the learned position table of node '{}' (max_len {}): a model with learned "
           "positions cannot run longer sequences",

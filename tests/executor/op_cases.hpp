@@ -87,6 +87,8 @@ inline std::vector<OpCase> op_cases() {
     v.push_back(c);
   }
   v.push_back(unary("pos_embedding", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 6}}));
+  // BERT's token types: every position adds row 1 of a [2, D] table
+  v.push_back(unary("pos_embedding_row", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 2}, {"row", 1}}));
   v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
   v.push_back(unary("linear", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}}));
   v.push_back(unary("linear_nobias", arr({5}), Json{{"op", "linear"}, {"out", 3}, {"bias", false}}));

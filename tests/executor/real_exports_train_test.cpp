@@ -78,7 +78,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "squeezenet1_1-opset17.onnx", "densenet121-opset17.onnx",
                                            "mnasnet0_5-opset17.onnx", "convnext_tiny-opset13.onnx",
                                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-hf-vit-opset17.onnx",
-                                           "tiny-gpt2-opset17.onnx"),
+                                           "tiny-gpt2-opset17.onnx", "tiny-bert-opset13.onnx"),
                          [](const auto& info) {
                            std::string s = info.param;
                            s = s.substr(0, s.find("-opset"));
@@ -110,6 +110,15 @@ TEST(RealExportRefusal, TheGpuEngineNamesTheBroadcastingMul) {
 // ConvNeXt's permutes and layer scales: refused on CUDA by name, and the
 // opset-13 export (LayerNorm decomposed, nn.Linear's weight transposed by a
 // node) plans the same ops as the opset-17 one.
+TEST(RealExportRefusal, TheGpuEngineNamesBERTsTokenTypeRow) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 64;
+  const auto why = gpu_engine_lacks(import_onnx(exported("tiny-bert-opset17.onnx"), o));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("adds one row of its table at every position (BERT's token types)"), std::string::npos) << *why;
+}
+
 TEST(RealExportRefusal, TheGpuEngineNamesConvNeXtsTranspose) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const auto why = gpu_engine_lacks(import_onnx(exported("convnext_tiny-opset17.onnx")));

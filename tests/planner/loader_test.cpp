@@ -466,6 +466,23 @@ TEST(LoaderError, ConcatShapesMustAgree) {
 }
 
 // transpose: perm names each per-sample axis once; the output is permuted.
+// pos_embedding's `row` reads one row of the table at every position, so the
+// sequence may be longer than the table; the row must be in it.
+TEST(LoaderError, PosEmbeddingRowMustBeInTheTable) {
+  J mid = J::array({{{"name", "a"}, {"op", "linear"}, {"in", {"x"}}, {"out", 3}},
+                    {{"name", "mid"}, {"op", "pos_embedding"}, {"in", {"a"}}, {"max_len", 2}, {"row", 2}}});
+  expect_error(seq_model(mid), {"node 'mid'", "row 2 is outside the table's [0, 2)"});
+  mid[1]["row"] = -1;
+  expect_error(seq_model(mid), {"node 'mid'", "row -1 is outside"});
+  mid[1].erase("row");  // control: positions 0..3 of a 2-row table
+  expect_error(seq_model(mid), {"node 'mid'", "sequence length 4 exceeds the position table's max_len 2"});
+  mid[1]["row"] = 1;
+  const Model m = parse_model(seq_model(mid), "ok.json");
+  const auto w = std::find_if(m.params.begin(), m.params.end(), [](const ParamInfo& p) { return p.name == "mid.weight"; });
+  ASSERT_NE(w, m.params.end());
+  EXPECT_EQ(w->numel, 2 * 3);  // the whole [2, D] table
+}
+
 TEST(LoaderError, TransposePermMustBeAPermutation) {
   J mid = J::array({{{"name", "a"}, {"op", "linear"}, {"in", {"x"}}, {"out", 3}},
                     {{"name", "mid"}, {"op", "transpose"}, {"in", {"a"}}, {"perm", {1, 1}}}});
