@@ -135,6 +135,10 @@ OrderedJson planning_json(const Planning& p) {
                                {"step_seconds", r.step_seconds},
                                {"mfu", r.mfu},
                                {"checkpoint", doc::checkpoint_json(checkpoint_cost(req.model, req.cluster, r.training))}};
+    // The most each category holds at any moment of the step: apart from
+    // `memory` (the categories at the peak). For a small model the peak can
+    // fall in the optimizer step, when no activations are alive.
+    row["memory_max"] = doc::categories_json(r.walk.max_each);
     if (t.offload != Offload::none) row["host"] = doc::host_json(r.host);  // per node
     j["strategies"].push_back(std::move(row));
   }

@@ -14,6 +14,8 @@
 #include "dlplan/error.hpp"
 #include "dlplan/hardware.hpp"
 #include "dlplan/importers.hpp"
+#include "dlplan/plan_io.hpp"
+#include "dlplan/planner.hpp"
 #include "dlplan/step_walk.hpp"
 #include "dlplan/training.hpp"
 
@@ -180,6 +182,36 @@ TEST(RealExports, ImportOutcomesAreTheRecordedOnesAndCountsExact) {
   std::cout << "real torch.onnx.export files: " << imported << " of " << reference()["files"].size()
             << " import\n"
             << table;
+}
+
+// The planning JSON states each strategy's `memory_max`, the most each
+// category holds at any moment, apart from `memory` (the categories at the
+// peak). Planned at fp32, micro-batch 1, its activations are PyTorch's saved
+// bytes within 5 % for tiny-bert (the dropout-mask figure), and they are at
+// least the activations alive at the peak, for every strategy.
+TEST(RealExports, ThePlanningJsonsMemoryMaxHoldsWhatPyTorchSaves) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  PlanRequest req;
+  ImportOptions o;
+  o.seq_len = 64;
+  req.model = import_onnx(exports_dir() + "tiny-bert-opset17.onnx", o);
+  req.cluster.device = find_device("h100-80g");
+  req.cluster.nodes = 1;
+  req.cluster.gpus_per_node = 2;
+  req.training.precision = Precision::fp32;
+  req.training.micro_batch = 1;
+  const auto j = planning_json(plan(req));
+  const auto torch = reference()["files"]["tiny-bert-opset17.onnx"]["saved_bytes_with_loss_mask_dropout"].get<int64_t>();
+  ASSERT_FALSE(j["strategies"].empty());
+  for (const auto& s : j["strategies"]) {
+    const auto most = s["memory_max"]["activations"].get<int64_t>();
+    EXPECT_GE(most, s["memory"]["activations"].get<int64_t>()) << s["strategy"];
+    EXPECT_NEAR(static_cast<double>(most) / static_cast<double>(torch), 1.0, 0.05) << s["strategy"] << " " << most;
+    for (const auto& [category, bytes] : s["memory"].items())
+      if (s["memory_max"].contains(category)) {
+        EXPECT_GE(s["memory_max"][category].get<int64_t>(), bytes.get<int64_t>()) << s["strategy"] << " " << category;
+      }
+  }
 }
 
 // torchvision's ReLU6 exports as Clip(0, 6), 35 of them in MobileNetV2: each
