@@ -4,9 +4,12 @@
 //     Split / Squeeze / Slice plumbing -> MatMul(q, k^T) -> scale (Div or Mul
 //     by a constant, on the scores or on q) -> optional mask (Add or Where) ->
 //     Softmax -> optional Dropout -> MatMul(p, v) -> Transpose / Reshape ->
-//     output projection [+ bias]. A mask built from constants or shapes means
-//     causal; a mask read from a graph input is padding (ignored for cost).
-//     Heads come from the inferred shape of the scores ([B, heads, T, T]).
+//     output projection [+ bias]; nn.MultiheadAttention's sequence-first
+//     transposes around it are taken inside. A mask built from constants or
+//     shapes is evaluated: all zeros (BERT) hides nothing, anything else is
+//     planned as causal; a mask read from a graph input is padding (ignored
+//     for cost). Heads come from the inferred shape of the scores ([B, heads,
+//     T, T]), or from q's width when the scores are [B heads, T, T].
 //     The fused op's parameters must equal the projections' initializers.
 //   gelu: x / sqrt(2) -> Erf -> +1 -> * x -> * 0.5 (any order of the last
 //     two), and the tanh form x + 0.044715 x^3 -> * sqrt(2/pi) -> Tanh -> ...
@@ -292,6 +295,30 @@ std::vector<int> region(const Graph& g, const std::string& x, const std::string&
   return {in.begin(), in.end()};
 }
 
+bool swaps_first_two(const Graph& g, int node) {
+  if (node < 0 || g.node(node).op_type() != "Transpose") return false;
+  const auto perm = attr_ints(g.node(node), "perm");
+  return perm.size() == 3 && perm[0] == 1 && perm[1] == 0 && perm[2] == 2;
+}
+
+// When `x` is Transpose(perm [1, 0, 2]) of a tensor and `out` leads through a
+// Reshape to the inverse transpose, the batch-first tensors outside them.
+std::optional<std::pair<std::string, std::string>> batch_second_around(const Graph& g, const std::string& x,
+                                                                       const std::string& out) {
+  const int in = g.producer_of(x);
+  if (!swaps_first_two(g, in)) return std::nullopt;
+  std::string t = out;
+  for (int depth = 0; depth < 3; ++depth) {
+    const auto& c = g.consumers_of(t);
+    if (c.size() != 1) return std::nullopt;
+    const auto& n = g.node(c[0]);
+    if (swaps_first_two(g, c[0])) return std::make_pair(g.node(in).input(0), n.output(0));
+    if (n.op_type() != "Reshape" && n.op_type() != "Identity") return std::nullopt;
+    t = n.output(0);
+  }
+  return std::nullopt;
+}
+
 std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& why) {
   const auto& sm = g.node(softmax);
   Scores s;
@@ -367,10 +394,14 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     why = "MatMul(probabilities, v) does not lead to an output projection";
     return std::nullopt;
   }
-  // Heads from the scores' inferred shape [B, heads, Tq, Tk], else q's [B, heads, T, d].
+  // Heads from the scores' inferred shape [B, heads, Tq, Tk], else q's [B, heads, T, d];
+  // nn.MultiheadAttention's scores are [B heads, Tq, Tk], and q's last axis
+  // is then the head width: heads = the output projection's input / d.
   int64_t heads = 0;
   if (auto sh = g.shape(qk.output(0)); sh && sh->size() == 4 && (*sh)[1] > 0) heads = (*sh)[1];
   else if (auto qs = g.shape(qk.input(0)); qs && qs->size() == 4 && (*qs)[1] > 0) heads = (*qs)[1];
+  else if (auto q3 = g.shape(qk.input(0)); q3 && q3->size() == 3 && q3->back() > 0 && po->in_f % q3->back() == 0)
+    heads = po->in_f / q3->back();
   if (heads <= 0) {
     why = "the number of heads is not known (no 4-D shape on the scores after shape inference)";
     return std::nullopt;
@@ -407,6 +438,11 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   f.kind = "attention";
   f.x = pq->x;
   f.out = po->out;
+  // nn.MultiheadAttention runs sequence-first: torch writes x.transpose(0, 1)
+  // before the projections and the inverse after the output projection's
+  // view back to [T, b, D]. Both are inside the block, which reads and
+  // writes [b, T, D].
+  if (auto seq_first = batch_second_around(g, f.x, f.out)) std::tie(f.x, f.out) = *seq_first;
   f.nodes = region(g, f.x, f.out);
   f.unit_source = sm.name();
   std::vector<std::string> names{g.node(pq->matmul).name(), g.node(po->matmul).name(), sm.name()};
