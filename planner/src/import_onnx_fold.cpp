@@ -1,6 +1,6 @@
 // Shape subgraphs evaluated at import. torch.onnx.export writes the shapes
 // of views as computations: Shape(x) -> Gather -> Unsqueeze -> Concat ->
-// Reshape, Range for positions, ConstantOfShape / Where / Expand for masks.
+// Reshape, Range for positions, ConstantOfShape / Where / Expand / Trilu for masks.
 // ONNX's shape inference cannot see through them, so a Reshape's output
 // shape stays unknown. Once the importer has bound the inputs' dimensions
 // (the micro-batch, the sequence length) every such value is a constant:
@@ -255,7 +255,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   static const std::map<std::string, size_t> kArity = {
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
-      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}};
+      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -345,6 +345,26 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       fill = (*v)[0];
     }
     c.v.assign(static_cast<size_t>(count(shape)), fill);
+    return c;
+  }
+  if (op == "Trilu") {  // torch.triu / tril of a mask: keep j - i >= k (upper) or j - i <= k (lower)
+    const Const& x = *in[0];
+    if (x.shape.size() < 2) return std::nullopt;
+    double k = 0;
+    if (in.size() > 1 && in[1]) {
+      if (in[1]->v.size() != 1 || !std::isfinite(in[1]->v[0])) return std::nullopt;
+      k = in[1]->v[0];
+    }
+    const bool upper = attr_int(n, "upper", 1) != 0;
+    const int64_t rows = x.shape[x.shape.size() - 2], cols = x.shape.back();
+    if (rows <= 0 || cols <= 0) return x;
+    Const c = x;
+    for (size_t e = 0; e < c.v.size(); ++e) {
+      const auto i = static_cast<double>(static_cast<int64_t>(e) / cols % rows);
+      const auto j = static_cast<double>(static_cast<int64_t>(e) % cols);
+      const bool keep = upper ? j - i >= k : j - i <= k;
+      if (!keep) c.v[e] = 0;
+    }
     return c;
   }
   if (op == "Expand") {

@@ -17,6 +17,8 @@
 //   hardswish: x * HardSigmoid(x) (alpha 1/6, beta 1/2; opset 13 and below).
 //   layernorm: x - mean, over the root of the mean square plus eps, times w
 //     (+ b): LayerNorm over the last axis below opset 17.
+//   rmsnorm: x * 1 / sqrt(mean(x^2) + eps) [-> Cast] * w, w an initializer
+//     over the last axis (Hugging Face's LlamaRMSNorm, Mistral's, Qwen2's).
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -140,18 +142,67 @@ bool is_plumbing(const std::string& op) {
          op == "Slice" || op == "Identity" || op == "Cast" || op == "Gather";
 }
 
-std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, int depth = 0) {
+// Rotary position embedding as Hugging Face writes it:
+//   x * cos + cat(-x[..., d/2:], x[..., :d/2]) * sin
+// (rotate_half), cos and sin constants. The rotated tensor x, and the angle
+// of position 1 in the second frequency (for rope_theta), when it matches.
+struct Rotary {
+  std::string x;
+  std::optional<double> theta;
+};
+
+std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
+  if (add.op_type() != "Add" || add.input_size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    const int a = g.producer_of(add.input(k)), b = g.producer_of(add.input(1 - k));
+    if (a < 0 || b < 0 || g.node(a).op_type() != "Mul" || g.node(b).op_type() != "Mul") continue;
+    const auto x = data_operand(g, g.node(a));
+    const auto rot = data_operand(g, g.node(b));
+    if (!x || !rot) continue;
+    const int cat = g.producer_of(*rot);
+    if (cat < 0 || g.node(cat).op_type() != "Concat" || g.node(cat).input_size() != 2) continue;
+    const int neg = g.producer_of(g.node(cat).input(0));
+    if (neg < 0 || g.node(neg).op_type() != "Neg") continue;
+    const int hi = g.producer_of(g.node(neg).input(0)), lo = g.producer_of(g.node(cat).input(1));
+    if (hi < 0 || lo < 0 || g.node(hi).op_type() != "Slice" || g.node(lo).op_type() != "Slice" ||
+        g.node(hi).input(0) != *x || g.node(lo).input(0) != *x)
+      continue;
+    Rotary r{*x, std::nullopt};
+    // cos [.., T, d]: cos(t / theta^(2i/d)) for i < d/2, repeated; position 1, i = 1
+    // gives theta = (1 / acos(cos[1][1]))^(d/2).
+    const std::string cos = other_operand(g.node(a), *x);
+    const auto v = g.values(cos);
+    const auto s = g.shape(cos);
+    if (v && s && !s->empty() && s->back() >= 4 && static_cast<int64_t>(v->size()) >= 2 * s->back()) {
+      const int64_t d = s->back();
+      const double angle = std::acos(std::clamp((*v)[static_cast<size_t>(d + 1)], -1.0, 1.0));
+      if (angle > 0) r.theta = std::pow(1.0 / angle, static_cast<double>(d) / 2.0);
+    }
+    return r;
+  }
+  return std::nullopt;
+}
+
+std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, int depth = 0,
+                                        std::optional<Rotary>* rotary = nullptr) {
   if (depth > 12) return std::nullopt;
   if (auto pr = projection_at(g, t)) return pr;
   int p = g.producer_of(t);
   if (p < 0) return std::nullopt;
   const auto& n = g.node(p);
+  if (auto r = rotary_at(g, n)) {
+    if (rotary) *rotary = r;
+    return trace_to_projection(g, r->x, depth + 1, rotary);
+  }
+  // repeat_kv: grouped KV heads broadcast to the query heads
+  if (n.op_type() == "Expand" && n.input_size() == 2 && g.is_const(n.input(1)))
+    return trace_to_projection(g, n.input(0), depth + 1, rotary);
   if (is_plumbing(n.op_type())) {
     if (n.op_type() == "Gather" && (g.is_const(n.input(0)) || !g.is_const(n.input(1)))) return std::nullopt;
-    return trace_to_projection(g, n.input(0), depth + 1);
+    return trace_to_projection(g, n.input(0), depth + 1, rotary);
   }
   if (n.op_type() == "Div" || n.op_type() == "Mul")
-    if (auto d = data_operand(g, n)) return trace_to_projection(g, *d, depth + 1);
+    if (auto d = data_operand(g, n)) return trace_to_projection(g, *d, depth + 1, rotary);
   return std::nullopt;
 }
 
@@ -359,8 +410,9 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   }
   const auto& pv = g.node(nx);
   const auto& qk = g.node(s.qk);
-  auto pq = trace_to_projection(g, qk.input(0));
-  auto pk = trace_to_projection(g, qk.input(1));
+  std::optional<Rotary> rq, rk;
+  auto pq = trace_to_projection(g, qk.input(0), 0, &rq);
+  auto pk = trace_to_projection(g, qk.input(1), 0, &rk);
   auto pvp = trace_to_projection(g, pv.input(1));
   if (!pq || !pk || !pvp) {
     why = "q, k or v does not trace back to a linear projection through Reshape / Transpose / Split";
@@ -459,6 +511,19 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   if (kv != heads) f.attrs["kv_heads"] = kv;
   if (hd * heads != D) f.attrs["head_dim"] = hd;
   f.attrs["causal"] = causal;
+  if (rq.has_value() != rk.has_value()) {
+    why = "only one of q and k is rotated";
+    return std::nullopt;
+  }
+  if (rq) {
+    f.attrs["rope"] = true;
+    // Rounded to 4 significant digits: the table is float32, and the angle's
+    // error grows by the power d/2 (10000 comes back as 10000.1 at d = 32).
+    if (rq->theta && std::isfinite(*rq->theta) && *rq->theta > 1) {
+      const double mag = std::pow(10.0, std::floor(std::log10(*rq->theta)) - 3);
+      f.attrs["rope_theta"] = std::round(*rq->theta / mag) * mag;
+    }
+  }
   f.attrs["bias"] = bias;
   if (dropout > 0.0) f.attrs["dropout"] = std::round(dropout * 1e6) / 1e6;  // float32 in the file
   if (bias != any_bias)
@@ -466,6 +531,9 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
                          "({} bias parameters not counted)", f.name, params - expect);
   else if (!input_masks.empty())
     f.note = fmt::format("attention '{}': padding mask from a model input ignored (no effect on memory)", f.name);
+  if (rq && !f.attrs.contains("rope_theta"))
+    f.note += std::string(f.note.empty() ? "" : "; ") +
+              fmt::format("attention '{}': rope_theta could not be read from the cos table; 10000 assumed", f.name);
   return f;
 }
 
@@ -659,6 +727,70 @@ std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
 
 }  // namespace
 
+std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
+  const auto& sq = g.node(sqrt);
+  if (sq.input_size() != 1 || sq.output_size() != 1) return std::nullopt;
+  const int add_eps = g.producer_of(sq.input(0));
+  if (add_eps < 0 || g.node(add_eps).op_type() != "Add") return std::nullopt;
+  const auto ms_t = data_operand(g, g.node(add_eps));
+  const auto eps = ms_t ? g.scalar(other_operand(g.node(add_eps), *ms_t)) : std::nullopt;
+  if (!eps || !(*eps > 0)) return std::nullopt;
+  const int ms = g.producer_of(*ms_t);
+  if (ms < 0 || g.node(ms).op_type() != "ReduceMean" || g.node(ms).input_size() < 1) return std::nullopt;
+  const int pow = g.producer_of(g.node(ms).input(0));
+  if (pow < 0 || g.node(pow).op_type() != "Pow" || g.node(pow).input_size() != 2) return std::nullopt;
+  if (g.scalar(g.node(pow).input(1)) != std::optional<double>(2.0)) return std::nullopt;
+  const std::string x = g.node(pow).input(0);
+  if (int p = g.producer_of(x); p >= 0 && g.node(p).op_type() == "Sub") return std::nullopt;  // a LayerNorm
+  const auto xs = g.shape(x);
+  if (!xs || xs->size() < 2 || xs->back() <= 0) return std::nullopt;
+  const std::vector<int64_t> last{static_cast<int64_t>(xs->size()) - 1};
+  if (reduce_axes(g, g.node(ms), xs->size()) != last || attr_int(g.node(ms), "keepdims", 1) != 1) return std::nullopt;
+  std::vector<int> nodes{pow, ms, add_eps, sqrt};
+  // x / sqrt(...), or x * (1 / sqrt(...)) (torch.rsqrt exports as Div(1, Sqrt)).
+  std::string normed;
+  if (const auto div = sole_consumer(g, sq.output(0), "Div"); div && g.node(*div).input_size() == 2) {
+    const auto& d = g.node(*div);
+    nodes.push_back(*div);
+    if (d.input(0) == x && d.input(1) == sq.output(0)) {
+      normed = d.output(0);
+    } else if (d.input(1) == sq.output(0) && g.scalar(d.input(0)) == std::optional<double>(1.0)) {
+      const auto mul = sole_consumer(g, d.output(0), "Mul");
+      if (!mul || other_operand(g.node(*mul), d.output(0)) != x) return std::nullopt;
+      nodes.push_back(*mul);
+      normed = g.node(*mul).output(0);
+    } else {
+      return std::nullopt;
+    }
+  } else if (const auto rec = sole_consumer(g, sq.output(0), "Reciprocal")) {
+    const auto mul = sole_consumer(g, g.node(*rec).output(0), "Mul");
+    if (!mul || other_operand(g.node(*mul), g.node(*rec).output(0)) != x) return std::nullopt;
+    nodes.insert(nodes.end(), {*rec, *mul});
+    normed = g.node(*mul).output(0);
+  } else {
+    return std::nullopt;
+  }
+  if (const auto cast = sole_consumer(g, normed, "Cast")) {  // .to(input_dtype)
+    nodes.push_back(*cast);
+    normed = g.node(*cast).output(0);
+  }
+  const auto w = sole_consumer(g, normed, "Mul");
+  if (!w) return std::nullopt;
+  const std::string p = other_operand(g.node(*w), normed);
+  const auto ps = !p.empty() && g.is_init(p) ? g.shape(p) : std::nullopt;
+  if (!ps || *ps != Dims{xs->back()}) return std::nullopt;
+  nodes.push_back(*w);
+  Fusion f;
+  f.kind = "rmsnorm";
+  f.x = x;
+  f.nodes = nodes;
+  f.out = g.node(*w).output(0);
+  f.unit_source = sq.name();
+  f.name = sq.name().empty() ? "rmsnorm" : common_prefix({sq.name()}) + ".rmsnorm";
+  f.attrs["eps"] = *eps;
+  return f;
+}
+
 std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused) {
   std::vector<Fusion> out;
   std::set<int> taken;
@@ -689,7 +821,10 @@ std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unf
     else if (op == "Tanh") take(match_gelu_tanh(g, i));
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
-    else if (op == "Sqrt") take(match_layernorm(g, i));
+    else if (op == "Sqrt") {
+      auto f = match_layernorm(g, i);
+      take(f ? std::move(f) : match_rmsnorm(g, i));
+    }
   }
   return out;
 }

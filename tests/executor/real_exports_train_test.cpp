@@ -78,7 +78,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "squeezenet1_1-opset17.onnx", "densenet121-opset17.onnx",
                                            "mnasnet0_5-opset17.onnx", "convnext_tiny-opset13.onnx",
                                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-hf-vit-opset17.onnx",
-                                           "tiny-gpt2-opset17.onnx", "tiny-bert-opset13.onnx"),
+                                           "tiny-gpt2-opset17.onnx", "tiny-bert-opset13.onnx",
+                                           "tiny-llama-opset17.onnx"),
                          [](const auto& info) {
                            std::string s = info.param;
                            s = s.substr(0, s.find("-opset"));
