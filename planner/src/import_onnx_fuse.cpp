@@ -671,20 +671,39 @@ std::optional<int> sole_consumer(const Graph& g, const std::string& t, const cha
 //   d = x - ReduceMean(x); Div(d, Sqrt(ReduceMean(Pow(d, 2)) + eps)) * w [+ b]
 // with w and b initializers of the last axis's size (the affine form; without
 // w it is not nn.LayerNorm's parameters, and is left to the generic ops).
-std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
+// What LayerNorm and RMSNorm written out share: Sqrt(ReduceMean(Pow(d, 2)) + eps).
+struct MeanSquare {
+  int add_eps = -1, mean = -1, pow = -1;
+  double eps = 0;
+  std::string d;  // what is squared
+};
+
+std::optional<MeanSquare> mean_square_under(const Graph& g, int sqrt) {
   const auto& sq = g.node(sqrt);
   if (sq.input_size() != 1 || sq.output_size() != 1) return std::nullopt;
-  const int add_eps = g.producer_of(sq.input(0));
-  if (add_eps < 0 || g.node(add_eps).op_type() != "Add") return std::nullopt;
-  const auto var_t = data_operand(g, g.node(add_eps));
-  const auto eps = var_t ? g.scalar(other_operand(g.node(add_eps), *var_t)) : std::nullopt;
+  MeanSquare m;
+  m.add_eps = g.producer_of(sq.input(0));
+  if (m.add_eps < 0 || g.node(m.add_eps).op_type() != "Add") return std::nullopt;
+  const auto ms_t = data_operand(g, g.node(m.add_eps));
+  const auto eps = ms_t ? g.scalar(other_operand(g.node(m.add_eps), *ms_t)) : std::nullopt;
   if (!eps || !(*eps > 0)) return std::nullopt;
-  const int var = g.producer_of(*var_t);
-  if (var < 0 || g.node(var).op_type() != "ReduceMean" || g.node(var).input_size() < 1) return std::nullopt;
-  const int pow = g.producer_of(g.node(var).input(0));
-  if (pow < 0 || g.node(pow).op_type() != "Pow" || g.node(pow).input_size() != 2) return std::nullopt;
-  if (g.scalar(g.node(pow).input(1)) != std::optional<double>(2.0)) return std::nullopt;
-  const std::string d = g.node(pow).input(0);
+  m.eps = *eps;
+  m.mean = g.producer_of(*ms_t);
+  if (m.mean < 0 || g.node(m.mean).op_type() != "ReduceMean" || g.node(m.mean).input_size() < 1) return std::nullopt;
+  m.pow = g.producer_of(g.node(m.mean).input(0));
+  if (m.pow < 0 || g.node(m.pow).op_type() != "Pow" || g.node(m.pow).input_size() != 2) return std::nullopt;
+  if (g.scalar(g.node(m.pow).input(1)) != std::optional<double>(2.0)) return std::nullopt;
+  m.d = g.node(m.pow).input(0);
+  return m;
+}
+
+std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
+  const auto& sq = g.node(sqrt);
+  const auto msq = mean_square_under(g, sqrt);
+  if (!msq) return std::nullopt;
+  const int add_eps = msq->add_eps, var = msq->mean, pow = msq->pow;
+  const auto eps = std::optional<double>(msq->eps);
+  const std::string d = msq->d;
   const int sub = g.producer_of(d);
   if (sub < 0 || g.node(sub).op_type() != "Sub" || g.node(sub).input_size() != 2) return std::nullopt;
   const std::string x = g.node(sub).input(0);
@@ -725,22 +744,16 @@ std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
   return f;
 }
 
-}  // namespace
-
+// RMSNorm as Hugging Face writes it (LlamaRMSNorm; anchored at the Sqrt):
+//   x * (1 / Sqrt(ReduceMean(Pow(x, 2)) + eps)) [-> Cast] * w
+// or x / Sqrt(...), or Reciprocal; w an initializer of the last axis's size.
 std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   const auto& sq = g.node(sqrt);
-  if (sq.input_size() != 1 || sq.output_size() != 1) return std::nullopt;
-  const int add_eps = g.producer_of(sq.input(0));
-  if (add_eps < 0 || g.node(add_eps).op_type() != "Add") return std::nullopt;
-  const auto ms_t = data_operand(g, g.node(add_eps));
-  const auto eps = ms_t ? g.scalar(other_operand(g.node(add_eps), *ms_t)) : std::nullopt;
-  if (!eps || !(*eps > 0)) return std::nullopt;
-  const int ms = g.producer_of(*ms_t);
-  if (ms < 0 || g.node(ms).op_type() != "ReduceMean" || g.node(ms).input_size() < 1) return std::nullopt;
-  const int pow = g.producer_of(g.node(ms).input(0));
-  if (pow < 0 || g.node(pow).op_type() != "Pow" || g.node(pow).input_size() != 2) return std::nullopt;
-  if (g.scalar(g.node(pow).input(1)) != std::optional<double>(2.0)) return std::nullopt;
-  const std::string x = g.node(pow).input(0);
+  const auto msq = mean_square_under(g, sqrt);
+  if (!msq) return std::nullopt;
+  const int add_eps = msq->add_eps, ms = msq->mean, pow = msq->pow;
+  const auto eps = std::optional<double>(msq->eps);
+  const std::string x = msq->d;
   if (int p = g.producer_of(x); p >= 0 && g.node(p).op_type() == "Sub") return std::nullopt;  // a LayerNorm
   const auto xs = g.shape(x);
   if (!xs || xs->size() < 2 || xs->back() <= 0) return std::nullopt;
@@ -790,6 +803,8 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   f.attrs["eps"] = *eps;
   return f;
 }
+
+}  // namespace
 
 std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused) {
   std::vector<Fusion> out;

@@ -138,6 +138,19 @@ int64_t max_activations(const Model& m) {
   return walk_step(m, c, t).max_each[static_cast<size_t>(Category::activations)];
 }
 
+// The IR is per sample: `file` imported with the batch bound to `batch`
+// instead of 1 gives `m` again, node for node.
+void expect_same_ir_at_batch(const Model& m, const std::string& file, ImportOptions o, int64_t batch) {
+  o.micro_batch = batch;
+  const Model other = import_onnx(exports_dir() + file, o);
+  ASSERT_EQ(other.nodes.size(), m.nodes.size()) << file;
+  for (size_t k = 0; k < m.nodes.size(); ++k) {
+    EXPECT_EQ(other.nodes[k].attrs.values, m.nodes[k].attrs.values) << file << " " << m.nodes[k].name;
+    EXPECT_EQ(other.tensor(other.nodes[k].output).shape, m.tensor(m.nodes[k].output).shape)
+        << file << " " << m.nodes[k].name;
+  }
+}
+
 }  // namespace
 
 TEST(RealExports, TheFixturesAreWhatTheScriptWrote) {
@@ -375,14 +388,7 @@ TEST(RealExports, ShuffleNetsShapeComputationsAreEvaluatedAtImport) {
   EXPECT_TRUE(noted);
   // The IR is per sample: evaluated with the batch bound to 4 instead of 1,
   // every node's attributes and shape come out the same.
-  ImportOptions four;
-  four.micro_batch = 4;
-  const Model m4 = import_onnx(exports_dir() + "shufflenet_v2_x1_0-opset17.onnx", four);
-  ASSERT_EQ(m4.nodes.size(), m.nodes.size());
-  for (size_t k = 0; k < m.nodes.size(); ++k) {
-    EXPECT_EQ(m4.nodes[k].attrs.values, m.nodes[k].attrs.values) << m.nodes[k].name;
-    EXPECT_EQ(m4.tensor(m4.nodes[k].output).shape, m.tensor(m.nodes[k].output).shape) << m.nodes[k].name;
-  }
+  expect_same_ir_at_batch(m, "shufflenet_v2_x1_0-opset17.onnx", ImportOptions{}, 4);
 }
 
 // GPT-2's Conv1D is x.view(-1, D) @ W + b, viewed back to [b, T, N]: the
@@ -415,14 +421,7 @@ TEST(RealExports, GPT2sConv1DFoldsTheBatchIntoRowsAndTheHeadIsTied) {
       // torch.where(bias[:, :, :T, :T], scores, finfo.min), bias the lower triangle
       EXPECT_TRUE(n.attrs.flag("causal")) << n.name;
     }
-  ImportOptions three = one;
-  three.micro_batch = 3;
-  const Model m3 = import_onnx(exports_dir() + "tiny-gpt2-opset17.onnx", three);
-  ASSERT_EQ(m3.nodes.size(), m.nodes.size());
-  for (size_t k = 0; k < m.nodes.size(); ++k) {
-    EXPECT_EQ(m3.nodes[k].attrs.values, m.nodes[k].attrs.values) << m.nodes[k].name;
-    EXPECT_EQ(m3.tensor(m3.nodes[k].output).shape, m.tensor(m.nodes[k].output).shape) << m.nodes[k].name;
-  }
+  expect_same_ir_at_batch(m, "tiny-gpt2-opset17.onnx", one, 3);
 }
 
 // BERT's embeddings add token_type_embeddings(token_type_ids), and with no
