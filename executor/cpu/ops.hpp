@@ -151,10 +151,6 @@ void dropout_forward(OpContext& c);
 void dropout_backward(OpContext& c);
 
 // ---- ops_shape.cpp -------------------------------------------------------------
-// For each element of an array of shape `extent`, in row-major order, the
-// offset sum_k index[k] * stride[k]: where a strided view (a permutation, a
-// broadcast with stride 0) reads it.
-std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride);
 void transpose_forward(OpContext& c);
 void transpose_backward(OpContext& c);
 void slice_forward(OpContext& c);

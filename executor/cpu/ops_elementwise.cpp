@@ -256,19 +256,9 @@ void add_backward(OpContext& c) {
 
 namespace {
 
-// Per-sample NumPy broadcasting (ir.hpp's broadcast_shape): for each element
-// of one sample's output, the offset of the element of a sample of `in` it
-// reads. Both operands carry the batch axis, so sample s adds s * numel(in).
-std::vector<int64_t> broadcast_offsets(const Shape& out, const Shape& in) {
-  const size_t rank = out.size(), lead = rank - in.size();
-  std::vector<int64_t> stride(rank, 0);  // 0 on the dimensions `in` repeats
-  for (int64_t k = static_cast<int64_t>(rank) - 1, s = 1; k >= static_cast<int64_t>(lead); --k) {
-    const int64_t d = in[static_cast<size_t>(k) - lead];
-    if (d != 1) stride[static_cast<size_t>(k)] = s;
-    s *= d;
-  }
-  return strided_offsets(out, stride);
-}
+// Per-sample NumPy broadcasting uses ir.hpp's broadcast_offsets over one
+// sample's shapes: both operands carry the batch axis, so sample s adds
+// s * numel(in).
 
 struct MulOperands {
   std::vector<int64_t> a, b;  // broadcast_offsets of each input

@@ -7,23 +7,6 @@
 #include <vector>
 
 namespace dlplan::exec::cpu {
-std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride) {
-  const size_t rank = extent.size();
-  std::vector<int64_t> offsets(static_cast<size_t>(numel(extent)));
-  std::vector<int64_t> index(rank, 0);
-  int64_t at = 0;
-  for (auto& o : offsets) {
-    o = at;
-    for (size_t k = rank; k-- > 0;) {  // an odometer over the axes, the last fastest
-      at += stride[k];
-      if (++index[k] < extent[k]) break;
-      at -= stride[k] * extent[k];
-      index[k] = 0;
-    }
-  }
-  return offsets;
-}
-
 namespace {
 
 // For each element of one sample's output, in order, the offset within the

@@ -80,31 +80,6 @@ double to_type(double x, int32_t t) {
   return x;
 }
 
-// Row-major offsets into an array of shape `in` (aligned to the right of
-// `out`, NumPy broadcasting) for each element of `out`.
-std::vector<int64_t> broadcast_index(const Dims& out, const Dims& in) {
-  const size_t rank = out.size(), lead = rank - in.size();
-  std::vector<int64_t> stride(rank, 0);
-  for (size_t k = rank, s = 1; k-- > lead;) {
-    const int64_t d = in[k - lead];
-    if (d != 1) stride[k] = static_cast<int64_t>(s);
-    s *= static_cast<size_t>(d);
-  }
-  std::vector<int64_t> offsets(static_cast<size_t>(count(out)));
-  std::vector<int64_t> index(rank, 0);
-  int64_t at = 0;
-  for (auto& o : offsets) {
-    o = at;
-    for (size_t k = rank; k-- > 0;) {
-      at += stride[k];
-      if (++index[k] < out[k]) break;
-      at -= stride[k] * out[k];
-      index[k] = 0;
-    }
-  }
-  return offsets;
-}
-
 std::optional<Dims> broadcast(const std::vector<const Const*>& in) {
   Shape s = in[0]->shape;
   for (size_t k = 1; k < in.size(); ++k) {
@@ -120,7 +95,7 @@ std::optional<Const> elementwise(const std::vector<const Const*>& in, int32_t ty
   const auto shape = broadcast(in);
   if (!shape || count(*shape) > kMaxFoldedElements) return std::nullopt;
   std::vector<std::vector<int64_t>> at;
-  for (const Const* c : in) at.push_back(broadcast_index(*shape, c->shape));
+  for (const Const* c : in) at.push_back(broadcast_offsets(*shape, c->shape));
   Const out{*shape, {}, type};
   std::vector<double> args(in.size());
   for (size_t i = 0; i < static_cast<size_t>(count(*shape)); ++i) {
@@ -375,7 +350,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     const auto shape = broadcast(both);
     if (!shape || count(*shape) > kMaxFoldedElements) return std::nullopt;
     Const c{*shape, {}, in[0]->type};
-    for (auto at : broadcast_index(*shape, in[0]->shape)) c.v.push_back(in[0]->v[static_cast<size_t>(at)]);
+    for (auto at : broadcast_offsets(*shape, in[0]->shape)) c.v.push_back(in[0]->v[static_cast<size_t>(at)]);
     return c;
   }
   if (op == "Add") return binary([](double a, double b) { return a + b; }, t0);

@@ -42,6 +42,34 @@ std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b) {
   return out;
 }
 
+std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride) {
+  const size_t rank = extent.size();
+  std::vector<int64_t> offsets(static_cast<size_t>(numel(extent)));
+  std::vector<int64_t> index(rank, 0);
+  int64_t at = 0;
+  for (auto& o : offsets) {
+    o = at;
+    for (size_t k = rank; k-- > 0;) {  // an odometer over the axes, the last fastest
+      at += stride[k];
+      if (++index[k] < extent[k]) break;
+      at -= stride[k] * extent[k];
+      index[k] = 0;
+    }
+  }
+  return offsets;
+}
+
+std::vector<int64_t> broadcast_offsets(const Shape& out, const Shape& in) {
+  const size_t rank = out.size(), lead = rank - in.size();
+  std::vector<int64_t> stride(rank, 0);  // 0 on the dimensions `in` repeats
+  for (size_t k = rank, s = 1; k-- > lead;) {
+    const int64_t d = in[k - lead];
+    if (d != 1) stride[k] = static_cast<int64_t>(s);
+    s *= static_cast<size_t>(d);
+  }
+  return strided_offsets(out, stride);
+}
+
 int64_t Attrs::integer(const char* key) const { return values.at(key).get<int64_t>(); }
 double Attrs::number(const char* key) const { return values.at(key).get<double>(); }
 bool Attrs::flag(const char* key) const { return values.at(key).get<bool>(); }

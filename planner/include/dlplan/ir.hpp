@@ -28,6 +28,15 @@ std::string to_string(const Shape& s);
 // NumPy broadcasting: the shapes aligned from the last dimension, each pair
 // equal or one of them 1. nullopt when they do not broadcast.
 std::optional<Shape> broadcast_shape(const Shape& a, const Shape& b);
+// For each element of an array of shape `extent`, in row-major order, the
+// offset sum_k index[k] * stride[k]: where a strided view (a permutation, a
+// broadcast with stride 0) reads it.
+std::vector<int64_t> strided_offsets(const Shape& extent, const std::vector<int64_t>& stride);
+// NumPy broadcasting of `in` to `out` (broadcast_shape's result): for each
+// element of `out`, in row-major order, the offset of the element of `in` it
+// reads. The ONNX importer's constant folding and the CPU engine's
+// broadcasting ops both use it.
+std::vector<int64_t> broadcast_offsets(const Shape& out, const Shape& in);
 
 enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
