@@ -597,9 +597,10 @@ class Importer {
       for (auto v : d) c = v > 0 && c > kMaxTensorElements / v ? kMaxTensorElements : c * v;
       return c;
     };
-    const auto sample_elems = numel(in_sample);
-    if ((*out)[0] == batch && numel(rest) == sample_elems) return rest;
-    if ((*out)[0] % batch == 0 && ((*out)[0] / batch) * numel(rest) == sample_elems) {
+    const auto sample_elems = numel(in_sample), rest_elems = numel(rest);
+    if ((*out)[0] == batch && rest_elems == sample_elems) return rest;
+    // (Compared by division: a hostile file's dimensions could overflow a product.)
+    if ((*out)[0] % batch == 0 && sample_elems % rest_elems == 0 && sample_elems / rest_elems == (*out)[0] / batch) {
       batch_folded_[n.output(0)] = batch;
       Dims d = rest;
       d.insert(d.begin(), (*out)[0] / batch);

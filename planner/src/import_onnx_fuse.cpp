@@ -248,7 +248,8 @@ MaskKind classify_mask(const Graph& g, const std::string& m, MaskUse use) {
   const auto s = g.shape(m);
   if (!v || !s || s->size() < 2 || v->empty()) return MaskKind::other;
   const int64_t tq = (*s)[s->size() - 2], tk = s->back();
-  if (tq <= 0 || tk <= 0 || static_cast<int64_t>(v->size()) % (tq * tk) != 0) return MaskKind::other;
+  const auto n = static_cast<int64_t>(v->size());
+  if (tq <= 0 || tk <= 0 || tq > n || tk > n || n % (tq * tk) != 0) return MaskKind::other;  // (no overflow)
   auto hidden = [&](double x) -> std::optional<bool> {  // whether this entry hides its score
     switch (use) {
       case MaskUse::add:
