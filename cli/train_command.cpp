@@ -2,7 +2,7 @@
 //   mpirun -np N dlplan train --plan plan.json [--steps K] [--seed S]
 //          [--data synthetic|FILE] [--report run.json] [--progress text|json] [--log-every N]
 //          [--device cpu|cuda [--comm nccl|mpi]] [--allow-edited-plan]
-//          [--checkpoint-dir D [--save-every K] [--resume]] [--init W.safetensors]
+//          [--checkpoint-dir D [--save-every K] [--resume]] [--init W.safetensors|M.onnx]
 //          [--comm-timeout SECONDS]
 // Checkpoints (executor checkpoint.hpp, docs/checkpoints.md): saved every
 // --save-every steps and at the end; --resume continues from the latest one
@@ -204,7 +204,8 @@ Runner add_train_command(CLI::App& app) {
       ->needs(dir_option);
   app.add_option("--init", f->init,
                  "Start from these weights: a safetensors file with every parameter at its PyTorch shape (e.g. from "
-                 "dlplan export --checkpoint D --to safetensors); --resume wins when a checkpoint exists")
+                 "dlplan export --checkpoint D --to safetensors), or the .onnx file the plan's model was imported "
+                 "from, exported with its weights; --resume wins when a checkpoint exists")
       ->check(CLI::ExistingFile);
   app.add_option("--comm-timeout", f->comm_timeout,
                  "Seconds a collective may wait for its peers before the job ends naming the ranks that did not "
@@ -293,7 +294,7 @@ Runner add_train_command(CLI::App& app) {
     int first = 0;
     try {
       if (init_first) {
-        exec::set_parameters(*trainer, exec::read_safetensors(f->init), f->init);
+        exec::set_parameters(*trainer, exec::read_init_tensors(f->init, plan.model), f->init);
         if (root) info(fmt::format("initialised from {}", f->init));
       }
       if (f->resume) {
@@ -304,7 +305,7 @@ Runner add_train_command(CLI::App& app) {
           info(fmt::format("resumed from {}/step-{:08d} at step {} of {}", f->checkpoint_dir, at, at, f->steps));
       }
       if (first == 0 && !f->init.empty() && !init_first) {
-        exec::set_parameters(*trainer, exec::read_safetensors(f->init), f->init);
+        exec::set_parameters(*trainer, exec::read_init_tensors(f->init, plan.model), f->init);
         if (root) info(fmt::format("initialised from {}", f->init));
       }
     } catch (const exec::CheckpointError& e) {

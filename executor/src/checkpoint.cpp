@@ -3,6 +3,8 @@
 #include "dlplan/exec/checkpoint.hpp"
 
 #include "dlplan/exec/optimizer.hpp"
+#include "dlplan/importers.hpp"
+#include "dlplan/loader.hpp"
 #include "dlplan/output_file.hpp"
 #include "dlplan/plan_io.hpp"
 
@@ -853,6 +855,16 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
       throw bad(fmt::format("tensor '{}': {}", name, e.what()));
     }
   }
+  return out;
+}
+
+std::vector<NamedTensor> read_init_tensors(const std::string& path, const Model& model) {
+  const auto ext = std::filesystem::path(path).extension().string();
+  if (ext != ".onnx" && ext != ".ONNX") return read_safetensors(path);
+  ImportOptions opt;
+  opt.seq_len = tokens_per_sample(model);  // the file's symbolic sequence axis, as the plan's model has it
+  std::vector<NamedTensor> out;
+  for (ImportedWeight& w : import_onnx_weights(path, opt)) out.push_back({w.name, w.shape, std::move(w.values)});
   return out;
 }
 

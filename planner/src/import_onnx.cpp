@@ -50,6 +50,11 @@ Model import_onnx(const std::string& path, const ImportOptions&) {
                           "re-run cmake)", path));
 }
 
+std::vector<ImportedWeight> import_onnx_weights(const std::string& path, const ImportOptions& opt, bool) {
+  import_onnx(path, opt);  // throws
+  return {};
+}
+
 #else
 
 bool onnx_supported() { return true; }
@@ -213,6 +218,11 @@ std::optional<std::pair<int64_t, int64_t>> Graph::matmul_weight(const std::strin
   return transposed ? std::make_pair((*s)[1], (*s)[0]) : std::make_pair((*s)[0], (*s)[1]);
 }
 
+WeightRef Graph::matmul_weight_ref(const std::string& t) const {
+  if (is_init(t)) return WeightRef{t, true};  // W [in, out]
+  return WeightRef{node(producer_of(t)).input(0), false};  // Transpose(W [out, in])
+}
+
 std::optional<double> Graph::scalar(const std::string& t) const {
   auto v = values(t);
   if (!v || v->size() != 1) return std::nullopt;
@@ -283,6 +293,8 @@ std::optional<std::pair<std::string, std::string>> unit_prefix(const std::string
 class Importer {
  public:
   Importer(Graph& g, const ImportOptions& opt) : g_(g), opt_(opt) {}
+
+  const std::map<std::string, WeightRef>& weights() const { return weights_; }
 
   Model run() {
     fusions_ = find_fusions(g_, &unfused_);
@@ -430,7 +442,12 @@ class Importer {
     nodes_.push_back(std::move(node));
     onnx_names_.push_back(onnx_name);
     ir_[out_tensor] = ir_name;
+    last_emitted_ = ir_name;
   }
+
+  // Where the values of the parameter `suffix` of the node just emitted are
+  // in the file (read only by import_onnx_weights).
+  void weigh(const std::string& suffix, const WeightRef& ref) { weights_[last_emitted_ + "." + suffix] = ref; }
 
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
@@ -480,9 +497,11 @@ class Importer {
   void map_linear(const onnx::NodeProto& n, int i, const std::string& x, int64_t out, bool bias) {
     const auto name = ir_name_for(n);
     std::string result = n.output(0);
+    int absorbed_bias = -1;
     if (!bias)
       if (auto add = bias_add_after(n.output(0), out)) {
         bias = true;
+        absorbed_bias = *add;
         absorbed_.insert(*add);
         result = g_.node(*add).output(0);
       }
@@ -493,6 +512,13 @@ class Importer {
     if (int p = g_.producer_of(w); p >= 0 && g_.node(p).op_type() == "Transpose") w = g_.node(p).input(0);
     if (auto e = embedding_of_table_.find(w); e != embedding_of_table_.end()) a["tie"] = e->second;
     emit(name, "linear", {ir_of(x, n, i)}, a, result, n.name());
+    if (!a.contains("tie"))
+      weigh("weight", n.op_type() == "Gemm" ? WeightRef{n.input(1), attr_int(n, "transB", 0) == 0}
+                                            : g_.matmul_weight_ref(n.input(1)));
+    if (bias) {
+      const auto* add = absorbed_bias >= 0 ? &g_.node(absorbed_bias) : nullptr;
+      weigh("bias", WeightRef{!add ? n.input(2) : add->input(0) == n.output(0) ? add->input(1) : add->input(0)});
+    }
   }
 
   // The indices a table is read with when they are not the model's input:
@@ -736,7 +762,10 @@ class Importer {
           folded_channels_ += (*w)[0];
         }
       }
-      return emit(ir_name_for(n), "conv2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+      emit(ir_name_for(n), "conv2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+      weigh("weight", WeightRef{n.input(1)});
+      if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
+      return;
     }
     if (op == "BatchNormalization") {
       const double onnx_momentum = attr_float(n, "momentum", 0.9);
@@ -744,7 +773,10 @@ class Importer {
       // to 6 digits: the attribute is a float32.
       OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"momentum", std::round((1.0 - onnx_momentum) * 1e6) / 1e6}};
       bn_layers_ += 1;
-      return emit(ir_name_for(n), "batchnorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+      emit(ir_name_for(n), "batchnorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+      weigh("weight", WeightRef{n.input(1)});
+      weigh("bias", WeightRef{n.input(2)});
+      return;
     }
     if (op == "LayerNormalization") {
       auto s = g_.shape(n.input(0));
@@ -752,7 +784,10 @@ class Importer {
       if (axis != -1 && !(s && axis == static_cast<int64_t>(s->size()) - 1))
         fail(fmt::format("{}: normalization over more than the last axis is not supported", label(n, i)));
       OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"bias", n.input_size() > 2 && !n.input(2).empty()}};
-      return emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+      emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+      weigh("weight", WeightRef{n.input(1)});
+      if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
+      return;
     }
     if (op == "Clip") {
       // torch exports ReLU6 and Hardtanh as Clip. Its bounds are inputs from
@@ -793,13 +828,16 @@ class Importer {
         auto w = *g_.shape(n.input(0));
         if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
         if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
-          pos_tables_[n.output(0)] = PosTable{w[0], table_row(n, i, w[0])};
+          pos_tables_[n.output(0)] = PosTable{w[0], table_row(n, i, w[0]), n.input(0)};
           return;
         }
         const auto name = ir_name_for(n);
         embedding_of_table_.emplace(n.input(0), name);
-        return emit(name, "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}}, n.output(0),
-                    n.name());
+        emit(name, "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}}, n.output(0), n.name());
+        notes_.push_back(fmt::format("embedding '{}': an ONNX Gather has no padding_idx, so training updates every row "
+                                     "of '{}' (PyTorch's nn.Embedding(padding_idx=p) leaves row p's gradient zero)",
+                                     name, n.input(0)));
+        return weigh("weight", WeightRef{n.input(0)});
       }
       auto idx = g_.values(n.input(1));
       if (attr_int(n, "axis", 0) == 1 && idx && idx->size() == 1)
@@ -815,8 +853,9 @@ class Importer {
             const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
             OJson a{{"max_len", t.rows}};
             if (t.row) a["row"] = *t.row;
-            return emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, a,
-                        n.output(0), n.name());
+            emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, a, n.output(0),
+                 n.name());
+            return weigh("weight", WeightRef{t.table});
           }
         if (op == "Add" || op == "Mul")
           return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
@@ -830,13 +869,14 @@ class Importer {
         int64_t c = 1;
         for (auto d : s) c *= d;
         if (op == "Mul" && c > 1 && data.size() == 1)
-          if (auto gamma = learned_scale(t, data[0]))  // ConvNeXt's layer_scale
-            return emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0),
-                        n.name());
+          if (auto gamma = learned_scale(t, data[0])) {  // ConvNeXt's layer_scale
+            emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0), n.name());
+            return weigh("weight", WeightRef{t});
+          }
         if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
           const int64_t len = s[s.size() - 2];
-          return emit(ir_name_for(n), "pos_embedding", {ir_of(in0(), n, i)}, OJson{{"max_len", len}}, n.output(0),
-                      n.name());
+          emit(ir_name_for(n), "pos_embedding", {ir_of(in0(), n, i)}, OJson{{"max_len", len}}, n.output(0), n.name());
+          return weigh("weight", WeightRef{t});
         }
         if (c > 1 && is_float(g_.dtype(t)))
           uncounted_params_.push_back(fmt::format("{} ({} elements, operand of {})", t, c, label(n, i)));
@@ -952,8 +992,10 @@ class Importer {
       const bool cls = g_.is_init(n.input(0)) ||
                        (p >= 0 && (g_.node(p).op_type() == "Expand" || g_.node(p).op_type() == "Tile") &&
                         g_.is_init(g_.node(p).input(0)));
-      if (cls)
-        return emit(ir_name_for(n), "cls_token", {ir_of(n.input(1), n, i)}, OJson::object(), n.output(0), n.name());
+      if (cls) {
+        emit(ir_name_for(n), "cls_token", {ir_of(n.input(1), n, i)}, OJson::object(), n.output(0), n.name());
+        return weigh("weight", WeightRef{g_.is_init(n.input(0)) ? n.input(0) : g_.node(p).input(0)});
+      }
     }
     if (op == "Concat" && !data.empty() && static_cast<int>(data.size()) == n.input_size()) {
       // Every input an activation (DenseNet's features so far, SqueezeNet's
@@ -995,6 +1037,7 @@ class Importer {
     auto it = ir_.find(f.x);
     if (it == ir_.end()) fail(fmt::format("the {} pattern named '{}' reads '{}', which was not mapped", f.kind, f.name, f.x));
     emit(unique_name(normalize(f.name)), op, {it->second}, a, f.out, f.unit_source);
+    for (const auto& [suffix, ref] : f.weights) weigh(suffix, ref);
     if (!f.note.empty()) notes_.push_back(f.note);
     carry_batch_fold({f.x}, {f.out});
   }
@@ -1134,9 +1177,12 @@ class Importer {
   struct PosTable {
     int64_t rows = 0;
     std::optional<int64_t> row;  // every position reads this row (see table_row)
+    std::string table;           // the initializer
   };
   std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, Unknown> unknown_;
+  std::string last_emitted_;
+  std::map<std::string, WeightRef> weights_;  // IR parameter ("h.0.attn.q.weight") -> its values in the file
   std::vector<std::string> uncounted_params_;
   OJson nodes_ = OJson::array();
   std::vector<std::string> onnx_names_;
@@ -1185,11 +1231,62 @@ std::vector<std::string> bind_symbolic_dims(onnx::GraphProto& g, const std::set<
   return notes;
 }
 
-}  // namespace
-}  // namespace onnx_import
+// The values of parameter `p` from the initializer `ref` names, in
+// PyTorch's layout (see WeightRef).
+ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& ref, bool with_values) {
+  const auto it = g.inits.find(ref.init);
+  if (it == g.inits.end())
+    throw Error(fmt::format("{}: parameter '{}' is read from '{}', which is not an initializer", g.src, p.name, ref.init));
+  Dims dims(it->second->dims().begin(), it->second->dims().end());
+  std::vector<double> vals;
+  if (with_values) {
+    const auto v = tensor_values(*it->second);
+    if (!v || v->empty() || !is_float(it->second->data_type()))
+      throw Error(fmt::format("{}: initializer '{}' (parameter '{}') holds no float32 data in the file (exported "
+                              "without its weights, or as external data, which --init does not read: export with "
+                              "export_params=True into one file of under 2 GiB)",
+                              g.src, ref.init, p.name));
+    if (static_cast<int64_t>(v->size()) != numel(dims))
+      throw Error(fmt::format("{}: initializer '{}' has {} values for dims [{}]", g.src, ref.init, v->size(),
+                              fmt::join(dims, ", ")));
+    vals = *v;
+  }
+  if (ref.transpose) {  // [in, out] -> [out, in]
+    if (dims.size() != 2) throw Error(fmt::format("{}: initializer '{}' is not 2-D", g.src, ref.init));
+    const int64_t a = dims[0], b = dims[1];
+    if (with_values) {
+      std::vector<double> t(vals.size());
+      for (int64_t i = 0; i < a; ++i)
+        for (int64_t j = 0; j < b; ++j) t[static_cast<size_t>(j * a + i)] = vals[static_cast<size_t>(i * b + j)];
+      vals = std::move(t);
+    }
+    dims = {b, a};
+  }
+  int64_t count = numel(dims);
+  if (ref.end >= 0) {  // rows [begin, end) of the leading axis
+    const int64_t rows = dims.empty() ? 0 : dims[0], row = rows > 0 ? count / rows : 0;
+    if (ref.begin < 0 || ref.end > rows || ref.begin >= ref.end)
+      throw Error(fmt::format("{}: rows [{}, {}) of initializer '{}' (parameter '{}') are outside its {} rows", g.src,
+                              ref.begin, ref.end, ref.init, p.name, rows));
+    count = (ref.end - ref.begin) * row;
+    if (with_values) vals = std::vector<double>(vals.begin() + ref.begin * row, vals.begin() + ref.end * row);
+  }
+  if (count != p.numel)
+    throw Error(fmt::format("{}: initializer '{}' gives {} values; parameter '{}' has {}", g.src, ref.init, count,
+                            p.name, p.numel));
+  ImportedWeight w{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, {}, ref.init};
+  if (ref.transpose) w.source += "^T";
+  if (ref.end >= 0) w.source += fmt::format("[{}:{}]", ref.begin, ref.end);
+  w.values.assign(vals.begin(), vals.end());
+  return w;
+}
 
-Model import_onnx(const std::string& path, const ImportOptions& opt) {
-  using namespace onnx_import;
+}  // namespace
+
+// import_onnx, and with `weights` the values of every parameter read from
+// the file's initializers.
+Model import_file(const std::string& path, const ImportOptions& opt, std::vector<ImportedWeight>* weights,
+                  bool with_values) {
   if (opt.micro_batch <= 0) throw Error(fmt::format("{}: micro-batch must be positive", path));
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(fmt::format("{}: is a folder, not an ONNX file", path));
@@ -1258,12 +1355,34 @@ Model import_onnx(const std::string& path, const ImportOptions& opt) {
   for (auto& n : pre) imp.pre_note(n);
   for (auto& n : inference_notes) imp.pre_note(n);
   try {
-    return imp.run();
+    Model m = imp.run();
+    if (weights)
+      for (const ParamInfo& p : m.params) {
+        const auto ref = imp.weights().find(p.name);
+        if (ref == imp.weights().end())
+          throw Error(fmt::format("{}: parameter '{}' was not traced to an initializer of the file, so its weights "
+                                  "cannot be read",
+                                  path, p.name));
+        weights->push_back(read_weight(g, p, ref->second, with_values));
+      }
+    return m;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: cannot import: {}", path, e.what()));
   }
+}
+
+}  // namespace onnx_import
+
+Model import_onnx(const std::string& path, const ImportOptions& opt) {
+  return onnx_import::import_file(path, opt, nullptr, false);
+}
+
+std::vector<ImportedWeight> import_onnx_weights(const std::string& path, const ImportOptions& opt, bool with_values) {
+  std::vector<ImportedWeight> w;
+  onnx_import::import_file(path, opt, &w, with_values);
+  return w;
 }
 
 #endif  // DLPLAN_HAVE_ONNX

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <set>
@@ -95,6 +96,8 @@ struct Proj {
   int bias_node = -1;
   bool bias = false;
   int64_t in_f = 0, out_f = 0, params = 0;
+  WeightRef weight, bias_ref;  // where the values are (bias_ref: when bias)
+  int part = -1;               // which part of a fused projection's output this path takes (Split / Gather)
 };
 
 std::optional<Proj> projection_at(const Graph& g, const std::string& t) {
@@ -112,11 +115,13 @@ std::optional<Proj> projection_at(const Graph& g, const std::string& t) {
     if (mm < 0) return std::nullopt;
     pr.bias = true;
     pr.bias_node = p;
+    pr.bias_ref = WeightRef{b};
     pr.params += numel(*g.shape(b));
   }
   const auto& m = g.node(mm);
   if (m.op_type() == "MatMul" && m.input_size() == 2 && g.matmul_weight(m.input(1)) && !g.is_const(m.input(0))) {
     std::tie(pr.in_f, pr.out_f) = *g.matmul_weight(m.input(1));
+    pr.weight = g.matmul_weight_ref(m.input(1));
   } else if (m.op_type() == "Gemm" && !pr.bias && m.input_size() >= 2 && g.is_init(m.input(1)) &&
              attr_int(m, "transA", 0) == 0) {
     auto w = *g.shape(m.input(1));
@@ -124,8 +129,10 @@ std::optional<Proj> projection_at(const Graph& g, const std::string& t) {
     const bool tb = attr_int(m, "transB", 0) != 0;
     pr.in_f = tb ? w[1] : w[0];
     pr.out_f = tb ? w[0] : w[1];
+    pr.weight = WeightRef{m.input(1), !tb};
     if (m.input_size() > 2 && !m.input(2).empty()) {
       pr.bias = true;
+      pr.bias_ref = WeightRef{m.input(2)};
       pr.params += numel(*g.shape(m.input(2)));
     }
   } else {
@@ -183,6 +190,28 @@ std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
   return std::nullopt;
 }
 
+// Which equal part of its input's sliced axis a one-axis Slice with
+// constant bounds takes (nn.MultiheadAttention's q, k, v of the packed
+// projection, torch 1.13): start / length, or -1.
+int slice_part(const Graph& g, const onnx::NodeProto& n) {
+  if (n.input_size() < 3) return -1;
+  const auto s = g.shape(n.input(0));
+  const auto st = g.values(n.input(1)), en = g.values(n.input(2));
+  std::optional<std::vector<double>> ax;
+  if (n.input_size() > 3 && !n.input(3).empty()) ax = g.values(n.input(3));
+  if (!s || !st || !en || st->size() != 1 || en->size() != 1 || (ax && ax->size() != 1)) return -1;
+  const auto rank = static_cast<int64_t>(s->size());
+  int64_t axis = ax ? static_cast<int64_t>((*ax)[0]) : 0;
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank || (*s)[static_cast<size_t>(axis)] <= 0) return -1;
+  const double dim = static_cast<double>((*s)[static_cast<size_t>(axis)]);
+  double b = (*st)[0], e = std::min((*en)[0], dim);
+  if (b < 0) b += dim;
+  const double len = e - b;
+  if (!(len > 0) || std::fmod(b, len) != 0 || std::fmod(dim, len) != 0) return -1;
+  return static_cast<int>(b / len);
+}
+
 std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, int depth = 0,
                                         std::optional<Rotary>* rotary = nullptr) {
   if (depth > 12) return std::nullopt;
@@ -199,7 +228,16 @@ std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, in
     return trace_to_projection(g, n.input(0), depth + 1, rotary);
   if (is_plumbing(n.op_type())) {
     if (n.op_type() == "Gather" && (g.is_const(n.input(0)) || !g.is_const(n.input(1)))) return std::nullopt;
-    return trace_to_projection(g, n.input(0), depth + 1, rotary);
+    auto pr = trace_to_projection(g, n.input(0), depth + 1, rotary);
+    // The part of a fused QKV output this path takes, nearest the projection:
+    // a Split's output index (GPT-2), or a Gather's constant index (nn.MultiheadAttention).
+    if (pr && pr->part < 0 && n.op_type() == "Split")
+      for (int k = 0; k < n.output_size(); ++k)
+        if (n.output(k) == t) pr->part = k;
+    if (pr && pr->part < 0 && n.op_type() == "Gather")
+      if (const auto v = g.values(n.input(1)); v && v->size() == 1) pr->part = static_cast<int>((*v)[0]);
+    if (pr && pr->part < 0 && n.op_type() == "Slice") pr->part = slice_part(g, n);
+    return pr;
   }
   if (n.op_type() == "Div" || n.op_type() == "Mul")
     if (auto d = data_operand(g, n)) return trace_to_projection(g, *d, depth + 1, rotary);
@@ -526,6 +564,34 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     }
   }
   f.attrs["bias"] = bias;
+  // Where each projection's values are; a fused QKV weight [q | k | v] gives
+  // each its rows, in that order (GPT-2's c_attn, split three ways).
+  auto weights_of = [&](const char* name, const Proj& p, int64_t begin, int64_t end) {
+    WeightRef w = p.weight, b = p.bias_ref;
+    w.begin = b.begin = begin;
+    w.end = b.end = end;
+    f.weights.emplace_back(std::string(name) + ".weight", w);
+    if (bias) f.weights.emplace_back(std::string(name) + ".bias", b);
+  };
+  std::string parts_note;
+  if (fused_qkv) {
+    // Each of q, k, v takes the third its path's Split or Gather picks; where
+    // that was not traced, the order q, k, v (GPT-2's, PyTorch's in_proj).
+    std::array<int, 3> part{pq->part, pk->part, pvp->part};
+    if (std::set<int>(part.begin(), part.end()) != std::set<int>{0, 1, 2}) {
+      part = {0, 1, 2};
+      parts_note = fmt::format("attention '{}': the fused projection's parts were not traced; --init reads its rows "
+                               "as q, k, v in that order", f.name);
+    }
+    weights_of("q", *pq, part[0] * q_out, (part[0] + 1) * q_out);
+    weights_of("k", *pq, part[1] * q_out, (part[1] + 1) * q_out);
+    weights_of("v", *pq, part[2] * q_out, (part[2] + 1) * q_out);
+  } else {
+    weights_of("q", *pq, 0, -1);
+    weights_of("k", *pk, 0, -1);
+    weights_of("v", *pvp, 0, -1);
+  }
+  weights_of("o", *po, 0, -1);
   if (dropout > 0.0) f.attrs["dropout"] = std::round(dropout * 1e6) / 1e6;  // float32 in the file
   if (bias != any_bias)
     f.note = fmt::format("attention '{}': some projections have biases and some do not; planned without biases "
@@ -535,6 +601,7 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   if (rq && !f.attrs.contains("rope_theta"))
     f.note += std::string(f.note.empty() ? "" : "; ") +
               fmt::format("attention '{}': rope_theta could not be read from the cos table; 10000 assumed", f.name);
+  if (!parts_note.empty()) f.note += std::string(f.note.empty() ? "" : "; ") + parts_note;
   return f;
 }
 
@@ -703,7 +770,6 @@ std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
   const auto msq = mean_square_under(g, sqrt);
   if (!msq) return std::nullopt;
   const int add_eps = msq->add_eps, var = msq->mean, pow = msq->pow;
-  const auto eps = std::optional<double>(msq->eps);
   const std::string d = msq->d;
   const int sub = g.producer_of(d);
   if (sub < 0 || g.node(sub).op_type() != "Sub" || g.node(sub).input_size() != 2) return std::nullopt;
@@ -740,8 +806,10 @@ std::optional<Fusion> match_layernorm(const Graph& g, int sqrt) {
   f.out = g.node(f.nodes.back()).output(0);
   f.unit_source = sq.name();
   f.name = sq.name().empty() ? "layernorm" : common_prefix({sq.name()}) + ".layernorm";
-  f.attrs["eps"] = *eps;  // as LayerNormalization's epsilon attribute reads: the float32's value
+  f.attrs["eps"] = msq->eps;  // as LayerNormalization's epsilon attribute reads: the float32's value
   f.attrs["bias"] = bias.has_value();
+  f.weights.emplace_back("weight", WeightRef{other_operand(g.node(*mul), g.node(*div).output(0))});
+  if (bias) f.weights.emplace_back("bias", WeightRef{other_operand(g.node(*bias), g.node(*mul).output(0))});
   return f;
 }
 
@@ -753,7 +821,6 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   const auto msq = mean_square_under(g, sqrt);
   if (!msq) return std::nullopt;
   const int add_eps = msq->add_eps, ms = msq->mean, pow = msq->pow;
-  const auto eps = std::optional<double>(msq->eps);
   const std::string x = msq->d;
   if (int p = g.producer_of(x); p >= 0 && g.node(p).op_type() == "Sub") return std::nullopt;  // a LayerNorm
   const auto xs = g.shape(x);
@@ -801,7 +868,8 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   f.out = g.node(*w).output(0);
   f.unit_source = sq.name();
   f.name = sq.name().empty() ? "rmsnorm" : common_prefix({sq.name()}) + ".rmsnorm";
-  f.attrs["eps"] = *eps;
+  f.attrs["eps"] = msq->eps;
+  f.weights.emplace_back("weight", WeightRef{p});
   return f;
 }
 

@@ -16,6 +16,17 @@ namespace dlplan::onnx_import {
 
 using Dims = std::vector<int64_t>;  // full ONNX shape (batch first); -1 unknown
 
+// Where the values of one IR parameter are in the file (for `--init
+// model.onnx`): initializer `init`, transposed when the file stores a 2-D
+// weight as [in, out] (MatMul's W, Gemm without transB) so that it reads as
+// PyTorch's [out, in]; then rows [begin, end) of it (a fused QKV projection's
+// q, k or v part), or all of it when end < 0.
+struct WeightRef {
+  std::string init;
+  bool transpose = false;
+  int64_t begin = 0, end = -1;
+};
+
 struct Graph {
   Graph(onnx::ModelProto& model, std::string src);
   void index();
@@ -35,6 +46,8 @@ struct Graph {
   // (torch's opset-13 export of nn.Linear) Transpose(W [out, in]). Its
   // [in, out], or nothing when `t` is an activation.
   std::optional<std::pair<int64_t, int64_t>> matmul_weight(const std::string& t) const;
+  // The same weight as a WeightRef to PyTorch's [out, in] layout.
+  WeightRef matmul_weight_ref(const std::string& t) const;
 
   onnx::ModelProto& m;
   onnx::GraphProto& g;
@@ -56,6 +69,7 @@ struct Fusion {
   std::vector<int> nodes;
   nlohmann::ordered_json attrs = nlohmann::ordered_json::object();
   std::string note;              // for the model's notes, if any
+  std::vector<std::pair<std::string, WeightRef>> weights;  // parameter suffix ("q.weight") -> its values
 };
 
 // Softmax nodes that did not match attention go to `unfused` with the reason.

@@ -2,8 +2,11 @@
 // framework to replay (tests/tools/torch_parity.py compares it with PyTorch).
 //
 //   dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash]
+//             [--seq-len T] [--init FILE]
 //
-// MODEL is a zoo name or an IR file. The plan: one rank, cpu, fp32, ddp,
+// MODEL is a zoo name, an IR file or an ONNX file (--seq-len: its symbolic
+// sequence axis). --init starts from a file's weights as `dlplan train
+// --init` does (safetensors, or an ONNX file exported with its weights). The plan: one rank, cpu, fp32, ddp,
 // SyncBN off, plain SGD with no weight decay, no clipping and no warm-up, so
 // after one step params_after = params_before - lr * grad exactly (up to the
 // fp32 rounding of the update). OUTDIR receives:
@@ -23,9 +26,11 @@
 //                                        planner's model FLOPs per sample
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
+#include "dlplan/exec/checkpoint.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/data.hpp"
 #include "dlplan/exec/trainer.hpp"
+#include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -47,7 +52,8 @@ namespace {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "dump_step: " << why << "\n"
-            << "usage: dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash]\n";
+            << "usage: dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash] "
+               "[--seq-len T] [--init FILE]\n";
   std::exit(2);
 }
 
@@ -94,7 +100,8 @@ int main(int argc, char** argv) {
   int64_t micro_batch = 4;
   double lr = 1000.0;  // large: the update dominates the parameter, so (before - after) / lr keeps ~7 digits
   uint64_t seed = 1;
-  std::string attention = "math";
+  std::string attention = "math", init;
+  int64_t seq_len = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -105,6 +112,8 @@ int main(int argc, char** argv) {
     else if (a == "--lr") lr = std::stod(value());
     else if (a == "--seed") seed = std::stoull(value());
     else if (a == "--attention") attention = value();
+    else if (a == "--seq-len") seq_len = std::stoll(value());
+    else if (a == "--init") init = value();
     else if (a.rfind("--", 0) == 0) usage("unknown option " + a);
     else pos.push_back(a);
   }
@@ -116,7 +125,9 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(out);
 
     PlanRequest req;
-    req.model = load_model(pos[0]);
+    ImportOptions import;
+    import.seq_len = seq_len;
+    req.model = load_model(pos[0], import);
     req.cluster.device = find_device("cpu");
     req.cluster.gpus_per_node = 1;
     req.training.precision = Precision::fp32;
@@ -144,6 +155,7 @@ int main(int argc, char** argv) {
     opt.seed = seed;
     opt.data = "synthetic";
     Trainer t(lp, *comm, *backend, opt);
+    if (!init.empty()) set_parameters(t, read_init_tensors(init, m), init);
 
     const std::vector<float> before = in_model_order(m, t.full_parameters());
     const StepStats st = t.step();

@@ -31,6 +31,26 @@ bool onnx_supported();
 // An .onnx file -> Model (with notes). Throws dlplan::Error naming the file.
 Model import_onnx(const std::string& path, const ImportOptions& opt = {});
 
+// One parameter's values read from a model file: dlplan's parameter name,
+// PyTorch's shape (ParamInfo::shape), and where it came from
+// ("h.0.attn.c_attn.weight^T[0:64]": that initializer, transposed, rows 0..63).
+struct ImportedWeight {
+  std::string name;
+  Shape shape;
+  std::vector<float> values;
+  std::string source;
+};
+
+// The weights of an ONNX file exported with its data (torch.onnx.export's
+// default export_params=True): every parameter of import_onnx(path, opt)'s
+// model, in Model::params order, read from the initializer the importer
+// mapped it from. Throws dlplan::Error naming the file and the parameter when
+// the data is absent (stripped, external) or a parameter was not traced.
+// Without values: only names, shapes and sources (what a file without its
+// weights maps, checked against the initializers' dims).
+std::vector<ImportedWeight> import_onnx_weights(const std::string& path, const ImportOptions& opt = {},
+                                                bool with_values = true);
+
 // A parsed Hugging Face config.json -> IR JSON built by the zoo's family
 // builders (gpt2, llama, mistral, bert, vit). `notes` receives what was
 // ignored or assumed. Throws dlplan::Error naming `source` and the field.

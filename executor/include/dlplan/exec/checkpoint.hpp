@@ -94,6 +94,12 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
                        const std::vector<std::pair<std::string, std::string>>& metadata);
 std::vector<NamedTensor> read_safetensors(const std::string& path);  // F32, BF16 and F16 read as fp32
 
+// --init FILE: a safetensors file, or an ONNX file exported with its weights
+// (the parameters the ONNX importer maps from its initializers, under
+// dlplan's names: re-imported with the model's sequence length). Throws
+// Error naming the file.
+std::vector<NamedTensor> read_init_tensors(const std::string& path, const Model& model);
+
 // --init: the parameters of the trainer's model set from named tensors (a
 // safetensors file), every parameter present at its shape; extra tensors are
 // an error too (another model). LoRA adapters may be absent (a base model's
