@@ -8,6 +8,8 @@
 // within 1e-5 relative where the resumed run reshards (another reduction order).
 #include "cli_job.hpp"
 
+#include "dlplan/importers.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -445,6 +447,42 @@ TEST_F(Checkpoints, SafetensorsExportLoadsBackWithInit) {
   const Job wrong = train({"--plan", mlp, "--steps", "1", "--init", weights});
   EXPECT_EQ(wrong.exit_code, 1) << wrong.all();
   EXPECT_TRUE(contains(wrong.err, weights + ": has no tensor")) << wrong.err;
+}
+
+// `--init model.onnx`: the weights of a file torch.onnx.export wrote with its
+// data (tests/fixtures/exports/weights; PyTorch's step on them is
+// tests/tools/onnx_parity.py), read through the plan's own import. Two ranks
+// under ZeRO-3 (each loads its shard) start where one rank does; a fresh
+// start does not. An export whose weights were stripped, and another model's
+// file, end with one message naming the file.
+TEST_F(Checkpoints, OnnxExportStartsTrainingFromItsWeights) {
+  if (!dlplan::onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string onnx = DLPLAN_SOURCE_DIR "/tests/fixtures/exports/weights/tiny-gpt2-opset17.onnx";
+  const std::string z3 = make_plan(onnx, 2, 2, "onnx_init_z3.json", {"--strategy", "zero3", "--precision", "fp32",
+                                                                      "--seq-len", "16"});
+  const std::string one = make_plan(onnx, 1, 4, "onnx_init_one.json", {"--strategy", "ddp", "--precision", "fp32",
+                                                                       "--seq-len", "16"});
+  cleanup_.insert(cleanup_.end(), {z3, one});
+  const Job a = mpi_train(2, {"--plan", z3, "--steps", "2", "--progress", "json", "--init", onnx});
+  const Job b = train({"--plan", one, "--steps", "2", "--progress", "json", "--init", onnx});
+  const Job fresh = train({"--plan", one, "--steps", "2", "--progress", "json"});
+  ASSERT_TRUE(a.exit_code == 0 && b.exit_code == 0 && fresh.exit_code == 0) << a.all() << b.all() << fresh.all();
+  EXPECT_TRUE(contains(b.err + b.out, "initialised from " + onnx)) << b.all();
+  const double la = loss_value(losses(a.out), 1), lb = loss_value(losses(b.out), 1), lf = loss_value(losses(fresh.out), 1);
+  EXPECT_NEAR(la, lb, 1e-5 * lb);
+  EXPECT_GT(std::fabs(lb - lf), 1e-3) << "--init made no difference";
+
+  const std::string stripped = DLPLAN_SOURCE_DIR "/tests/fixtures/exports/tiny-gpt2-opset17.onnx";
+  const std::string small = make_plan(stripped, 1, 2, "onnx_init_stripped.json", {"--precision", "fp32", "--seq-len", "16"});
+  cleanup_.push_back(small);
+  const Job none = train({"--plan", small, "--steps", "1", "--init", stripped});
+  EXPECT_EQ(none.exit_code, 1) << none.all();
+  EXPECT_TRUE(contains(none.err, stripped + ": initializer 'inner.transformer.wte.weight'")) << none.err;
+  EXPECT_TRUE(contains(none.err, "holds no float32 data")) << none.err;
+  const std::string bert = DLPLAN_SOURCE_DIR "/tests/fixtures/exports/weights/tiny-bert-opset17.onnx";
+  const Job other = train({"--plan", one, "--steps", "1", "--init", bert});
+  EXPECT_EQ(other.exit_code, 1) << other.all();
+  EXPECT_TRUE(contains(other.err, bert + ": has no tensor")) << other.err;
 }
 
 }  // namespace
