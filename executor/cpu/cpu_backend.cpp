@@ -129,6 +129,7 @@ class CpuBackend final : public Backend {
       case OpKind::select: return select_forward(c);
       case OpKind::dropout: return dropout_forward(c);
       case OpKind::cross_entropy: return cross_entropy_forward(c);
+      case OpKind::opaque: break;  // the Trainer refuses such a plan first (engine_cannot_train)
     }
     op_error(c, "op has no CPU forward");
   }
@@ -167,6 +168,7 @@ class CpuBackend final : public Backend {
       case OpKind::select: return select_backward(c);
       case OpKind::dropout: return dropout_backward(c);
       case OpKind::cross_entropy: return cross_entropy_backward(c);
+      case OpKind::opaque: break;  // the Trainer refuses such a plan first (engine_cannot_train)
     }
     op_error(c, "op has no CPU backward");
   }

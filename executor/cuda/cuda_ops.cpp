@@ -817,6 +817,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::select: return select_fwd(rt, c);
     case OpKind::dropout: return dropout_fwd(rt, c);
     case OpKind::cross_entropy: return cross_entropy_fwd(rt, c);
+    case OpKind::opaque: break;  // the Trainer refuses such a plan first
   }
   op_error(c, "op has no CUDA forward");
 }
@@ -855,6 +856,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::select: return select_bwd(rt, c);
     case OpKind::dropout: return dropout_bwd(rt, c);
     case OpKind::cross_entropy: return cross_entropy_bwd(rt, c);
+    case OpKind::opaque: break;  // the Trainer refuses such a plan first
   }
   op_error(c, "op has no CUDA backward");
 }

@@ -51,6 +51,15 @@ Tensor host_staging(const Shape& shape, DType dtype) {
 
 }  // namespace
 
+std::optional<std::string> engine_cannot_train(const Model& m) {
+  for (const Node& n : m.nodes)
+    if (n.op == OpKind::opaque)
+      return fmt::format("node '{}' is an op the importer does not know{}: the plan counts its memory (output, and "
+                         "every input kept for backward), but no engine can run its math",
+                         n.name, n.attrs.text("source").empty() ? "" : " (ONNX '" + n.attrs.text("source") + "')");
+  return std::nullopt;
+}
+
 std::optional<std::string> gpu_engine_lacks(const Model& m) {
   for (const Node& n : m.nodes) {
     if (n.op == OpKind::attention) {
@@ -108,6 +117,7 @@ Trainer::Trainer(const LoadedPlan& plan, Communicator& comm, Backend& backend, c
     throw Error(fmt::format("{}: the plan freezes parameters or adds LoRA adapters ({}); the CPU engine (--device cpu) "
                             "trains them in this version, the {} engine does not yet",
                             plan.path, plan.training.fine_tuning.lora_rank > 0 ? "--lora" : "--freeze", ops_->name()));
+  if (auto why = engine_cannot_train(plan.model)) throw Error(fmt::format("{}: {}", plan.path, *why));
   if (!ops_->host())
     if (auto why = gpu_engine_lacks(plan.model))
       throw Error(fmt::format("{}: {}; the CPU engine (--device cpu) runs it, the {} engine does not yet", plan.path, *why,

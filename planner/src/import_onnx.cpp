@@ -8,8 +8,9 @@
 //      (Erf and Tanh forms), SiLU;
 //   4. walk back from the graph output to find the data path (shape
 //      computations and attention-mask plumbing fall away);
-//   5. map each data-path node to an IR op; an unknown op is passed through
-//      when its output shape equals its input's, and its bytes are reported;
+//   5. map each data-path node to an IR op; an unknown op becomes the IR's
+//      `opaque` op (its output planned, every input kept for backward),
+//      named in the notes, and refused only when its output shape is unknown;
 //   6. units from node-name prefixes that repeat (encoder.layers.3);
 //   7. a cross_entropy loss on the first graph output (the ONNX graph has none);
 //   8. parse_model validates and infers shapes like any IR file.
@@ -67,199 +68,6 @@ std::string human_bytes(int64_t b) {
   if (v >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
   if (v >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
   return fmt::format("{} B", b);
-}
-
-int64_t elem_size(int32_t t) {
-  using TP = onnx::TensorProto;
-  switch (t) {
-    case TP::DOUBLE: case TP::INT64: case TP::UINT64: return 8;
-    case TP::FLOAT16: case TP::BFLOAT16: case TP::INT16: case TP::UINT16: return 2;
-    case TP::INT8: case TP::UINT8: case TP::BOOL: return 1;
-    default: return 4;
-  }
-}
-
-bool is_float(int32_t t) {
-  using TP = onnx::TensorProto;
-  return t == TP::FLOAT || t == TP::DOUBLE || t == TP::FLOAT16 || t == TP::BFLOAT16;
-}
-
-Graph::Graph(onnx::ModelProto& model, std::string src) : m(model), g(*model.mutable_graph()), src(std::move(src)) {}
-
-void Graph::index() {
-  for (const auto& t : g.initializer()) inits[t.name()] = &t;
-  for (const auto& vi : g.input())
-    if (!inits.count(vi.name())) inputs.push_back(vi.name());
-  for (int i = 0; i < g.node_size(); ++i) {
-    const auto& n = g.node(i);
-    for (const auto& o : n.output())
-      if (!o.empty()) producer[o] = i;
-    for (const auto& in : n.input())
-      if (!in.empty()) consumers[in].push_back(i);
-  }
-  auto read = [&](const onnx::ValueInfoProto& vi) {
-    if (!vi.type().has_tensor_type()) return;
-    const auto& tt = vi.type().tensor_type();
-    elem_type[vi.name()] = tt.elem_type();
-    if (!tt.has_shape()) return;
-    Dims d;
-    for (const auto& dim : tt.shape().dim()) d.push_back(dim.has_dim_value() ? dim.dim_value() : -1);
-    shapes[vi.name()] = d;
-  };
-  for (const auto& vi : g.input()) read(vi);
-  for (const auto& vi : g.value_info()) read(vi);
-  for (const auto& vi : g.output()) read(vi);
-}
-
-const onnx::NodeProto& Graph::node(int i) const { return g.node(i); }
-
-int Graph::producer_of(const std::string& t) const {
-  auto it = producer.find(t);
-  return it == producer.end() ? -1 : it->second;
-}
-
-const std::vector<int>& Graph::consumers_of(const std::string& t) const {
-  static const std::vector<int> none;
-  auto it = consumers.find(t);
-  return it == consumers.end() ? none : it->second;
-}
-
-bool Graph::is_init(const std::string& t) const { return inits.count(t) > 0; }
-
-bool Graph::is_const(const std::string& t) const {
-  if (t.empty() || is_init(t)) return true;
-  int p = producer_of(t);
-  if (p < 0) return false;
-  const auto& op = node(p).op_type();
-  return op == "Constant" || op == "ConstantOfShape";
-}
-
-std::optional<Dims> Graph::shape(const std::string& t) const {
-  if (auto it = inits.find(t); it != inits.end()) return Dims(it->second->dims().begin(), it->second->dims().end());
-  if (auto it = shapes.find(t); it != shapes.end()) return it->second;
-  return std::nullopt;
-}
-
-int32_t Graph::dtype(const std::string& t) const {
-  if (auto it = inits.find(t); it != inits.end()) return it->second->data_type();
-  if (auto it = elem_type.find(t); it != elem_type.end()) return it->second;
-  return onnx::TensorProto::FLOAT;
-}
-
-std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t) {
-  using TP = onnx::TensorProto;
-  if (t.data_location() == TP::EXTERNAL) return std::nullopt;
-  std::vector<double> v;
-  const std::string& raw = t.raw_data();
-  auto from_raw = [&](auto tag) {
-    using T = decltype(tag);
-    for (size_t i = 0; i + sizeof(T) <= raw.size(); i += sizeof(T)) {
-      T x;
-      std::memcpy(&x, raw.data() + i, sizeof(T));
-      v.push_back(static_cast<double>(x));
-    }
-  };
-  switch (t.data_type()) {
-    case TP::FLOAT:
-      if (!raw.empty()) from_raw(float{});
-      for (float x : t.float_data()) v.push_back(x);
-      break;
-    case TP::DOUBLE:
-      if (!raw.empty()) from_raw(double{});
-      for (double x : t.double_data()) v.push_back(x);
-      break;
-    case TP::INT64:
-      if (!raw.empty()) from_raw(int64_t{});
-      for (auto x : t.int64_data()) v.push_back(static_cast<double>(x));
-      break;
-    case TP::INT32:
-      if (!raw.empty()) from_raw(int32_t{});
-      for (auto x : t.int32_data()) v.push_back(x);
-      break;
-    case TP::BOOL: case TP::UINT8: case TP::INT8:
-      if (!raw.empty()) from_raw(uint8_t{});
-      for (auto x : t.int32_data()) v.push_back(x);
-      break;
-    default: return std::nullopt;
-  }
-  return v;
-}
-
-std::optional<std::vector<double>> Graph::values(const std::string& t) const {
-  if (auto it = inits.find(t); it != inits.end()) return tensor_values(*it->second);
-  int p = producer_of(t);
-  if (p < 0) return std::nullopt;
-  const auto& n = node(p);
-  if (n.op_type() != "Constant") return std::nullopt;
-  for (const auto& a : n.attribute()) {
-    if (a.name() == "value") return tensor_values(a.t());
-    if (a.name() == "value_float") return std::vector<double>{a.f()};
-    if (a.name() == "value_int") return std::vector<double>{static_cast<double>(a.i())};
-    if (a.name() == "value_ints") return std::vector<double>(a.ints().begin(), a.ints().end());
-    if (a.name() == "value_floats") return std::vector<double>(a.floats().begin(), a.floats().end());
-  }
-  return std::nullopt;
-}
-
-std::optional<std::pair<int64_t, int64_t>> Graph::matmul_weight(const std::string& t) const {
-  std::string w = t;
-  bool transposed = false;
-  if (!is_init(t)) {
-    const int p = producer_of(t);
-    if (p < 0 || node(p).op_type() != "Transpose" || node(p).input_size() != 1 || !is_init(node(p).input(0)))
-      return std::nullopt;
-    const auto perm = attr_ints(node(p), "perm");
-    if (!perm.empty() && perm != std::vector<int64_t>{1, 0}) return std::nullopt;
-    w = node(p).input(0);
-    transposed = true;
-  }
-  const auto s = shape(w);
-  if (!s || s->size() != 2) return std::nullopt;
-  return transposed ? std::make_pair((*s)[1], (*s)[0]) : std::make_pair((*s)[0], (*s)[1]);
-}
-
-WeightRef Graph::matmul_weight_ref(const std::string& t) const {
-  if (is_init(t)) return WeightRef{t, true};  // W [in, out]
-  return WeightRef{node(producer_of(t)).input(0), false};  // Transpose(W [out, in])
-}
-
-std::optional<double> Graph::scalar(const std::string& t) const {
-  auto v = values(t);
-  if (!v || v->size() != 1) return std::nullopt;
-  return (*v)[0];
-}
-
-const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name) {
-  for (const auto& a : n.attribute())
-    if (a.name() == name) return &a;
-  return nullptr;
-}
-int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def) {
-  auto a = attr(n, name);
-  return a ? a->i() : def;
-}
-double attr_float(const onnx::NodeProto& n, const char* name, double def) {
-  auto a = attr(n, name);
-  return a ? a->f() : def;
-}
-bool is_torch_hardsigmoid(const onnx::NodeProto& n) {
-  return n.op_type() == "HardSigmoid" && std::fabs(attr_float(n, "alpha", 0.2) - 1.0 / 6.0) <= 1e-6 &&
-         std::fabs(attr_float(n, "beta", 0.5) - 0.5) <= 1e-6;
-}
-
-std::vector<int64_t> attr_ints(const onnx::NodeProto& n, const char* name) {
-  auto a = attr(n, name);
-  if (!a) return {};
-  return {a->ints().begin(), a->ints().end()};
-}
-std::string attr_text(const onnx::NodeProto& n, const char* name, const std::string& def) {
-  auto a = attr(n, name);
-  return a ? a->s() : def;
-}
-
-std::string label(const onnx::NodeProto& n, int index) {
-  if (!n.name().empty()) return fmt::format("node '{}' ({})", n.name(), n.op_type());
-  return fmt::format("node #{} ({})", index, n.op_type());
 }
 
 namespace {
@@ -648,41 +456,42 @@ class Importer {
     return hint;
   }
 
+  // An op the importer does not map (or a MatMul of two activations outside
+  // a recognised attention): planned as the IR's `opaque` op, with
+  // its output (the shape ONNX shape inference gives) and every data input
+  // kept for backward (the conservative choice), and named in the notes. No
+  // engine trains it. Refused, naming the node, when the output shape is not
+  // known or the op has no data input to depend on.
   void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto key = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
-    if (data.empty()) fail(fmt::format("{}: op '{}' is not supported and has no data input to plan through", label(n, i), key));
-    const auto in = g_.shape(data[0]);
+    if (data.empty())
+      fail(fmt::format("{}: op '{}' is not supported and has no data input to plan through", label(n, i), key));
     const auto out = g_.shape(n.output(0));
-    // Per sample: the batch dimension may be symbolic on one side and bound on the other.
-    bool differs = in && out && in->size() != out->size();
-    for (size_t d = 1; in && out && !differs && d < in->size(); ++d)
-      differs = (*in)[d] > 0 && (*out)[d] > 0 && (*in)[d] != (*out)[d];
-    if (differs)
-      fail(fmt::format("{}: op '{}' is not supported, and its output shape [{}] differs from its input's [{}], so it "
-                       "cannot be planned as a pass-through{}",
-                       label(n, i), key, fmt::join(*out, ", "), fmt::join(*in, ", "), attention_hint()));
-    int64_t elems = 1;
-    bool known = true;
-    const Dims ps = per_sample(in ? data[0] : n.output(0));  // the input's dims are bound, the output's may not be
+    const Dims ps = per_sample(n.output(0));
+    if (!out || ps.empty() || std::any_of(ps.begin(), ps.end(), [](int64_t d) { return d <= 0; }))
+      fail(fmt::format(
+          "{}: op '{}' is not supported, and ONNX shape inference does not give its output's shape{}, so "
+          "it cannot be planned even as an opaque op{}",
+          label(n, i), key, out ? fmt::format(" (got [{}])", fmt::join(*out, ", ")) : "", attention_hint()));
+    if (!is_float(g_.dtype(n.output(0))))
+      fail(
+          fmt::format("{}: op '{}' is not supported, and its output is not floating point, so it cannot be planned "
+                      "as an opaque op",
+                      label(n, i), key));
     // Products are checked against the tensor limit before they can overflow
     // (a fuzzed file once multiplied past int64); the sums below then stay
     // far below it (limits.hpp: 2^48 elements a tensor, 2^20 nodes).
     auto too_large = [&](const char* what) {
       fail(fmt::format("{}: {} of op '{}' has more than {} elements", label(n, i), what, key, kMaxTensorElements));
     };
+    int64_t elems = 1;
     for (auto d : ps) {
-      if (d <= 0) {
-        known = false;
-        continue;
-      }
       if (elems > kMaxTensorElements / d) too_large("the output");
       elems *= d;
     }
-    if (!out && !in) known = false;
     auto& u = unknown_[key];
     u.count += 1;
-    if (known) u.bytes += elems * elem_size(g_.dtype(n.output(0)));
-    if (!known || !out) u.assumed += 1;
+    u.bytes += elems * 4;  // planned in the compute dtype; fp32 here
     for (const auto& t : n.input())
       if (g_.is_init(t) && is_float(g_.dtype(t))) {
         const Dims s = g_.shape(t).value();
@@ -693,7 +502,9 @@ class Importer {
         }
         u.params += c;
       }
-    alias(n, i, data[0]);
+    std::vector<std::string> ins;
+    for (const auto& t : data) ins.push_back(ir_of(t, n, i));
+    emit(ir_name_for(n), "opaque", ins, OJson{{"shape", ps}, {"source", key}}, n.output(0), n.name());
   }
 
   void map_node(int i) {
@@ -701,303 +512,412 @@ class Importer {
     const auto& op = n.op_type();
     // The inputs the mappings below index. A file whose nodes were not
     // verified against their schemas (no opset declared) can hold fewer.
-    static const std::map<std::string, int> kInputsRead = {
-        {"MatMul", 2}, {"Gemm", 2}, {"Conv", 2}, {"Gather", 2}, {"SoftmaxCrossEntropyLoss", 2},
-        {"BatchNormalization", 1}, {"LayerNormalization", 1}};
+    static const std::map<std::string, int> kInputsRead = {{"MatMul", 2},
+                                                           {"Gemm", 2},
+                                                           {"Conv", 2},
+                                                           {"Gather", 2},
+                                                           {"SoftmaxCrossEntropyLoss", 2},
+                                                           {"BatchNormalization", 1},
+                                                           {"LayerNormalization", 1}};
     if (auto it = kInputsRead.find(op); it != kInputsRead.end() && n.input_size() < it->second)
       fail(fmt::format("{}: has {} input{}; {} takes {}", label(n, i), n.input_size(), n.input_size() == 1 ? "" : "s",
                        op, it->second));
     const auto data = data_inputs(n);
-    auto in0 = [&]() -> const std::string& {
-      if (data.empty()) fail(fmt::format("{}: has no data input", label(n, i)));
-      return data[0];
-    };
-    if (op == "Identity" || op == "Cast") return alias(n, i, in0());
-    if (op == "Pad" && n.input_size() >= 2) {  // all-zero pads: torch's avg_pool2d exports one before AveragePool
+    if (const auto h = handlers().find(op); h != handlers().end()) return (this->*(h->second))(n, i, data);
+    unknown(n, i, data);
+  }
+
+  // The node's first data input; an error naming the node when it has none.
+  const std::string& first_data(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) const {
+    if (data.empty()) fail(fmt::format("{}: has no data input", label(n, i)));
+    return data[0];
+  }
+
+  using Handler = void (Importer::*)(const onnx::NodeProto&, int, const std::vector<std::string>&);
+
+  // ONNX op type -> its mapping; an op not here is planned as opaque (unknown).
+  static const std::map<std::string, Handler>& handlers() {
+    static const std::map<std::string, Handler> table = {
+        {"Identity", &Importer::map_identity},
+        {"Cast", &Importer::map_identity},
+        {"Pad", &Importer::map_pad},
+        {"Dropout", &Importer::map_dropout},
+        {"Gemm", &Importer::map_gemm},
+        {"MatMul", &Importer::map_mat_mul},
+        {"Conv", &Importer::map_conv},
+        {"BatchNormalization", &Importer::map_batch_normalization},
+        {"LayerNormalization", &Importer::map_layer_normalization},
+        {"Clip", &Importer::map_clip},
+        {"HardSwish", &Importer::map_hard_swish},
+        {"HardSigmoid", &Importer::map_hard_sigmoid},
+        {"Relu", &Importer::map_activation},
+        {"Tanh", &Importer::map_activation},
+        {"Sigmoid", &Importer::map_activation},
+        {"Gelu", &Importer::map_gelu},
+        {"FastGelu", &Importer::map_gelu},
+        {"Gather", &Importer::map_gather},
+        {"Add", &Importer::map_arithmetic},
+        {"Mul", &Importer::map_arithmetic},
+        {"Sub", &Importer::map_arithmetic},
+        {"Div", &Importer::map_arithmetic},
+        {"Slice", &Importer::map_slice},
+        {"Transpose", &Importer::map_transpose},
+        {"MaxPool", &Importer::map_pool},
+        {"AveragePool", &Importer::map_pool},
+        {"ReduceMean", &Importer::map_reduce_mean},
+        {"GlobalAveragePool", &Importer::map_global_average_pool},
+        {"Flatten", &Importer::map_reshape},
+        {"Reshape", &Importer::map_reshape},
+        {"Squeeze", &Importer::map_reshape},
+        {"Unsqueeze", &Importer::map_reshape},
+        {"Expand", &Importer::map_expand},
+        {"Tile", &Importer::map_expand},
+        {"Concat", &Importer::map_concat},
+        {"SoftmaxCrossEntropyLoss", &Importer::map_softmax_cross_entropy_loss}};
+    return table;
+  }
+
+  // Identity, Cast
+  void map_identity(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    return alias(n, i, first_data(n, i, data));
+  }
+
+  void map_pad(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    // all-zero pads: torch's avg_pool2d exports one before AveragePool
+    if (n.input_size() >= 2) {
       const auto pads = g_.values(n.input(1));
-      if (pads && std::all_of(pads->begin(), pads->end(), [](double v) { return v == 0.0; })) return alias(n, i, in0());
+      if (pads && std::all_of(pads->begin(), pads->end(), [](double v) { return v == 0.0; }))
+        return alias(n, i, first_data(n, i, data));
     }
-    if (op == "Dropout") {
-      double p = attr_float(n, "ratio", 0.5);
-      if (n.input_size() > 1 && !n.input(1).empty())
-        if (auto v = g_.scalar(n.input(1))) p = *v;
-      bool training = true;
-      if (n.input_size() > 2 && !n.input(2).empty())
-        if (auto v = g_.scalar(n.input(2))) training = *v != 0.0;
-      p = std::round(p * 1e6) / 1e6;  // a float32 in the file: 0.1f -> 0.1
-      if (p <= 0.0 || !training) return alias(n, i, in0());
-      return emit(ir_name_for(n), "dropout", {ir_of(in0(), n, i)}, OJson{{"p", p}}, n.output(0), n.name());
+    unknown(n, i, data);
+  }
+
+  void map_dropout(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    double p = attr_float(n, "ratio", 0.5);
+    if (n.input_size() > 1 && !n.input(1).empty())
+      if (auto v = g_.scalar(n.input(1))) p = *v;
+    bool training = true;
+    if (n.input_size() > 2 && !n.input(2).empty())
+      if (auto v = g_.scalar(n.input(2))) training = *v != 0.0;
+    p = std::round(p * 1e6) / 1e6;  // a float32 in the file: 0.1f -> 0.1
+    if (p <= 0.0 || !training) return alias(n, i, x);
+    return emit(ir_name_for(n), "dropout", {ir_of(x, n, i)}, OJson{{"p", p}}, n.output(0), n.name());
+  }
+
+  void map_gemm(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    if (n.input_size() < 2 || !g_.is_init(n.input(1)) || attr_int(n, "transA", 0) != 0)
+      fail(fmt::format("{}: only x @ W (+ b) with W an initializer is supported", label(n, i)));
+    auto w = *g_.shape(n.input(1));
+    if (w.size() != 2) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
+    const int64_t out = attr_int(n, "transB", 0) ? w[0] : w[1];
+    return map_linear(n, i, n.input(0), out, n.input_size() > 2 && !n.input(2).empty());
+  }
+
+  void map_mat_mul(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (g_.is_init(n.input(1)) && !g_.is_init(n.input(0))) {
+      const auto w = g_.matmul_weight(n.input(1));
+      if (!w) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
+      return map_linear(n, i, n.input(0), w->second, false);
     }
-    if (op == "Gemm") {
-      if (n.input_size() < 2 || !g_.is_init(n.input(1)) || attr_int(n, "transA", 0) != 0)
-        fail(fmt::format("{}: only x @ W (+ b) with W an initializer is supported", label(n, i)));
-      auto w = *g_.shape(n.input(1));
-      if (w.size() != 2) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
-      const int64_t out = attr_int(n, "transB", 0) ? w[0] : w[1];
-      return map_linear(n, i, n.input(0), out, n.input_size() > 2 && !n.input(2).empty());
-    }
-    if (op == "MatMul") {
-      if (g_.is_init(n.input(1)) && !g_.is_init(n.input(0))) {
-        const auto w = g_.matmul_weight(n.input(1));
-        if (!w) fail(fmt::format("{}: weight '{}' is not 2-D", label(n, i), n.input(1)));
-        return map_linear(n, i, n.input(0), w->second, false);
+    if (const auto w = g_.matmul_weight(n.input(1)); w && !g_.is_init(n.input(0)))
+      return map_linear(n, i, n.input(0), w->second, false);
+    return unknown(n, i,
+                   data);  // two activations outside a recognised attention: opaque (it keeps both, as matmul does)
+  }
+
+  void map_conv(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    auto w = g_.shape(n.input(1));
+    if (!g_.is_init(n.input(1)) || !w || w->size() != 4)
+      fail(fmt::format("{}: only 2-D convolutions with an initializer weight are supported", label(n, i)));
+    OJson a{{"out", (*w)[0]}};
+    a = pool_geometry(n, i, a, (*w)[2], (*w)[3]);
+    a["groups"] = attr_int(n, "group", 1);
+    a["bias"] = n.input_size() > 2 && !n.input(2).empty();
+    if (a["bias"].get<bool>()) {
+      const auto& b = n.input(2);
+      if (b.rfind("onnx::", 0) == 0 || b.find("fused") != std::string::npos) {
+        folded_convs_ += 1;
+        folded_channels_ += (*w)[0];
       }
-      if (const auto w = g_.matmul_weight(n.input(1)); w && !g_.is_init(n.input(0)))
-        return map_linear(n, i, n.input(0), w->second, false);
-      fail(fmt::format("{}: MatMul of two activations outside a recognised attention pattern is not supported{}",
-                       label(n, i), attention_hint()));
     }
-    if (op == "Conv") {
-      auto w = g_.shape(n.input(1));
-      if (!g_.is_init(n.input(1)) || !w || w->size() != 4)
-        fail(fmt::format("{}: only 2-D convolutions with an initializer weight are supported", label(n, i)));
-      OJson a{{"out", (*w)[0]}};
-      a = pool_geometry(n, i, a, (*w)[2], (*w)[3]);
-      a["groups"] = attr_int(n, "group", 1);
-      a["bias"] = n.input_size() > 2 && !n.input(2).empty();
-      if (a["bias"].get<bool>()) {
-        const auto& b = n.input(2);
-        if (b.rfind("onnx::", 0) == 0 || b.find("fused") != std::string::npos) {
-          folded_convs_ += 1;
-          folded_channels_ += (*w)[0];
-        }
+    emit(ir_name_for(n), "conv2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    weigh("weight", WeightRef{n.input(1)});
+    if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
+  }
+
+  void map_batch_normalization(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    const double onnx_momentum = attr_float(n, "momentum", 0.9);
+    // ONNX keeps momentum of the running average (0.9); PyTorch the new sample's weight (0.1). Rounded
+    // to 6 digits: the attribute is a float32.
+    OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"momentum", std::round((1.0 - onnx_momentum) * 1e6) / 1e6}};
+    bn_layers_ += 1;
+    emit(ir_name_for(n), "batchnorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    weigh("weight", WeightRef{n.input(1)});
+    weigh("bias", WeightRef{n.input(2)});
+  }
+
+  void map_layer_normalization(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    auto s = g_.shape(n.input(0));
+    const int64_t axis = attr_int(n, "axis", -1);
+    if (axis != -1 && !(s && axis == static_cast<int64_t>(s->size()) - 1))
+      fail(fmt::format("{}: normalization over more than the last axis is not supported", label(n, i)));
+    OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"bias", n.input_size() > 2 && !n.input(2).empty()}};
+    emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    weigh("weight", WeightRef{n.input(1)});
+    if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
+  }
+
+  void map_clip(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    // torch exports ReLU6 and Hardtanh as Clip. Its bounds are inputs from
+    // opset 11 (attributes before); an absent bound is unbounded.
+    auto bound = [&](int input, const char* attr, double unbounded) {
+      if (n.input_size() > input && !n.input(input).empty()) {
+        const auto v = g_.scalar(n.input(input));
+        if (!v) fail(fmt::format("{}: its {} '{}' is not a constant", label(n, i), attr, n.input(input)));
+        return *v;
       }
-      emit(ir_name_for(n), "conv2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
-      weigh("weight", WeightRef{n.input(1)});
-      if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
-      return;
-    }
-    if (op == "BatchNormalization") {
-      const double onnx_momentum = attr_float(n, "momentum", 0.9);
-      // ONNX keeps momentum of the running average (0.9); PyTorch the new sample's weight (0.1). Rounded
-      // to 6 digits: the attribute is a float32.
-      OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"momentum", std::round((1.0 - onnx_momentum) * 1e6) / 1e6}};
-      bn_layers_ += 1;
-      emit(ir_name_for(n), "batchnorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
-      weigh("weight", WeightRef{n.input(1)});
-      weigh("bias", WeightRef{n.input(2)});
-      return;
-    }
-    if (op == "LayerNormalization") {
-      auto s = g_.shape(n.input(0));
-      const int64_t axis = attr_int(n, "axis", -1);
-      if (axis != -1 && !(s && axis == static_cast<int64_t>(s->size()) - 1))
-        fail(fmt::format("{}: normalization over more than the last axis is not supported", label(n, i)));
-      OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"bias", n.input_size() > 2 && !n.input(2).empty()}};
-      emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
-      weigh("weight", WeightRef{n.input(1)});
-      if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
-      return;
-    }
-    if (op == "Clip") {
-      // torch exports ReLU6 and Hardtanh as Clip. Its bounds are inputs from
-      // opset 11 (attributes before); an absent bound is unbounded.
-      auto bound = [&](int input, const char* attr, double unbounded) {
-        if (n.input_size() > input && !n.input(input).empty()) {
-          const auto v = g_.scalar(n.input(input));
-          if (!v) fail(fmt::format("{}: its {} '{}' is not a constant", label(n, i), attr, n.input(input)));
-          return *v;
-        }
-        return attr_float(n, attr, unbounded);
-      };
-      const double inf = std::numeric_limits<double>::infinity();
-      const double lo = bound(1, "min", -inf), hi = bound(2, "max", inf);
-      if (lo == 0.0 && hi == inf)
-        return emit(ir_name_for(n), "relu", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-      if (std::isfinite(lo) && std::isfinite(hi) && lo < hi)
-        return emit(ir_name_for(n), "clip", {ir_of(in0(), n, i)}, OJson{{"min", lo}, {"max", hi}}, n.output(0),
-                    n.name());
-      return unknown(n, i, data);  // one-sided or empty: planned as an opaque op, and noted
-    }
-    if (op == "HardSwish")  // x HardSigmoid(x) with alpha 1/6, beta 1/2: PyTorch's Hardswish
-      return emit(ir_name_for(n), "hardswish", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-    if (op == "HardSigmoid") {  // max(0, min(1, alpha x + beta)); other alphas and betas are opaque
-      if (!is_torch_hardsigmoid(n)) return unknown(n, i, data);
-      return emit(ir_name_for(n), "hardsigmoid", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-    }
-    if (op == "Relu" || op == "Tanh" || op == "Sigmoid") {
-      std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";
-      return emit(ir_name_for(n), irop.c_str(), {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-    }
-    if (op == "Gelu" || op == "FastGelu") {
-      const auto approx = op == "FastGelu" ? std::string("tanh") : attr_text(n, "approximate", "none");
-      return emit(ir_name_for(n), "gelu", {ir_of(in0(), n, i)}, OJson{{"approximate", approx}}, n.output(0), n.name());
-    }
-    if (op == "Gather") {
-      if (g_.is_init(n.input(0))) {
-        auto w = *g_.shape(n.input(0));
-        if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
-        if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
-          pos_tables_[n.output(0)] = PosTable{w[0], table_row(n, i, w[0]), n.input(0)};
-          return;
-        }
-        const auto name = ir_name_for(n);
-        embedding_of_table_.emplace(n.input(0), name);
-        emit(name, "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}}, n.output(0), n.name());
-        notes_.push_back(fmt::format("embedding '{}': an ONNX Gather has no padding_idx, so training updates every row "
-                                     "of '{}' (PyTorch's nn.Embedding(padding_idx=p) leaves row p's gradient zero)",
-                                     name, n.input(0)));
-        return weigh("weight", WeightRef{n.input(0)});
+      return attr_float(n, attr, unbounded);
+    };
+    const double inf = std::numeric_limits<double>::infinity();
+    const double lo = bound(1, "min", -inf), hi = bound(2, "max", inf);
+    if (lo == 0.0 && hi == inf)
+      return emit(ir_name_for(n), "relu", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
+    if (std::isfinite(lo) && std::isfinite(hi) && lo < hi)
+      return emit(ir_name_for(n), "clip", {ir_of(x, n, i)}, OJson{{"min", lo}, {"max", hi}}, n.output(0), n.name());
+    return unknown(n, i, data);  // one-sided or empty: planned as an opaque op, and noted
+  }
+
+  void map_hard_swish(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    // x HardSigmoid(x) with alpha 1/6, beta 1/2: PyTorch's Hardswish
+
+    return emit(ir_name_for(n), "hardswish", {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0),
+                n.name());
+  }
+
+  void map_hard_sigmoid(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    // max(0, min(1, alpha x + beta)); other alphas and betas are opaque
+    if (!is_torch_hardsigmoid(n)) return unknown(n, i, data);
+    return emit(ir_name_for(n), "hardsigmoid", {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0),
+                n.name());
+  }
+
+  // Relu, Tanh, Sigmoid
+  void map_activation(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto& op = n.op_type();
+    std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";
+    return emit(ir_name_for(n), irop.c_str(), {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0),
+                n.name());
+  }
+
+  // Gelu, FastGelu
+  void map_gelu(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto& op = n.op_type();
+    const auto approx = op == "FastGelu" ? std::string("tanh") : attr_text(n, "approximate", "none");
+    return emit(ir_name_for(n), "gelu", {ir_of(first_data(n, i, data), n, i)}, OJson{{"approximate", approx}},
+                n.output(0), n.name());
+  }
+
+  void map_gather(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (g_.is_init(n.input(0))) {
+      auto w = *g_.shape(n.input(0));
+      if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
+      if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
+        pos_tables_[n.output(0)] = PosTable{w[0], table_row(n, i, w[0]), n.input(0)};
+        return;
       }
-      auto idx = g_.values(n.input(1));
-      if (attr_int(n, "axis", 0) == 1 && idx && idx->size() == 1)
-        return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)},
-                    OJson{{"index", static_cast<int64_t>((*idx)[0])}}, n.output(0), n.name());
+      const auto name = ir_name_for(n);
+      embedding_of_table_.emplace(n.input(0), name);
+      emit(name, "embedding", {ir_of(n.input(1), n, i)}, OJson{{"num", w[0]}, {"dim", w[1]}}, n.output(0), n.name());
+      notes_.push_back(
+          fmt::format("embedding '{}': an ONNX Gather has no padding_idx, so training updates every row "
+                      "of '{}' (PyTorch's nn.Embedding(padding_idx=p) leaves row p's gradient zero)",
+                      name, n.input(0)));
+      return weigh("weight", WeightRef{n.input(0)});
+    }
+    auto idx = g_.values(n.input(1));
+    if (attr_int(n, "axis", 0) == 1 && idx && idx->size() == 1)
+      return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)},
+                  OJson{{"index", static_cast<int64_t>((*idx)[0])}}, n.output(0), n.name());
+    return unknown(n, i, data);
+  }
+
+  // Add, Mul, Sub, Div
+  void map_arithmetic(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto& op = n.op_type();
+    const std::string& x = first_data(n, i, data);
+    if (data.size() == 2) {
+      for (int k = 0; k < 2; ++k)
+        if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)])) {
+          const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
+          OJson a{{"max_len", t.rows}};
+          if (t.row) a["row"] = *t.row;
+          emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, a, n.output(0),
+               n.name());
+          return weigh("weight", WeightRef{t.table});
+        }
+      if (op == "Add" || op == "Mul")
+        return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
+                    OJson::object(), n.output(0), n.name());
       return unknown(n, i, data);
     }
-    if (op == "Add" || op == "Mul" || op == "Sub" || op == "Div") {
-      if (data.size() == 2) {
-        for (int k = 0; k < 2; ++k)
-          if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)]))
-          {
-            const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
-            OJson a{{"max_len", t.rows}};
-            if (t.row) a["row"] = *t.row;
-            emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, a, n.output(0),
-                 n.name());
-            return weigh("weight", WeightRef{t.table});
-          }
-        if (op == "Add" || op == "Mul")
-          return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
-                      OJson::object(), n.output(0), n.name());
-        return unknown(n, i, data);
-      }
-      // One data operand and a constant or initializer.
-      for (const auto& t : n.input()) {
-        if (!g_.is_init(t)) continue;
-        auto s = *g_.shape(t);
-        int64_t c = 1;
-        for (auto d : s) c *= d;
-        if (op == "Mul" && c > 1 && data.size() == 1)
-          if (auto gamma = learned_scale(t, data[0])) {  // ConvNeXt's layer_scale
-            emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0), n.name());
-            return weigh("weight", WeightRef{t});
-          }
-        if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
-          const int64_t len = s[s.size() - 2];
-          emit(ir_name_for(n), "pos_embedding", {ir_of(in0(), n, i)}, OJson{{"max_len", len}}, n.output(0), n.name());
+    // One data operand and a constant or initializer.
+    for (const auto& t : n.input()) {
+      if (!g_.is_init(t)) continue;
+      auto s = *g_.shape(t);
+      int64_t c = 1;
+      for (auto d : s) c *= d;
+      if (op == "Mul" && c > 1 && data.size() == 1)
+        if (auto gamma = learned_scale(t, data[0])) {  // ConvNeXt's layer_scale
+          emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0), n.name());
           return weigh("weight", WeightRef{t});
         }
-        if (c > 1 && is_float(g_.dtype(t)))
-          uncounted_params_.push_back(fmt::format("{} ({} elements, operand of {})", t, c, label(n, i)));
+      if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
+        const int64_t len = s[s.size() - 2];
+        emit(ir_name_for(n), "pos_embedding", {ir_of(x, n, i)}, OJson{{"max_len", len}}, n.output(0), n.name());
+        return weigh("weight", WeightRef{t});
       }
-      constant_elementwise_ += 1;
-      return alias(n, i, in0());
+      if (c > 1 && is_float(g_.dtype(t)))
+        uncounted_params_.push_back(fmt::format("{} ({} elements, operand of {})", t, c, label(n, i)));
     }
-    if (op == "Slice" && n.input_size() >= 3) {
+    constant_elementwise_ += 1;
+    return alias(n, i, x);
+  }
+
+  void map_slice(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    if (n.input_size() >= 3) {
       if (auto r = sliced(n)) {
         const auto& [axis, start, end] = *r;
-        if (start == 0 && end == (*g_.shape(in0()))[static_cast<size_t>(axis)]) return alias(n, i, in0());
-        return emit(ir_name_for(n), "slice", {ir_of(in0(), n, i)},
+        if (start == 0 && end == (*g_.shape(x))[static_cast<size_t>(axis)]) return alias(n, i, x);
+        return emit(ir_name_for(n), "slice", {ir_of(x, n, i)},
                     OJson{{"axis", axis - 1}, {"start", start}, {"end", end}}, n.output(0), n.name());
       }
       return unknown(n, i, data);
     }
-    if (op == "Transpose") {
-      // A permutation of the per-sample axes (ConvNeXt's [C, H, W] <-> [H, W, C]);
-      // the batch axis must stay first. ONNX's default perm reverses the axes.
-      const auto s = g_.shape(in0());
-      if (!s) fail(fmt::format("{}: the shape of its input '{}' is unknown after shape inference", label(n, i), in0()));
-      auto perm = attr_ints(n, "perm");
-      if (perm.empty())
-        for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
-      if (perm.size() != s->size() || perm[0] != 0)
-        fail(fmt::format("{}: perm [{}] moves the batch axis of its input {}; dlplan plans per sample, so the batch "
-                         "must stay first",
-                         label(n, i), fmt::join(perm, ", "), fmt::join(*s, ", ")));
-      OJson per = OJson::array();
-      bool identity = true;
-      for (size_t k = 1; k < perm.size(); ++k) {
-        per.push_back(perm[k] - 1);
-        identity = identity && perm[k] == static_cast<int64_t>(k);
-      }
-      if (identity) return alias(n, i, in0());
-      return emit(ir_name_for(n), "transpose", {ir_of(in0(), n, i)}, OJson{{"perm", per}}, n.output(0), n.name());
+    unknown(n, i, data);
+  }
+
+  void map_transpose(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    // A permutation of the per-sample axes (ConvNeXt's [C, H, W] <-> [H, W, C]);
+    // the batch axis must stay first. ONNX's default perm reverses the axes.
+    const auto s = g_.shape(x);
+    if (!s) fail(fmt::format("{}: the shape of its input '{}' is unknown after shape inference", label(n, i), x));
+    auto perm = attr_ints(n, "perm");
+    if (perm.empty())
+      for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
+    if (perm.size() != s->size() || perm[0] != 0)
+      fail(
+          fmt::format("{}: perm [{}] moves the batch axis of its input {}; dlplan plans per sample, so the batch "
+                      "must stay first",
+                      label(n, i), fmt::join(perm, ", "), fmt::join(*s, ", ")));
+    OJson per = OJson::array();
+    bool identity = true;
+    for (size_t k = 1; k < perm.size(); ++k) {
+      per.push_back(perm[k] - 1);
+      identity = identity && perm[k] == static_cast<int64_t>(k);
     }
-    if (op == "MaxPool" || op == "AveragePool") {
-      auto k = attr_ints(n, "kernel_shape");
-      if (k.size() != 2) fail(fmt::format("{}: only 2-D pooling is supported", label(n, i)));
-      const bool ceil = attr_int(n, "ceil_mode", 0) != 0;
-      if (ceil && op == "AveragePool")
-        fail(fmt::format("{}: ceil_mode 1 is supported for MaxPool only", label(n, i)));
-      auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
-      if (ceil) a["ceil_mode"] = true;
-      if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0))
-        notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
-      return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(in0(), n, i)}, a, n.output(0),
-                  n.name());
+    if (identity) return alias(n, i, x);
+    return emit(ir_name_for(n), "transpose", {ir_of(x, n, i)}, OJson{{"perm", per}}, n.output(0), n.name());
+  }
+
+  // MaxPool, AveragePool
+  void map_pool(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto& op = n.op_type();
+    auto k = attr_ints(n, "kernel_shape");
+    if (k.size() != 2) fail(fmt::format("{}: only 2-D pooling is supported", label(n, i)));
+    const bool ceil = attr_int(n, "ceil_mode", 0) != 0;
+    if (ceil && op == "AveragePool") fail(fmt::format("{}: ceil_mode 1 is supported for MaxPool only", label(n, i)));
+    auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
+    if (ceil) a["ceil_mode"] = true;
+    if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0))
+      notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
+    return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(first_data(n, i, data), n, i)}, a,
+                n.output(0), n.name());
+  }
+
+  void map_reduce_mean(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    // x.mean([2, 3]) of [b, C, H, W]: MNASNet's pooling, a global_avgpool
+    const auto s = g_.shape(x);
+    auto axes = attr_ints(n, "axes");  // an attribute up to opset 17
+    if (n.input_size() > 1 && !n.input(1).empty())
+      if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
+    for (auto& a : axes)
+      if (s && a < 0) a += static_cast<int64_t>(s->size());
+    std::sort(axes.begin(), axes.end());
+    if (s && s->size() == 4 && axes == std::vector<int64_t>{2, 3}) {
+      OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
+      return emit(ir_name_for(n), "global_avgpool", {ir_of(x, n, i)}, a, n.output(0), n.name());
     }
-    if (op == "ReduceMean") {  // x.mean([2, 3]) of [b, C, H, W]: MNASNet's pooling, a global_avgpool
-      const auto s = g_.shape(in0());
-      auto axes = attr_ints(n, "axes");  // an attribute up to opset 17
-      if (n.input_size() > 1 && !n.input(1).empty())
-        if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
-      for (auto& a : axes)
-        if (s && a < 0) a += static_cast<int64_t>(s->size());
-      std::sort(axes.begin(), axes.end());
-      if (s && s->size() == 4 && axes == std::vector<int64_t>{2, 3}) {
-        OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
-        return emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)}, a, n.output(0), n.name());
-      }
-      return unknown(n, i, data);
+    return unknown(n, i, data);
+  }
+
+  void map_global_average_pool(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    // [C, 1, 1] kept where something other than a flatten reads it: a
+    // squeeze-and-excitation block's 1x1 convolution, or the Mul it scales.
+    const auto& cons = g_.consumers_of(n.output(0));
+    const bool flattened = std::all_of(cons.begin(), cons.end(), [&](int c) {
+      const auto& t = g_.node(c).op_type();
+      return t == "Flatten" || t == "Reshape" || t == "Squeeze";
+    });
+    emit(ir_name_for(n), "global_avgpool", {ir_of(first_data(n, i, data), n, i)},
+         flattened ? OJson::object() : OJson{{"keepdims", true}}, n.output(0), n.name());
+    if (flattened) pooled_.insert(n.output(0));  // a later Flatten of it is the IR's [C] already
+  }
+
+  // Flatten, Reshape, Squeeze, Unsqueeze
+  void map_reshape(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto& op = n.op_type();
+    const std::string& x = first_data(n, i, data);
+    const auto out = per_sample(n.output(0));
+    if (pooled_.count(x) && out.size() <= 1) {  // [C, 1, 1] -> [C]: the IR's global_avgpool is [C] already
+      pooled_.insert(n.output(0));
+      return alias(n, i, x);
     }
-    if (op == "GlobalAveragePool") {
-      // [C, 1, 1] kept where something other than a flatten reads it: a
-      // squeeze-and-excitation block's 1x1 convolution, or the Mul it scales.
-      const auto& cons = g_.consumers_of(n.output(0));
-      const bool flattened = std::all_of(cons.begin(), cons.end(), [&](int c) {
-        const auto& t = g_.node(c).op_type();
-        return t == "Flatten" || t == "Reshape" || t == "Squeeze";
-      });
-      emit(ir_name_for(n), "global_avgpool", {ir_of(in0(), n, i)},
-           flattened ? OJson::object() : OJson{{"keepdims", true}}, n.output(0), n.name());
-      if (flattened) pooled_.insert(n.output(0));  // a later Flatten of it is the IR's [C] already
-      return;
+    // (A Reshape of [b, T, D] to [b T, D] at batch 1 looks like [T, D] -> [D]
+    // per sample; it is a batch fold, which reshaped() below tells.)
+    const auto si = g_.shape(x), so = g_.shape(n.output(0));
+    const bool folds = si && so && !si->empty() && !so->empty() && (*so)[0] > 0 &&
+                       (*so)[0] != (batch_folded_.count(x) ? batch_folded_.at(x) : (*si)[0]);
+    if (si && so && *si == *so && std::all_of(si->begin(), si->end(), [](int64_t d) { return d > 0; }))
+      return alias(n, i, x);  // input_ids.view(-1, T) of [b, T]: GPT-2's first node
+    if ((op == "Flatten" && attr_int(n, "axis", 1) == 1) || (op != "Flatten" && out.size() == 1 && !folds))
+      return emit(ir_name_for(n), "flatten", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
+    // [C, H, W] -> [C, H*W] followed by Transpose to [H*W, C]: ViT's patch tokens.
+    const auto& cons = g_.consumers_of(n.output(0));
+    if (out.size() == 2 && cons.size() == 1 && g_.node(cons[0]).op_type() == "Transpose" &&
+        attr_ints(g_.node(cons[0]), "perm") == std::vector<int64_t>{0, 2, 1} && per_sample(x).size() == 3) {
+      absorbed_.insert(cons[0]);
+      return emit(ir_name_for(n), "tokens", {ir_of(x, n, i)}, OJson::object(), g_.node(cons[0]).output(0), n.name());
     }
-    if (op == "Flatten" || op == "Reshape" || op == "Squeeze" || op == "Unsqueeze") {
-      const auto out = per_sample(n.output(0));
-      if (pooled_.count(in0()) && out.size() <= 1) {  // [C, 1, 1] -> [C]: the IR's global_avgpool is [C] already
-        pooled_.insert(n.output(0));
-        return alias(n, i, in0());
-      }
-      // (A Reshape of [b, T, D] to [b T, D] at batch 1 looks like [T, D] -> [D]
-      // per sample; it is a batch fold, which reshaped() below tells.)
-      const auto si = g_.shape(in0()), so = g_.shape(n.output(0));
-      const bool folds = si && so && !si->empty() && !so->empty() && (*so)[0] > 0 &&
-                         (*so)[0] != (batch_folded_.count(in0()) ? batch_folded_.at(in0()) : (*si)[0]);
-      if (si && so && *si == *so && std::all_of(si->begin(), si->end(), [](int64_t d) { return d > 0; }))
-        return alias(n, i, in0());  // input_ids.view(-1, T) of [b, T]: GPT-2's first node
-      if ((op == "Flatten" && attr_int(n, "axis", 1) == 1) || (op != "Flatten" && out.size() == 1 && !folds))
-        return emit(ir_name_for(n), "flatten", {ir_of(in0(), n, i)}, OJson::object(), n.output(0), n.name());
-      // [C, H, W] -> [C, H*W] followed by Transpose to [H*W, C]: ViT's patch tokens.
-      const auto& cons = g_.consumers_of(n.output(0));
-      if (out.size() == 2 && cons.size() == 1 && g_.node(cons[0]).op_type() == "Transpose" &&
-          attr_ints(g_.node(cons[0]), "perm") == std::vector<int64_t>{0, 2, 1} && per_sample(in0()).size() == 3) {
-        absorbed_.insert(cons[0]);
-        return emit(ir_name_for(n), "tokens", {ir_of(in0(), n, i)}, OJson::object(), g_.node(cons[0]).output(0),
-                    n.name());
-      }
-      if (const auto s = reshaped(n, i, in0())) {
-        if (*s == per_sample(in0())) return alias(n, i, in0());
-        return emit(ir_name_for(n), "reshape", {ir_of(in0(), n, i)}, OJson{{"shape", *s}}, n.output(0), n.name());
-      }
-      return unknown(n, i, data);
+    if (const auto s = reshaped(n, i, x)) {
+      if (*s == per_sample(x)) return alias(n, i, x);
+      return emit(ir_name_for(n), "reshape", {ir_of(x, n, i)}, OJson{{"shape", *s}}, n.output(0), n.name());
     }
-    if (op == "Expand" || op == "Tile") {
-      if (g_.is_init(n.input(0))) return;  // a class token broadcast over the batch: see Concat
-      return unknown(n, i, data);
-    }
-    if (op == "Concat" && n.input_size() == 2 && attr_int(n, "axis", 0) == 1) {
+    return unknown(n, i, data);
+  }
+
+  // Expand, Tile
+  void map_expand(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (g_.is_init(n.input(0))) return;  // a class token broadcast over the batch: see Concat
+    return unknown(n, i, data);
+  }
+
+  void map_concat(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (n.input_size() == 2 && attr_int(n, "axis", 0) == 1) {
       int p = g_.producer_of(n.input(0));
-      const bool cls = g_.is_init(n.input(0)) ||
-                       (p >= 0 && (g_.node(p).op_type() == "Expand" || g_.node(p).op_type() == "Tile") &&
-                        g_.is_init(g_.node(p).input(0)));
+      const bool cls =
+          g_.is_init(n.input(0)) || (p >= 0 && (g_.node(p).op_type() == "Expand" || g_.node(p).op_type() == "Tile") &&
+                                     g_.is_init(g_.node(p).input(0)));
       if (cls) {
         emit(ir_name_for(n), "cls_token", {ir_of(n.input(1), n, i)}, OJson::object(), n.output(0), n.name());
         return weigh("weight", WeightRef{g_.is_init(n.input(0)) ? n.input(0) : g_.node(p).input(0)});
       }
     }
-    if (op == "Concat" && !data.empty() && static_cast<int>(data.size()) == n.input_size()) {
+    if (!data.empty() && static_cast<int>(data.size()) == n.input_size()) {
       // Every input an activation (DenseNet's features so far, SqueezeNet's
       // expand branches): the IR's concat along the per-sample axis.
       // An input whose shape inference could not tell (shufflenet's Slice
@@ -1007,9 +927,10 @@ class Importer {
         const auto ts = g_.shape(t);
         if (!ts || ts->size() < 2 || std::any_of(ts->begin() + 1, ts->end(), [](int64_t d) { return d <= 0; })) {
           const int p = g_.producer_of(t);
-          fail(fmt::format("{}: the shape of its input '{}' is unknown after shape inference{}, so the concatenation "
-                           "cannot be planned",
-                           label(n, i), t, p >= 0 ? fmt::format(" (made by {})", label(g_.node(p), p)) : ""));
+          fail(
+              fmt::format("{}: the shape of its input '{}' is unknown after shape inference{}, so the concatenation "
+                          "cannot be planned",
+                          label(n, i), t, p >= 0 ? fmt::format(" (made by {})", label(g_.node(p), p)) : ""));
         }
       }
       const auto s = g_.shape(n.output(0));
@@ -1021,12 +942,13 @@ class Importer {
         return emit(ir_name_for(n), "concat", ins, OJson{{"axis", axis - 1}}, n.output(0), n.name());
       }
     }
-    if (op == "SoftmaxCrossEntropyLoss") {
-      loss_emitted_ = true;
-      return emit(ir_name_for(n), "cross_entropy", {ir_of(n.input(0), n, i), ir_of(n.input(1), n, i)},
-                  OJson::object(), n.output(0), n.name());
-    }
     unknown(n, i, data);
+  }
+
+  void map_softmax_cross_entropy_loss(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    loss_emitted_ = true;
+    return emit(ir_name_for(n), "cross_entropy", {ir_of(n.input(0), n, i), ir_of(n.input(1), n, i)}, OJson::object(),
+                n.output(0), n.name());
   }
 
   void map_fusion(const Fusion& f) {
@@ -1127,15 +1049,13 @@ class Importer {
     if (!g_.g.name().empty() && g_.g.name() != "main_graph" && g_.g.name() != "torch_jit") ir["name"] = g_.g.name();
     Model m = parse_model(nlohmann::json(ir), g_.src);
 
-    int64_t total_unknown = 0;
-    int64_t unknown_params = 0;
     for (const auto& [op, u] : unknown_) {
-      std::string line = fmt::format("{} x {} (unmapped; {}/sample of activations not planned", u.count, op, human_bytes(u.bytes));
-      if (u.assumed) line += fmt::format("; output shape of {} assumed equal to its input's", u.assumed);
+      std::string line = fmt::format("{} x {} (unknown to dlplan: planned as opaque, its output {}/sample fp32 and "
+                                     "every input kept for backward; no engine trains it",
+                                     u.count, op, human_bytes(u.bytes));
       if (u.params) line += fmt::format("; {} parameters in its initializers not counted", u.params);
+      if (op == "MatMul" || op == "Softmax") line += attention_hint();
       notes_.push_back(line + ")");
-      total_unknown += u.bytes;
-      unknown_params += u.params;
     }
     for (const auto& p : uncounted_params_) notes_.push_back("initializer not counted as a parameter: " + p);
     if (folded_convs_ > 0 && bn_layers_ == 0)
@@ -1151,14 +1071,12 @@ class Importer {
                                    constant_elementwise_, constant_elementwise_ == 1 ? "" : "s"));
     for (const auto& n : notes_pre_) notes_.insert(notes_.begin(), n);
     m.notes = notes_;
-    m.unaccounted_bytes = total_unknown;
     return m;
   }
 
   struct Unknown {
     int count = 0;
     int64_t bytes = 0;
-    int assumed = 0;
     int64_t params = 0;
   };
 

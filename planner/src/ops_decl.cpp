@@ -304,6 +304,14 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::tokens:
     case OpKind::select:
       break;
+    case OpKind::opaque:
+      // Unknown math: every input kept for backward (the most any derivative
+      // formula could need), and one FLOP an output element in each
+      // direction, a nominal cost the notes of the import name.
+      for (int k = 0; k < static_cast<int>(n.inputs.size()); ++k) d.saved.push_back(keep_input(k));
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
     case OpKind::dropout:
       if (n.attrs.number("p") > 0) d.saved = {keep_own("mask", out_elems, Elem::u8)};
       d.fwd_flops = 2.0 * out_elems;

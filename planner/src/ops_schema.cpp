@@ -98,6 +98,10 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::select, "select", 1, {{"index", T::integer, 0}}},
       {OpKind::dropout, "dropout", 1, {{"p", T::number, nullptr}}},
       {OpKind::cross_entropy, "cross_entropy", 2, {{"fused", T::boolean, false}}},
+      // An op of an imported graph that dlplan does not know (`source`: the
+      // ONNX op type): planned with its output (per-sample `shape`) and every
+      // input kept for backward, the conservative choice; no engine trains it
+      {OpKind::opaque, "opaque", kVariadic, {{"shape", T::int_list, nullptr}, {"source", T::text, ""}}},
   };
   return table;
 }
@@ -420,6 +424,15 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         seen[static_cast<size_t>(a)] = true;
         out.shape.push_back(x.shape[static_cast<size_t>(a)]);
       }
+      break;
+    }
+    case OpKind::opaque: {
+      const Shape shape = n.attrs.ints("shape");
+      if (shape.empty()) fail("attribute 'shape' must name the per-sample output dimensions");
+      for (int64_t d : shape)
+        if (d <= 0) fail("attribute 'shape' {} has a non-positive dimension", to_string(shape));
+      checked_numel(shape, fail);
+      out.shape = shape;
       break;
     }
     case OpKind::reshape: {

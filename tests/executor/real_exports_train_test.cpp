@@ -1,4 +1,4 @@
-// Real torch.onnx.export files that import today (tests/fixtures/exports,
+// All 26 real torch.onnx.export files that import (tests/fixtures/exports,
 // docs/onnx.md) train on the CPU engine: the plan dlplan makes of the file runs
 // two steps, the first step's loss is that of a freshly initialized
 // 1000-class classifier, near ln 1000, and the engine's measured memory is the
@@ -82,7 +82,13 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "mnasnet0_5-opset17.onnx", "convnext_tiny-opset13.onnx",
                                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-hf-vit-opset17.onnx",
                                            "tiny-gpt2-opset17.onnx", "tiny-bert-opset13.onnx",
-                                           "tiny-llama-opset17.onnx", "tiny-mistral-opset17.onnx"),
+                                           "tiny-llama-opset17.onnx", "tiny-mistral-opset17.onnx",
+                                           "resnet18-opset13.onnx", "resnet50-opset17.onnx",
+                                           "resnext50_32x4d-opset17.onnx", "vgg11_bn-opset17.onnx",
+                                           "mobilenet_v3_small-opset17.onnx", "efficientnet_b0-opset17.onnx",
+                                           "convnext_tiny-opset17.onnx", "vit_b_16-opset17.onnx",
+                                           "vit_b_16-opset13.onnx", "tiny-bert-opset17.onnx",
+                                           "bert-base-uncased-opset17.onnx", "gpt2-opset17.onnx"),
                          [](const auto& info) {
                            std::string s = info.param;
                            s = s.substr(0, s.find("-opset"));
@@ -90,6 +96,24 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            if (std::string(info.param).find("opset13") != std::string::npos) s += "_opset13";
                            return s;
                          });
+
+// An op the importer does not know is planned as `opaque` (its memory
+// counted); no engine can run its math, so the trainer refuses the plan on
+// any engine before the first step, naming the node and the ONNX op.
+TEST(RealExportRefusal, NoEngineTrainsAnOpaqueOpAndTheTrainerNamesIt) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  PlanDocument plan = fp32_plan(DLPLAN_SOURCE_DIR "/tests/fixtures/onnx/unknown_op.onnx");
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  try {
+    Trainer t(plan, *comm, *backend, TrainOptions{});
+    FAIL() << "the trainer accepted a plan with an opaque op";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("is an op the importer does not know (ONNX 'com.example.CustomOp')"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("custom_a"), std::string::npos) << msg;
+  }
+}
 
 TEST(RealExportRefusal, TheGpuEngineNamesTheClip) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";

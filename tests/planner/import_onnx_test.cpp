@@ -5,6 +5,7 @@
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
 
@@ -174,20 +175,44 @@ TEST(ImportOnnx, DecoderFusedQkvCausalTanhGelu) {
   EXPECT_EQ(input_shape(m, "targets"), (Shape{16}));
 }
 
-TEST(ImportOnnx, UnknownOpsListedAndTheirBytesReported) {
+// An op nobody declared is planned as the IR's `opaque` op: its output at
+// the shape ONNX gives, every input kept for backward (the conservative
+// choice), named in the notes with its bytes; refused, naming the node, only
+// when its output shape is unknown.
+TEST(ImportOnnx, UnknownOpsArePlannedAsOpaqueAndListed) {
   REQUIRE_ONNX();
   Model m = load_model(fx("unknown_op.onnx"));
-  EXPECT_TRUE(has_note(m, "3 x com.example.CustomOp (unmapped; 1.5 KiB/sample of activations not planned")) << notes_of(m);
-  EXPECT_EQ(m.unaccounted_bytes, 3 * 128 * 4);
+  EXPECT_TRUE(has_note(m, "3 x com.example.CustomOp (unknown to dlplan: planned as opaque, its output 1.5 KiB/sample"))
+      << notes_of(m);
+  ASSERT_EQ(count_op(m, OpKind::opaque), 3);
+  for (const Node& n : m.nodes) {
+    if (n.op != OpKind::opaque) continue;
+    EXPECT_EQ(n.attrs.text("source"), "com.example.CustomOp");
+    EXPECT_EQ(m.tensor(n.output).shape, (Shape{128}));
+    const OpDecl d = declare(m, n);
+    ASSERT_EQ(d.saved.size(), 1u) << n.name;  // its one input
+    EXPECT_EQ(d.saved[0].ref, SavedTensor::Ref::input);
+    EXPECT_TRUE(d.params.empty());
+  }
+  EXPECT_EQ(m.unaccounted_bytes, 0);  // planned, not left out
   EXPECT_EQ(m.parameter_count(), load_model(fx("tiny_mlp.onnx")).parameter_count());
 }
 
-TEST(ImportOnnx, UnknownShapeChangingOpIsAnErrorNamingTheNode) {
+TEST(ImportOnnx, UnknownShapeChangingOpIsPlannedAtItsInferredShape) {
   REQUIRE_ONNX();
-  auto msg = error_of(fx("unknown_op_reshape.onnx"));
-  EXPECT_NE(msg.find("unknown_op_reshape.onnx"), std::string::npos) << msg;
+  Model m = load_model(fx("unknown_op_reshape.onnx"));
+  const Node* halve = find_op(m, OpKind::opaque);
+  ASSERT_NE(halve, nullptr) << notes_of(m);
+  EXPECT_EQ(m.tensor(halve->output).shape, (Shape{64}));
+  EXPECT_EQ(m.tensor(halve->inputs[0]).shape, (Shape{128}));
+}
+
+TEST(ImportOnnx, UnknownOpWithoutAnOutputShapeIsAnErrorNamingTheNode) {
+  REQUIRE_ONNX();
+  auto msg = error_of(fx("unknown_op_noshape.onnx"));
+  EXPECT_NE(msg.find("unknown_op_noshape.onnx"), std::string::npos) << msg;
   EXPECT_NE(msg.find("/layers.1/halve/HalveWidth"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not give its output's shape"), std::string::npos) << msg;
 }
 
 TEST(ImportOnnx, MalformedAndTruncatedFilesAreOneClearMessage) {

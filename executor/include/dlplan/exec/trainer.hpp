@@ -68,6 +68,8 @@ struct TrainOptions {
 // RMSNorm with a unit offset. The first found, naming the node; the Trainer
 // refuses such a plan on a GPU engine with it.
 std::optional<std::string> gpu_engine_lacks(const Model& m);
+// Why no engine trains the model (an opaque op of an import), or nothing.
+std::optional<std::string> engine_cannot_train(const Model& m);
 
 class Trainer {
  public:
