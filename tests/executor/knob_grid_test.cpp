@@ -93,12 +93,15 @@ TEST(KnobGrid, AllocationsRoundedLikeAGpuAreAsPlanned) {
 // clip, concat, a broadcasting mul, keepdims and ceil-mode pooling (MobileNetV3,
 // DenseNet, SqueezeNet); tiny-convnext.json has ConvNeXt's transposes around
 // its LayerNorms and its learned layer scale; tiny-shuffle.json ShuffleNetV2's
-// channel split (slice) and channel shuffle (reshape, transpose, reshape).
+// channel split (slice) and channel shuffle (reshape, transpose, reshape);
+// tiny-bert-tokentype.json is the IR dlplan imports from
+// tests/fixtures/exports/weights/tiny-bert-opset17.onnx (sequence 16): BERT's
+// token-type row (pos_embedding with `row`) beside its position table.
 TEST(KnobGrid, RealExportOpsMeasureAsPlannedUnderEveryKnob) {
   auto comm = make_single_communicator();
   auto backend = make_cpu_backend();
-  for (const std::string fixture : {"tiny-se", "tiny-convnext", "tiny-shuffle"}) {
-    const bool has_batchnorm = fixture != "tiny-convnext";
+  for (const std::string fixture : {"tiny-se", "tiny-convnext", "tiny-shuffle", "tiny-bert-tokentype"}) {
+    const bool has_batchnorm = fixture == "tiny-se" || fixture == "tiny-shuffle";
     int runs = 0;
     for (auto k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 && k[knobs::kSyncBn] == 0) continue;  // a change of model: the fixture is the model
