@@ -100,7 +100,7 @@ std::optional<std::pair<std::string, std::string>> unit_prefix(const std::string
 
 class Importer {
  public:
-  Importer(Graph& g, const ImportOptions& opt) : g_(g), opt_(opt) {}
+  explicit Importer(Graph& g) : g_(g) {}
 
   const std::map<std::string, WeightRef>& weights() const { return weights_; }
 
@@ -1081,7 +1081,6 @@ class Importer {
   };
 
   Graph& g_;
-  const ImportOptions& opt_;
   std::vector<Fusion> fusions_;
   std::map<int, std::string> unfused_;
   std::map<std::string, int> fusion_by_out_;
@@ -1269,7 +1268,7 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
 
   Graph g(model, path);
   g.index();
-  Importer imp(g, opt);
+  Importer imp(g);
   for (auto& n : pre) imp.pre_note(n);
   for (auto& n : inference_notes) imp.pre_note(n);
   try {
