@@ -16,6 +16,7 @@
 //   8. parse_model validates and infers shapes like any IR file.
 // What the importer could not map or had to assume goes to Model::notes.
 #include "dlplan/error.hpp"
+#include "dlplan/format.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
@@ -61,14 +62,6 @@ std::vector<ImportedWeight> import_onnx_weights(const std::string& path, const I
 bool onnx_supported() { return true; }
 
 namespace onnx_import {
-
-std::string human_bytes(int64_t b) {
-  const double v = static_cast<double>(b);
-  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", v / (1024.0 * 1024 * 1024));
-  if (v >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
-  if (v >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
-  return fmt::format("{} B", b);
-}
 
 namespace {
 
@@ -1052,7 +1045,7 @@ class Importer {
     for (const auto& [op, u] : unknown_) {
       std::string line = fmt::format("{} x {} (unknown to dlplan: planned as opaque, its output {}/sample fp32 and "
                                      "every input kept for backward; no engine trains it",
-                                     u.count, op, human_bytes(u.bytes));
+                                     u.count, op, format_bytes(static_cast<double>(u.bytes)));
       if (u.params) line += fmt::format("; {} parameters in its initializers not counted", u.params);
       if (op == "MatMul" || op == "Softmax") line += attention_hint();
       notes_.push_back(line + ")");
@@ -1157,7 +1150,7 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
   Dims dims(it->second->dims().begin(), it->second->dims().end());
   std::vector<double> vals;
   if (with_values) {
-    const auto v = tensor_values(*it->second);
+    auto v = tensor_values(*it->second);
     if (!v || v->empty() || !is_float(it->second->data_type()))
       throw Error(fmt::format("{}: initializer '{}' (parameter '{}') holds no float32 data in the file (exported "
                               "without its weights, or as external data, which --init does not read: export with "
@@ -1166,7 +1159,7 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
     if (static_cast<int64_t>(v->size()) != numel(dims))
       throw Error(fmt::format("{}: initializer '{}' has {} values for dims [{}]", g.src, ref.init, v->size(),
                               fmt::join(dims, ", ")));
-    vals = *v;
+    vals = std::move(*v);
   }
   if (ref.transpose) {  // [in, out] -> [out, in]
     if (dims.size() != 2) throw Error(fmt::format("{}: initializer '{}' is not 2-D", g.src, ref.init));
