@@ -120,6 +120,7 @@ class CpuBackend final : public Backend {
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
+      case OpKind::moe: return moe_forward(c);
       case OpKind::maxpool2d: return maxpool2d_forward(c);
       case OpKind::avgpool2d: return avgpool2d_forward(c);
       case OpKind::global_avgpool: return global_avgpool_forward(c);
@@ -159,6 +160,7 @@ class CpuBackend final : public Backend {
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);
+      case OpKind::moe: return moe_backward(c);
       case OpKind::maxpool2d: return maxpool2d_backward(c);
       case OpKind::avgpool2d: return avgpool2d_backward(c);
       case OpKind::global_avgpool: return global_avgpool_backward(c);

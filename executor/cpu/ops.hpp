@@ -114,6 +114,10 @@ void avgpool2d_backward(OpContext& c);
 void global_avgpool_forward(OpContext& c);
 void global_avgpool_backward(OpContext& c);
 
+// ---- ops_moe.cpp: mixture of experts ------------------------------------------
+void moe_forward(OpContext& c);
+void moe_backward(OpContext& c);
+
 // ---- ops_norm.cpp --------------------------------------------------------------
 void batchnorm_forward(OpContext& c);
 void batchnorm_backward(OpContext& c);

@@ -25,6 +25,9 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
     }
     case OpKind::attention:
       return suffix.rfind("o.", 0) == 0 ? n.attrs.integer("heads") * n.attrs.integer("head_dim") : x.back();
+    case OpKind::moe:  // w2 [D, F] reads the hidden width; the router, w1 and w3 read x
+      return suffix.size() >= 9 && suffix.compare(suffix.size() - 9, 9, "w2.weight") == 0 ? n.attrs.integer("hidden")
+                                                                                          : x.back();
     default: return 1;
   }
 }
@@ -38,7 +41,8 @@ Init init_of(const Node& n, const std::string& suffix) {
   switch (n.op) {
     case OpKind::linear:
     case OpKind::conv2d:
-    case OpKind::attention: return Init::uniform_fan_in;
+    case OpKind::attention:
+    case OpKind::moe: return Init::uniform_fan_in;
     case OpKind::embedding:
     case OpKind::pos_embedding:
     case OpKind::cls_token: return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)

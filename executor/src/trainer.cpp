@@ -67,6 +67,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
       if (a.rope && a.rotary_dim != a.hd)
         return fmt::format("node '{}' rotates {} of {} head dims (partial rotary)", n.name, a.rotary_dim, a.hd);
     }
+    if (n.op == OpKind::moe)
+      return fmt::format("node '{}' is a mixture of experts, which the CPU engine trains and the CUDA engine does "
+                         "not yet", n.name);
     if (n.op == OpKind::embedding && n.attrs.number("scale") != 1.0)
       return fmt::format("node '{}' scales its embedding by {}", n.name, n.attrs.number("scale"));
     if (n.op == OpKind::pos_embedding && n.attrs.has("row"))

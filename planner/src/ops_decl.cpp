@@ -84,6 +84,45 @@ void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, Op
   }
 }
 
+// Mixture of experts (MoeShape). Forward: the router's logits x Wg^T and
+// their softmax; top-k per token; each routed token copied into its
+// expert's slot (dispatch); per expert h1 = X W1^T, h3 = X W3^T,
+// act = silu(h1) * h3, out = act W2^T; the output sums each token's expert
+// outputs times its gates. Kept for backward, as autograd keeps them in
+// Mixtral's eager loop (the input for the router's weight gradient, the
+// softmax output, each expert's gathered input, h1 for the SiLU, silu(h1)
+// and h3 for the product, the product for w2, and each expert's output for
+// the gates' gradient) with the routing itself (slot and gate per choice).
+// FLOPs are model FLOPs: the T * k routed rows, not the empty slots.
+void declare_moe(const Model& m, const Node& n, OpDecl& d) {
+  const MoeShape s = moe_shape(m, n);
+  const int64_t T = s.T, D = s.D, E = s.E, F = s.F, R = s.rows();
+  d.params.push_back({"gate.weight", E * D, true, {E, D}});
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = fmt::format("experts.{}.", e);
+    d.params.push_back({p + "w1.weight", F * D, true, {F, D}});
+    d.params.push_back({p + "w2.weight", D * F, true, {D, F}});
+    d.params.push_back({p + "w3.weight", F * D, true, {F, D}});
+  }
+  const double routed = static_cast<double>(T * s.k);
+  d.fwd_flops = 2.0 * T * D * E + routed * (6.0 * D * F + F + D);
+  d.bwd_flops = 2 * d.fwd_flops;
+  d.gemms = 1 + 3 * static_cast<int>(E);
+  d.saved = {keep_input(0),
+             keep_own("probs", T * E, Elem::f32),
+             keep_own("route", T * s.k, Elem::i32),
+             keep_own("gates", T * s.k, Elem::f32),
+             keep_own("dispatched", R * D, Elem::compute),
+             keep_own("h1", R * F, Elem::compute),
+             keep_own("silu", R * F, Elem::compute),
+             keep_own("h3", R * F, Elem::compute),
+             keep_own("act", R * F, Elem::compute),
+             keep_own("expert_out", R * D, Elem::compute)};
+  d.bwd_temps = {{"dexpert_out", R * D, Elem::compute}, {"dact", R * F, Elem::compute},
+                 {"dh1", R * F, Elem::compute},         {"dh3", R * F, Elem::compute},
+                 {"ddispatched", R * D, Elem::compute}, {"dprobs", T * E, Elem::compute}};
+}
+
 // LoRA (Hu et al. 2021, Sec. 4.1; peft's Linear layer): h = x W^T + (alpha/r)
 // (x A^T) B^T beside each targeted weight. Parameters A [r, in] and B [out, r]
 // (adapters: they alone train); forward two thin GEMMs and the scaled add;
@@ -125,6 +164,20 @@ AttentionShape attention_shape(const Model& m, const Node& n) {
   check_size(m, n, "the attention scores (heads x T x T)", {a.H, a.T, a.T});
   check_size(m, n, "the queries (T x heads x head_dim)", {a.T, std::max(a.H, a.KV), a.hd});
   return a;
+}
+
+MoeShape moe_shape(const Model& m, const Node& n) {
+  const Shape& x = m.tensor(n.inputs[0]).shape;
+  MoeShape s;
+  s.T = x[0];
+  s.D = x[1];
+  s.E = n.attrs.integer("experts");
+  s.k = n.attrs.integer("top_k");
+  s.F = n.attrs.integer("hidden");
+  s.C = n.attrs.integer("capacity");
+  s.normalize = n.attrs.flag("normalize");
+  check_size(m, n, "the experts' buffers (experts x capacity x hidden)", {s.E, s.C, std::max(s.F, s.D)});
+  return s;
 }
 
 bool keeps_log_sum_exp(const OpDecl& d) {
@@ -281,6 +334,9 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     case OpKind::attention:
       declare_attention(m, n, opt, d);
+      break;
+    case OpKind::moe:
+      declare_moe(m, n, d);
       break;
     case OpKind::maxpool2d: {
       const auto k = n.attrs.pair("kernel");

@@ -84,6 +84,17 @@ const std::vector<OpSpec>& op_table() {
         {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"qkv_bias", T::boolean, kDerived},
         {"out_bias", T::boolean, kDerived}, {"dropout", T::number, 0.0}, {"rope", T::boolean, false},
         {"rope_theta", T::number, 10000.0}, {"rotary_dim", T::integer, kDerived}}},
+      // A mixture-of-experts feed-forward layer (Mixtral's block_sparse_moe;
+      // GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): a router
+      // [experts, D] picks top_k experts per token, each a SwiGLU MLP of width
+      // `hidden`; every expert takes at most `capacity` tokens of a sample
+      // (derived: min(T, ceil(capacity_factor T top_k / experts))) and tokens
+      // over it are dropped, so that its buffers are fixed and declared.
+      // normalize: the chosen gates are renormalised to sum to one (Mixtral);
+      // false keeps the softmax probabilities (Switch).
+      {OpKind::moe, "moe", 1,
+       {{"experts", T::integer, nullptr}, {"top_k", T::integer, 2}, {"hidden", T::integer, nullptr},
+        {"capacity_factor", T::number, 1.25}, {"capacity", T::integer, kDerived}, {"normalize", T::boolean, true}}},
       // ceil_mode (absent: false): PyTorch's, rounding the output size up (SqueezeNet)
       {OpKind::maxpool2d, "maxpool2d", 1,
        {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0},
@@ -502,6 +513,24 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       } else if (n.attrs.flag("rope") && hd % 2 != 0) {
         fail("rope needs an even head_dim");
       }
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::moe: {
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
+      expect_float(x, fail);
+      const int64_t T = x.shape[0], D = x.shape[1];
+      const int64_t E = positive(n, "experts", fail), k = positive(n, "top_k", fail), F = positive(n, "hidden", fail);
+      if (k > E) fail("top_k {} exceeds experts {}", k, E);
+      const double cf = n.attrs.number("capacity_factor");
+      if (!(cf > 0 && std::isfinite(cf))) fail("attribute 'capacity_factor' must be positive, got {}", cf);
+      if (!n.attrs.has("capacity")) {  // GShard's expert capacity: cf * tokens * k / E, at most every token
+        const double c = std::ceil(cf * static_cast<double>(T) * static_cast<double>(k) / static_cast<double>(E));
+        n.attrs.values["capacity"] = static_cast<int64_t>(std::min(static_cast<double>(T), c));
+      }
+      const int64_t C = positive(n, "capacity", fail);
+      if (C > T) fail("capacity {} exceeds the {} tokens of a sample", C, T);
+      check_weight("the experts' weights [experts, 3, hidden, D]", {E, 3, F, D}, fail);
       out.shape = x.shape;
       break;
     }

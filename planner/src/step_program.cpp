@@ -306,6 +306,13 @@ class Emitter {
         ev.attention = {b * d(a.H), d(a.T), d(a.hd), a.causal, cfg_.attention == AttentionImpl::flash, a.dropout > 0};
         break;
       }
+      case OpKind::moe: {  // the router, then per expert w1 and w3 [C, D] x [D, F] and w2 [C, F] x [F, D]
+        const MoeShape s = moe_shape(m_, n);
+        ev.gemms.push_back({b * d(s.T), d(s.E), d(s.D), 1});
+        ev.gemms.push_back({b * d(s.C), d(s.F), d(s.D), d(2 * s.E)});
+        ev.gemms.push_back({b * d(s.C), d(s.D), d(s.F), d(s.E)});
+        break;
+      }
       default: break;
     }
     // Fine-tuning: a frozen weight has no weight-gradient GEMM, an input

@@ -259,6 +259,17 @@ inline std::vector<OpCase> op_cases() {
                                   {"causal", true}},
                              true));
 
+  // Mixture of experts (ops_moe.cpp), T = 6 tokens of width 4, 4 experts of
+  // hidden width 5: capacity factor 0.5 gives 2 places per expert, 8 for 12
+  // choices, so that at least 4 are dropped; 2 gives 6 places (none
+  // dropped); Switch's top-1 keeps the raw softmax gate.
+  v.push_back(unary("moe_drops", arr({6, 4}),
+                    Json{{"op", "moe"}, {"experts", 4}, {"top_k", 2}, {"hidden", 5}, {"capacity_factor", 0.5}}));
+  v.push_back(unary("moe_dropless", arr({6, 4}),
+                    Json{{"op", "moe"}, {"experts", 4}, {"top_k", 2}, {"hidden", 5}, {"capacity_factor", 2.0}}));
+  v.push_back(unary("moe_switch_top1", arr({6, 4}),
+                    Json{{"op", "moe"}, {"experts", 4}, {"top_k", 1}, {"hidden", 5}, {"normalize", false}}));
+
   {  // cross_entropy on [K] logits (one label per sample) and on [T, K]
     OpCase c;
     c.name = "cross_entropy_K";

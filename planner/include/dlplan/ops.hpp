@@ -133,6 +133,22 @@ struct AttentionShape {
   int own_params() const { return 4 + (qkv_bias ? 3 : 0) + (out_bias ? 1 : 0); }
 };
 AttentionShape attention_shape(const Model& m, const Node& n);
+// A mixture-of-experts node's shape (ops_schema.cpp says what it computes).
+// Per sample: T tokens of width D, E experts of hidden width F, top-k routing,
+// C slots per expert. The experts' buffers are rows() = E * C rows, slot
+// e * C + j holding expert e's j-th token. Parameters in declaration order:
+// the router gate.weight [E, D], then per expert w1 [F, D] (gate
+// projection), w2 [D, F] (down), w3 [F, D] (up), as Mixtral's
+// MixtralBlockSparseTop2MLP names them: y = w2(silu(w1 x) * w3 x).
+struct MoeShape {
+  int64_t T = 0, D = 0, E = 0, k = 0, F = 0, C = 0;
+  bool normalize = true;
+  int64_t rows() const { return E * C; }
+  static int w1(int64_t e) { return 1 + 3 * static_cast<int>(e); }
+  static int w2(int64_t e) { return w1(e) + 1; }
+  static int w3(int64_t e) { return w1(e) + 2; }
+};
+MoeShape moe_shape(const Model& m, const Node& n);
 // Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.
 bool keeps_log_sum_exp(const OpDecl& d);
 
