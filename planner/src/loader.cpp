@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -331,6 +332,26 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())
     if (spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = seq_len;
+  Model out = parse_model(ir, m.source);
+  out.notes = m.notes;
+  out.unaccounted_bytes = m.unaccounted_bytes;
+  return out;
+}
+
+Model with_capacity_factor(const Model& m, double capacity_factor) {
+  if (!(capacity_factor > 0) || !std::isfinite(capacity_factor))
+    throw Error(fmt::format("{}: --capacity-factor must be positive, got {}", m.source, capacity_factor));
+  Json ir = m.ir;
+  int moe = 0;
+  for (auto& node : ir["nodes"])
+    if (node.value("op", "") == "moe") {
+      node["capacity_factor"] = capacity_factor;
+      node.erase("capacity");
+      ++moe;
+    }
+  if (moe == 0)
+    throw Error(fmt::format("{}: the model has no mixture-of-experts (moe) node, so --capacity-factor does not apply",
+                            m.source));
   Model out = parse_model(ir, m.source);
   out.notes = m.notes;
   out.unaccounted_bytes = m.unaccounted_bytes;

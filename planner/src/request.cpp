@@ -7,6 +7,7 @@
 #include "dlplan/importers.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -113,6 +114,27 @@ void check_seq_len(const Model& m, int64_t seq_len, int64_t context, std::vector
       seq_len));
 }
 
+// A mixture of experts with a capacity below the sample's tokens drops the
+// tokens over it (GShard, Switch); Mixtral trains dropless. An expert never
+// gets more than T tokens (one choice per token), so capacity T drops none.
+void note_dropped_tokens(Model& m) {
+  const Node* first = nullptr;
+  int dropping = 0;
+  for (const auto& n : m.nodes)
+    if (n.op == OpKind::moe && moe_shape(m, n).C < moe_shape(m, n).T) {
+      if (!first) first = &n;
+      ++dropping;
+    }
+  if (!first) return;
+  const MoeShape s = moe_shape(m, *first);
+  m.notes.push_back(fmt::format(
+      "mixture of experts: in node '{}'{}, each of {} experts takes at most {} of a sample's {} tokens (capacity factor "
+      "{}) and drops the choices over it, as GShard and Switch train; Mixtral trains dropless (--capacity-factor {} "
+      "drops none, with {} rows per expert buffer)",
+      first->name, dropping > 1 ? fmt::format(" and {} more", dropping - 1) : "", s.E, s.C, s.T,
+      first->attrs.number("capacity_factor"), static_cast<double>(s.E) / static_cast<double>(s.k), s.T));
+}
+
 }  // namespace
 
 std::optional<std::pair<int, int>> cluster_file_topology(const std::string& path) {
@@ -163,6 +185,15 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
     r.model = with_seq_len(r.model, seq_len);
     r.model.notes.insert(r.model.notes.end(), notes.begin(), notes.end());
   }
+  if (f.capacity_factor) {
+    if (!(*f.capacity_factor > 0) || !std::isfinite(*f.capacity_factor))
+      throw UsageError(fmt::format("--capacity-factor must be positive, got {}", *f.capacity_factor));
+    if (std::none_of(r.model.nodes.begin(), r.model.nodes.end(), [](const Node& n) { return n.op == OpKind::moe; }))
+      throw UsageError(fmt::format(
+          "{}: the model has no mixture-of-experts (moe) node, so --capacity-factor does not apply", r.model.source));
+    r.model = with_capacity_factor(r.model, *f.capacity_factor);
+  }
+  note_dropped_tokens(r.model);
 
   // ---- training knobs ----
   auto& t = r.training;

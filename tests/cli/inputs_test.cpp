@@ -98,6 +98,23 @@ TEST(CliSeqLen, ShownInTheHeaderAndTheJson) {
   EXPECT_EQ(planning("--model vit-b16 --gpus 8")["training"]["seq_len"], 0);
 }
 
+// Mixtral's experts take ceil(1.25 x 4096 x 2 / 8) = 1280 tokens of a sample
+// by default, and the note says so; --capacity-factor 4 (experts / top_k)
+// drops none, needs no note and plans larger expert buffers.
+TEST(CliCapacityFactor, SetsTheExpertsPlacesAndTheNoteSaysWhatIsDropped) {
+  Result r = run("--model mixtral-8x7b --gpus 8");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "note     mixture of experts: in node 'layers.0.block_sparse_moe' and 31 more, each of 8 "
+                              "experts takes at most 1280 of a sample's 4096 tokens (capacity factor 1.25)"))
+      << r.out;
+  Result dropless = run("--model mixtral-8x7b --gpus 8 --capacity-factor 4");
+  ASSERT_EQ(dropless.status, 0) << dropless.err;
+  EXPECT_FALSE(contains(dropless.out, "mixture of experts")) << dropless.out;
+  EXPECT_NE(planning("--model mixtral-8x7b --gpus 8 --capacity-factor 4"), planning("--model mixtral-8x7b --gpus 8"));
+  expect_usage_error("--model mixtral-8x7b --capacity-factor 0", {"--capacity-factor"});
+  expect_usage_error("--model tiny-gpt --capacity-factor 2", {"tiny-gpt", "no mixture-of-experts", "--capacity-factor"});
+}
+
 TEST(CliSeqLen, LearnedPositionsRefuseRopeExtrapolatesWithANote) {
   expect_usage_error("--model gpt2 --seq-len 2048", {"gpt2", "--seq-len 2048", "'wpe'", "max_len 1024"});
   Result r = run("--model llama2-7b --gpus 8 --seq-len 8192");

@@ -27,6 +27,10 @@ Model load_model(const std::string& name_or_path, const ImportOptions& opt);
 // against position tables; a model without token inputs is an error.
 Model with_seq_len(const Model& m, int64_t seq_len);
 
+// The same model with every mixture-of-experts node's capacity_factor set
+// (its capacity derived anew). A model without one is an error.
+Model with_capacity_factor(const Model& m, double capacity_factor);
+
 // Model::params and Model::buffers from each node's declaration (ops.hpp),
 // in node order; run again after a node's attributes change (LoRA adapters).
 void collect_params(Model& m);
