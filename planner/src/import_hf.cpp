@@ -1,7 +1,7 @@
 // Hugging Face config.json -> IR, through the zoo's family builders, so an
 // imported model and the zoo's own are the same code. Field names and
 // defaults are those of transformers' (4.38) GPT2Config, LlamaConfig,
-// MistralConfig, Qwen2Config, GemmaConfig, PhiConfig, BertConfig and
+// MistralConfig, MixtralConfig, Qwen2Config, GemmaConfig, PhiConfig, BertConfig and
 // ViTConfig. Parameter counts are module parameters only (rotary inv_freq and
 // BERT's position_ids are buffers, not counted).
 //
@@ -17,6 +17,14 @@
 //   - gemma: the llama family with a GeGLU MLP, embeddings scaled by
 //     sqrt(hidden_size) and RMSNorm's (1 + w); head_dim is its own field.
 //   - phi: parallel attention and MLP blocks, partial rotary.
+//   - mixtral: the llama family with each MLP a mixture of
+//     num_local_experts SwiGLU experts, num_experts_per_tok per token (the
+//     moe op). Mixtral trains dropless; dlplan gives each expert a fixed
+//     capacity of 1.25 x tokens x top_k / experts (GShard's, the moe op's
+//     default) and drops the tokens over it, which the plan's notes say
+//     (`dlplan plan --capacity-factor` changes it). The router's
+//     load-balancing loss (output_router_logits) is not planned: its tensors
+//     are [tokens, experts].
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/json_file.hpp"
@@ -136,7 +144,7 @@ std::optional<std::string> detect_type(const Json& j) {
       j["architectures"][0].is_string()) {
     const auto a = j["architectures"][0].get<std::string>();
     const std::pair<const char*, const char*> prefixes[] = {
-        {"GPT2", "gpt2"},   {"Llama", "llama"}, {"Mistral", "mistral"}, {"Qwen2", "qwen2"},
+        {"GPT2", "gpt2"},   {"Llama", "llama"}, {"Mistral", "mistral"}, {"Mixtral", "mixtral"}, {"Qwen2", "qwen2"},
         {"Gemma", "gemma"}, {"Phi", "phi"},     {"Bert", "bert"},       {"ViT", "vit"}};
     for (const auto& [p, t] : prefixes)
       if (a.rfind(p, 0) == 0) return std::string(t);
@@ -213,7 +221,15 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
                                 f.number("attention_dropout", 0.0), type));
   if (type == "qwen2" && f.flag("use_sliding_window", false))
     notes.push_back("use_sliding_window ignored: attention memory and FLOPs are planned as full causal attention (an upper bound)");
-  if (type == "mistral" && f.has("sliding_window"))
+  if (type == "mixtral") {
+    c.experts = f.integer("num_local_experts", 8);
+    c.top_k = f.integer("num_experts_per_tok", 2);
+    if (c.top_k > c.experts)
+      f.fail(fmt::format("num_experts_per_tok {} exceeds num_local_experts {}", c.top_k, c.experts));
+    if (f.flag("output_router_logits", false))
+      notes.push_back("output_router_logits: the router's load-balancing loss is not planned (its tensors are [tokens, experts])");
+  }
+  if ((type == "mistral" || type == "mixtral") && f.has("sliding_window"))
     notes.push_back(fmt::format("sliding_window {} ignored: attention memory and FLOPs are planned as full causal attention (an upper bound)",
                                 f.integer("sliding_window")));
   if (f.has("rope_scaling")) notes.push_back("rope_scaling ignored (no effect on memory or FLOPs)");
@@ -317,7 +333,7 @@ zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>
 }  // namespace
 
 std::vector<std::string> hf_supported_model_types() {
-  return {"gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "bert", "vit"};
+  return {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "bert", "vit"};
 }
 
 bool is_hf_config(const nlohmann::json& doc) {
@@ -339,7 +355,7 @@ nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::strin
   zoo::Json ir;
   try {
     if (*type == "gpt2") ir = gpt2(f, name, notes);
-    else if (*type == "llama" || *type == "mistral" || *type == "qwen2" || *type == "gemma") ir = llama(f, name, *type, notes);
+    else if (*type == "llama" || *type == "mistral" || *type == "mixtral" || *type == "qwen2" || *type == "gemma") ir = llama(f, name, *type, notes);
     else if (*type == "phi") ir = phi(f, name, notes);
     else if (*type == "bert") ir = bert(f, name, notes);
     else ir = vit(f, name, notes);

@@ -34,6 +34,14 @@ std::string llama_block(IrBuilder& b, const LlamaConfig& c, int i, const std::st
   h = b.add(p + ".self_attn", "attention", {h}, attention_attrs(c));
   const auto mid = b.add(p + ".add_1", "add", {x, h});
   h = b.add(p + ".post_attention_layernorm", "rmsnorm", {mid}, norm);
+  if (c.experts > 0) {  // MixtralSparseMoeBlock
+    // Dropless: a factor of experts / top_k gives every expert room for
+    // every token of a sample, whatever the sequence length.
+    const double cf = c.capacity_factor > 0 ? c.capacity_factor : static_cast<double>(c.experts) / c.top_k;
+    const Json moe{{"experts", c.experts}, {"top_k", c.top_k}, {"hidden", c.intermediate}, {"capacity_factor", cf}};
+    h = b.add(p + ".block_sparse_moe", "moe", {h}, moe);
+    return b.add(p + ".add_2", "add", {mid, h});
+  }
   const auto gate = b.add(p + ".mlp.gate_proj", "linear", {h}, up);
   const auto upv = b.add(p + ".mlp.up_proj", "linear", {h}, up);
   const auto act = c.mlp_act == "silu"   ? b.add(p + ".mlp.act_fn", "silu", {gate})
@@ -56,6 +64,8 @@ Json build_llama(const LlamaConfig& c) {
                   "llama: heads must divide by kv_heads");
   detail::require(c.mlp_act == "silu" || c.mlp_act == "gelu" || c.mlp_act == "gelu_tanh",
                   "llama: mlp_act must be silu, gelu or gelu_tanh");
+  detail::require(c.experts == 0 || (c.top_k > 0 && c.top_k <= c.experts),
+                  "llama: top_k must be between 1 and experts");
   IrBuilder b(c.name);
   b.input("tokens", {c.context}, "i32");
   b.input("targets", {c.context}, "i32");

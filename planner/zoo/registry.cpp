@@ -117,6 +117,28 @@ Json qwen2_7b() {
   return build_llama(c);
 }
 
+// Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1): the Mistral-7B layout (32
+// layers, hidden 4096, 32 heads with 8 key/value heads, vocab 32000,
+// rope_theta 1e6, untied head) with each MLP a mixture of 8 SwiGLU experts of
+// width 14336, top-2 per token; the moe op's capacity factor 1.25 (its
+// config trains dropless: --capacity-factor 4). Sequence length 4096 (its
+// config allows 32768).
+Json mixtral_8x7b() {
+  LlamaConfig c;
+  c.name = "mixtral-8x7b";
+  c.layers = 32;
+  c.hidden = 4096;
+  c.heads = 32;
+  c.kv_heads = 8;
+  c.intermediate = 14336;
+  c.vocab = 32000;
+  c.rms_eps = 1e-5;
+  c.rope_theta = 1e6;
+  c.experts = 8;
+  c.top_k = 2;
+  return build_llama(c);
+}
+
 // gemma-7b (google/gemma-7b): 28 layers, hidden 3072, 16 heads of 256
 // (4096 wide), GeGLU 24576 (hidden_act gelu), vocab 256000, embeddings
 // scaled by sqrt(3072), RMSNorm x (1 + w), tied head, pad token 0; sequence
@@ -170,6 +192,8 @@ const std::vector<Model>& models() {
        llama2_70b},
       {{"qwen2-7b", "llama", "Hugging Face Qwen/Qwen2-7B (Qwen2ForCausalLM: 28 layers, hidden 3584, 28 heads, 4 key/value heads, q/k/v biases, intermediate 18944, vocab 152064)"},
        qwen2_7b},
+      {{"mixtral-8x7b", "llama", "Hugging Face mistralai/Mixtral-8x7B-v0.1 (MixtralForCausalLM: 32 layers, hidden 4096, 32 heads, 8 key/value heads, 8 experts of 14336, top-2, vocab 32000)"},
+       mixtral_8x7b},
       {{"gemma-7b", "llama", "Hugging Face google/gemma-7b (GemmaForCausalLM: 28 layers, hidden 3072, 16 heads of 256, GeGLU 24576, vocab 256000, tied)"},
        gemma_7b},
       {{"phi-2", "phi", "Hugging Face microsoft/phi-2 (PhiForCausalLM: 32 parallel blocks, hidden 2560, 32 heads, partial rotary 0.4, intermediate 10240, vocab 51200)"},

@@ -1,8 +1,8 @@
-// Qwen2, Gemma and Phi, imported from Hugging Face configs written by
+// Qwen2, Gemma, Phi and Mixtral, imported from Hugging Face configs written by
 // transformers (tests/fixtures/make_hf_fixtures.py), trained on the CPU
 // engine: they learn, and under every single knob change a plan carries the
 // memory measured equals the plan's byte for byte (knob_grid.hpp). Their
-// step equals PyTorch's in tests/tools/torch_parity.py.
+// step equals transformers' in tests/tools/hf_parity.py (Mixtral's dropless).
 #include "knob_grid.hpp"
 
 #include "dlplan/error.hpp"
@@ -63,7 +63,7 @@ TEST_P(HfFamily, EverySingleKnobChangeMeasuresAsPlanned) {
   EXPECT_GE(runs, 15);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, HfFamily, ::testing::Values("tiny-qwen2", "tiny-gemma", "tiny-phi"),
+INSTANTIATE_TEST_SUITE_P(Transformers, HfFamily, ::testing::Values("tiny-qwen2", "tiny-gemma", "tiny-phi", "tiny-mixtral"),
                          [](const auto& info) { return std::string(info.param).substr(5); });
 
 // The CUDA kernels have no partial rotary, scaled embedding or offset RMSNorm
@@ -75,6 +75,9 @@ TEST(HfFamilyRefusal, WhatTheGpuEngineLacksIsNamed) {
   auto gemma = gpu_engine_lacks(load_model(hf("tiny-gemma")));
   ASSERT_TRUE(gemma.has_value());
   EXPECT_NE(gemma->find("'embed_tokens' scales its embedding"), std::string::npos) << *gemma;
+  auto mixtral = gpu_engine_lacks(load_model(hf("tiny-mixtral")));
+  ASSERT_TRUE(mixtral.has_value());
+  EXPECT_NE(mixtral->find("'layers.0.block_sparse_moe' is a mixture of experts"), std::string::npos) << *mixtral;
   // Qwen2's q, k, v-only biases are in the CUDA kernels (AttentionShape::bias_param).
   EXPECT_FALSE(gpu_engine_lacks(load_model(hf("tiny-qwen2"))).has_value());
   EXPECT_FALSE(gpu_engine_lacks(load_model("tiny-gpt")).has_value());

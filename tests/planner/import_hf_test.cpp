@@ -4,13 +4,18 @@
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
+#include "dlplan/request.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
+#include <optional>
 #include <string>
 
 using namespace dlplan;
@@ -181,26 +186,7 @@ TEST(ImportHf, UnknownModelTypeListsSupported) {
   auto msg = error_of(hf("unknown-type.json"));
   EXPECT_NE(msg.find("unknown-type.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("model_type 't5' is not supported"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("gpt2, llama, mistral, qwen2, gemma, phi, bert, vit"), std::string::npos) << msg;
-}
-
-// ---- Qwen2, Gemma, Phi: counts from transformers itself -------------------------
-
-// tests/fixtures/make_hf_fixtures.py wrote each config with transformers 4.38.2
-// and the parameter count of AutoModelForCausalLM.from_config beside it; the
-// published totals agree (Qwen2-0.5B 494,032,768; Qwen2-7B 7,615,616,512;
-// gemma-2b 2,506,172,416; gemma-7b 8,537,680,896; phi-2 2,779,683,840;
-// phi-1_5 1,418,270,720).
-TEST(ImportHf, QwenGemmaPhiCountsEqualTransformers) {
-  const auto counts = nlohmann::json::parse(std::ifstream(hf("transformers_counts.json")));
-  ASSERT_EQ(counts["transformers"], "4.38.2");
-  int checked = 0;
-  for (const auto& [name, c] : counts["models"].items()) {
-    Model m = load_model(hf(name + ".json"));
-    EXPECT_EQ(m.parameter_count(), c["params"].get<int64_t>()) << name;
-    ++checked;
-  }
-  EXPECT_EQ(checked, 9);
+  EXPECT_NE(msg.find("gpt2, llama, mistral, mixtral, qwen2, gemma, phi, bert, vit"), std::string::npos) << msg;
 }
 
 namespace {
@@ -210,6 +196,112 @@ const ParamInfo* param_named(const Model& m, const std::string& name) {
   return nullptr;
 }
 }  // namespace
+
+// ---- Qwen2, Gemma, Phi: counts from transformers itself -------------------------
+
+// tests/fixtures/make_hf_fixtures.py wrote each config with transformers 4.38.2
+// and the parameter count of AutoModelForCausalLM.from_config beside it; the
+// published totals agree (Qwen2-0.5B 494,032,768; Qwen2-7B 7,615,616,512;
+// gemma-2b 2,506,172,416; gemma-7b 8,537,680,896; phi-2 2,779,683,840;
+// phi-1_5 1,418,270,720; Mixtral-8x7B 46,702,792,704, the model card's 46.7B).
+TEST(ImportHf, QwenGemmaPhiMixtralCountsEqualTransformers) {
+  const auto counts = nlohmann::json::parse(std::ifstream(hf("transformers_counts.json")));
+  ASSERT_EQ(counts["transformers"], "4.38.2");
+  int checked = 0;
+  for (const auto& [name, c] : counts["models"].items()) {
+    Model m = load_model(hf(name + ".json"));
+    EXPECT_EQ(m.parameter_count(), c["params"].get<int64_t>()) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 11);
+}
+
+// A mixture-of-experts layer keeps what autograd keeps in transformers' own
+// MixtralSparseMoeBlock (make_hf_fixtures.py: unique storages saved in one
+// forward of layer 0's block on a [1, 32, 64] input, fp32), at capacity
+// factor 1, where each expert's buffer holds as many rows as tokens routed to
+// it (T k / E): the input, the router's softmax, the gates, and per routed
+// row the expert's input, h1, silu(h1), h3, their product and its output.
+// The eager loop keeps one tensor more, the gated output [T k, D] its
+// index_add_ saves, which dlplan's combine does not need; with it added the
+// two agree within 5 % (the rest: transformers' int64 indices against
+// dlplan's int32 slots).
+TEST(ImportHf, MixtralMoeBlockKeepsWhatAutogradKeeps) {
+  const auto counts = nlohmann::json::parse(std::ifstream(hf("transformers_counts.json")));
+  const auto torch = counts["models"]["tiny-mixtral"]["moe_block_saved_bytes"].get<int64_t>();
+  ASSERT_EQ(counts["seq_len"], 32);
+  const Model m = with_capacity_factor(load_model(hf("tiny-mixtral.json")), 1.0);
+  const Node* moe = find_op(m, OpKind::moe);
+  const MoeShape s = moe_shape(m, *moe);
+  ASSERT_EQ(s.rows(), s.T * s.k);  // capacity 16: 64 places for 64 choices
+  int64_t kept = 0;
+  for (const SavedTensor& t : declare(m, *moe).saved)
+    kept += t.ref == SavedTensor::Ref::input ? numel(m.tensor(moe->inputs[0]).shape) * 4 : t.numel * 4;
+  const int64_t gated_output = s.T * s.k * s.D * 4;
+  const double error = static_cast<double>(kept + gated_output) / static_cast<double>(torch) - 1;
+  EXPECT_LE(std::fabs(error), 0.05) << kept << " B kept + " << gated_output << " B, transformers keeps " << torch;
+  std::cout << fmt::format("MixtralSparseMoeBlock at T = 32: dlplan keeps {} B, transformers {} B ({:+.1f} %; with "
+                           "its gated output, {:+.1f} %)\n",
+                           kept, torch, 100.0 * (static_cast<double>(kept) / static_cast<double>(torch) - 1), 100 * error);
+}
+
+// ---- Mixtral: each MLP a mixture of experts ----------------------------------
+
+TEST(ImportHf, MixtralRoutesEachTokenToTwoOfEightExperts) {
+  Model m = load_model(hf("mixtral-8x7b.json"));
+  int moes = 0, linears = 0;
+  for (const auto& n : m.nodes) {
+    moes += n.op == OpKind::moe;
+    linears += n.op == OpKind::linear;
+  }
+  EXPECT_EQ(moes, 32);
+  EXPECT_EQ(linears, 1);  // lm_head: no dense MLP is left
+  const Node* moe = find_op(m, OpKind::moe);
+  EXPECT_EQ(moe->name, "layers.0.block_sparse_moe");  // MixtralDecoderLayer's module name
+  EXPECT_EQ(moe->attrs.integer("experts"), 8);
+  EXPECT_EQ(moe->attrs.integer("top_k"), 2);
+  EXPECT_EQ(moe->attrs.integer("hidden"), 14336);
+  EXPECT_DOUBLE_EQ(moe->attrs.number("capacity_factor"), 1.25);
+  EXPECT_EQ(moe->attrs.integer("capacity"), 10240);  // ceil(1.25 x 32768 x 2 / 8) at the config's 32768 tokens
+  const ParamInfo* gate = param_named(m, "layers.0.block_sparse_moe.gate.weight");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(gate->numel, 8 * 4096);
+  const ParamInfo* w2 = param_named(m, "layers.31.block_sparse_moe.experts.7.w2.weight");
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(w2->shape, (Shape{4096, 14336}));
+  // Control: the same config as a mistral has one dense SwiGLU MLP a layer,
+  // 32 x (7 x 3 x 4096 x 14336 + 8 x 4096) parameters fewer.
+  auto j = nlohmann::json::parse(std::ifstream(hf("mixtral-8x7b.json")));
+  j["model_type"] = "mistral";
+  Model dense = parse_model(nlohmann::json(hf_config_to_ir(j, "as-mistral.json")), "as-mistral.json");
+  EXPECT_EQ(m.parameter_count() - dense.parameter_count(), int64_t{32} * (7 * 3 * 4096 * int64_t{14336} + 8 * 4096));
+}
+
+// --capacity-factor sets every moe node's factor and derives its capacity
+// anew; the plan's notes say when tokens are dropped, and dropless says nothing.
+TEST(ImportHf, CapacityFactorSetsTheExpertsBuffersAndTheNotesSayWhatIsDropped) {
+  Model m = with_seq_len(load_model(hf("tiny-mixtral.json")), 32);
+  EXPECT_EQ(find_op(m, OpKind::moe)->attrs.integer("capacity"), 20);  // ceil(1.25 x 32 x 2 / 4)
+  EXPECT_EQ(find_op(with_capacity_factor(m, 2.0), OpKind::moe)->attrs.integer("capacity"), 32);
+  EXPECT_EQ(find_op(with_capacity_factor(m, 0.5), OpKind::moe)->attrs.integer("capacity"), 8);
+  EXPECT_THROW(with_capacity_factor(load_model(hf("tiny-qwen2.json")), 1.0), Error);
+  EXPECT_THROW(with_capacity_factor(m, 0.0), Error);
+  auto notes_of = [](std::optional<double> cf) {
+    RequestFlags f;
+    f.model = hf("tiny-mixtral.json");
+    f.capacity_factor = cf;
+    std::string all;
+    for (const auto& n : build_request(f).model.notes) all += n + "\n";
+    return all;
+  };
+  const std::string dropping = notes_of(std::nullopt);
+  EXPECT_NE(dropping.find("in node 'layers.0.block_sparse_moe' and 1 more, each of 4 experts takes at most 20 of a "
+                          "sample's 32 tokens (capacity factor 1.25)"),
+            std::string::npos)
+      << dropping;
+  EXPECT_NE(dropping.find("Mixtral trains dropless (--capacity-factor 2 drops none"), std::string::npos) << dropping;
+  EXPECT_EQ(notes_of(2.0).find("mixture of experts"), std::string::npos) << notes_of(2.0);
+}
 
 TEST(ImportHf, Qwen2HasBiasesOnQkvButNotO) {
   Model m = load_model(hf("qwen2-7b.json"));

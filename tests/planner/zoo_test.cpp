@@ -36,7 +36,9 @@ INSTANTIATE_TEST_SUITE_P(Published, ZooCount,
                                            Published{"llama2-70b", 68'976'648'192},  // HF Llama-2-70b modules
                                            // transformers 4.38.2 (tests/fixtures/hf/transformers_counts.json)
                                            Published{"qwen2-7b", 7'615'616'512}, Published{"gemma-7b", 8'537'680'896},
-                                           Published{"phi-2", 2'779'683'840}),
+                                           Published{"phi-2", 2'779'683'840},
+                                           // transformers 4.38.2; the model card's 46.7B
+                                           Published{"mixtral-8x7b", 46'702'792'704}),
                          [](const auto& info) {
                            std::string s = info.param.name;
                            for (auto& c : s)

@@ -52,6 +52,13 @@ struct LlamaConfig {
   double embed_scale = 1.0;         // Gemma: sqrt(hidden)
   double norm_offset = 0.0;         // Gemma: RMSNorm scales by 1 + w
   int padding_idx = -1;             // HF's pad_token_id: its embedding row gets no gradient (-1: none)
+  // Mixtral: the MLP is a mixture of `experts` SwiGLU experts of width
+  // `intermediate`, top_k per token (0: a dense MLP). capacity_factor: the
+  // moe op's, tokens over an expert's capacity are dropped (0: dropless,
+  // every token fits every expert, as Mixtral trains).
+  int experts = 0;
+  int top_k = 2;
+  double capacity_factor = 1.25;
 };
 Json build_llama(const LlamaConfig& c);
 
