@@ -92,6 +92,8 @@ OPS = {
     "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                       "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                       "rope_theta": 10000.0, "rotary_dim": _DERIVED}),
+    "moe": (1, {"experts": _REQUIRED, "top_k": 2, "hidden": _REQUIRED, "capacity_factor": 1.25,
+                "capacity": _DERIVED, "normalize": True}),
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {"keepdims": _NULL}),
@@ -228,6 +230,11 @@ def _plan(ir):
                 if x[1] % a["heads"]:
                     raise ValueError(f"node '{n.name}': width {x[1]} is not divisible by heads {a['heads']}")
                 a["head_dim"] = x[1] // a["heads"]
+            out = x
+        elif op == "moe":
+            if a["capacity"] is None:  # GShard's capacity, at most every token
+                E, k = int(a["experts"]), int(a["top_k"])
+                a["capacity"] = min(x[0], math.ceil(float(a["capacity_factor"]) * x[0] * k / E))
             out = x
         elif op in ("maxpool2d", "avgpool2d"):
             if a["stride"] is None:
@@ -407,6 +414,13 @@ class IRModule(nn.Module):
                 add("v.bias", P(KV * hd), False)
             if a["out_bias"]:
                 add("o.bias", P(D), False)
+        elif op == "moe":
+            D, E, Fh = x[1], int(a["experts"]), int(a["hidden"])
+            add("gate.weight", P(E, D), True)
+            for e in range(E):
+                add(f"experts.{e}.w1.weight", P(Fh, D), True)
+                add(f"experts.{e}.w2.weight", P(D, Fh), True)
+                add(f"experts.{e}.w3.weight", P(Fh, D), True)
         return out
 
     def reset_parameters(self):
@@ -563,6 +577,8 @@ class IRModule(nn.Module):
             return torch.cat(list(xs), dim=int(a["axis"]) + 1)
         if op == "attention":
             return self._attention(n, x)
+        if op == "moe":
+            return self._moe(n, x)
         if op == "maxpool2d":
             return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=bool(a.get("ceil_mode")))
@@ -603,6 +619,33 @@ class IRModule(nn.Module):
         half = cos.shape[-1]
         x1, x2, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+
+    def _moe(self, n, x):
+        """Top-k routing with a capacity per expert (ops_schema.cpp's moe), as
+        GShard assigns places: every token's first choice in token order,
+        then its second, ...; a choice past an expert's capacity is dropped.
+        Each expert is Mixtral's SwiGLU MLP w2(silu(w1 x) * w3 x)."""
+        a = n.a
+        B, T, D = x.shape
+        E, k, C = int(a["experts"]), int(a["top_k"]), int(a["capacity"])
+        probs = F.softmax(x @ self._p(n, "gate.weight").t(), dim=-1, dtype=torch.float32)
+        top_p, top_e = probs.topk(k, dim=-1)  # [B, T, k], best first
+        gates = top_p / top_p.sum(dim=-1, keepdim=True) if a["normalize"] else top_p
+        # Place of each choice in its expert, choices ordered rank-major.
+        chosen = F.one_hot(top_e.transpose(1, 2).reshape(B, k * T), E)  # [B, k T, E]
+        place = ((chosen.cumsum(dim=1) - 1) * chosen).sum(dim=-1).reshape(B, k, T).transpose(1, 2)  # [B, T, k]
+        kept = place < C
+        y = torch.zeros_like(x)
+        for e in range(E):
+            w1, w2, w3 = (self._p(n, f"experts.{e}.{w}.weight") for w in ("w1", "w2", "w3"))
+            for b in range(B):
+                tok, rank = torch.nonzero((top_e[b] == e) & kept[b], as_tuple=True)
+                if tok.numel() == 0:
+                    continue
+                h = x[b, tok]
+                out = (F.silu(h @ w1.t()) * (h @ w3.t())) @ w2.t()
+                y[b] = y[b].index_add(0, tok, out * gates[b, tok, rank, None].to(x.dtype))
+        return y
 
     def _attention(self, n, x):
         a = n.a
@@ -773,6 +816,11 @@ def _node_flops(n):
         H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
         proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D
         f = proj + 2 * (2.0 * H * T * T * hd)
+        return f, 2 * f
+    if op == "moe":  # the router, and the SwiGLU experts on the T k routed rows
+        T, D = x
+        E, k, Fh = int(a["experts"]), int(a["top_k"]), int(a["hidden"])
+        f = 2.0 * T * D * E + T * k * (6.0 * D * Fh + Fh + D)
         return f, 2 * f
     if op in ("maxpool2d", "avgpool2d"):
         k = _pair(a["kernel"])

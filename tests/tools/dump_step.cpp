@@ -2,7 +2,7 @@
 // framework to replay (tests/tools/torch_parity.py compares it with PyTorch).
 //
 //   dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash]
-//             [--seq-len T] [--init FILE]
+//             [--seq-len T] [--init FILE] [--capacity-factor F]
 //
 // MODEL is a zoo name, an IR file or an ONNX file (--seq-len: its symbolic
 // sequence axis). --init starts from a file's weights as `dlplan train
@@ -53,7 +53,7 @@ namespace {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "dump_step: " << why << "\n"
             << "usage: dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash] "
-               "[--seq-len T] [--init FILE]\n";
+               "[--seq-len T] [--init FILE] [--capacity-factor F]\n";
   std::exit(2);
 }
 
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   std::string attention = "math", init;
   int64_t seq_len = 0;
+  double capacity_factor = 0;  // 0: the model's
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
     else if (a == "--attention") attention = value();
     else if (a == "--seq-len") seq_len = std::stoll(value());
     else if (a == "--init") init = value();
+    else if (a == "--capacity-factor") capacity_factor = std::stod(value());
     else if (a.rfind("--", 0) == 0) usage("unknown option " + a);
     else pos.push_back(a);
   }
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
     ImportOptions import;
     import.seq_len = seq_len;
     req.model = load_model(pos[0], import);
+    if (capacity_factor > 0) req.model = with_capacity_factor(req.model, capacity_factor);
     req.cluster.device = find_device("cpu");
     req.cluster.gpus_per_node = 1;
     req.training.precision = Precision::fp32;

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """One training step of dlplan's CPU executor against Hugging Face
 transformers' own model, for the families imported from config.json: Qwen2,
-Gemma and Phi (tests/fixtures/hf/tiny-*.json, written by transformers 4.38.2).
+Gemma, Phi and Mixtral (tests/fixtures/hf/tiny-*.json, written by
+transformers 4.38.2). Mixtral trains dropless: dlplan's moe op runs with a
+capacity factor of experts / top_k (--capacity-factor), which drops no token,
+and its router, top-2 choice and renormalised gates must then give
+transformers' step; its expert weights share transformers' names
+(block_sparse_moe.gate, block_sparse_moe.experts.E.w1/w2/w3).
 
 tests/tools/dump_step runs one fp32 SGD step and writes the parameters before
 and after, the batch and the loss. transformers builds AutoModelForCausalLM
@@ -40,7 +45,7 @@ from torch_parity import read_f32, read_inputs  # noqa: E402
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
-FAMILIES = ["tiny-qwen2", "tiny-gemma", "tiny-phi"]
+FAMILIES = ["tiny-qwen2", "tiny-gemma", "tiny-phi", "tiny-mixtral"]
 PROJ = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
 
 
@@ -94,7 +99,11 @@ def run(name, args):
     d = os.path.join(args.work, name)
     os.makedirs(d, exist_ok=True)
     cfg_path = os.path.join(args.source_dir, "tests", "fixtures", "hf", name + ".json")
-    r = subprocess.run([args.dump_step, cfg_path, d, "--micro-batch", "2", "--lr", "0.5"], stdout=subprocess.PIPE,
+    config = transformers.AutoConfig.from_pretrained(cfg_path)
+    dropless = []
+    if config.model_type == "mixtral":
+        dropless = ["--capacity-factor", str(config.num_local_experts / config.num_experts_per_tok)]
+    r = subprocess.run([args.dump_step, cfg_path, d, "--micro-batch", "2", "--lr", "0.5"] + dropless, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, universal_newlines=True)
     if r.returncode != 0:
         print(f"{name}: dump_step failed (rc {r.returncode}):\n{r.stdout}")
@@ -105,7 +114,6 @@ def run(name, args):
     loss_d = float(open(os.path.join(d, "loss.txt")).read())
     names = json.load(open(os.path.join(d, "params.json")))
     inputs = read_inputs(d)
-    config = transformers.AutoConfig.from_pretrained(cfg_path)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     loss_t, g_t = hf_step(config, names, before, inputs)

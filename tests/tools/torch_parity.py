@@ -63,10 +63,16 @@ CASES = {
     "tiny-gemma": ("tests/fixtures/hf/tiny-gemma.json", 2, []),
     "tiny-phi": ("tests/fixtures/hf/tiny-phi.json", 2, []),
     "tiny-phi-flash": ("tests/fixtures/hf/tiny-phi.json", 2, ["--attention", "flash"]),
+    # Mixtral's mixture of experts with capacity drops: at the default factor
+    # 1.25 (20 places per expert for 64 choices over 4 experts) and at 0.5 (8
+    # places: half the choices dropped). Dropless, hf_parity.py compares it
+    # with transformers' own MixtralForCausalLM.
+    "tiny-mixtral": ("tests/fixtures/hf/tiny-mixtral.json", 2, []),
+    "tiny-mixtral-drops": ("tests/fixtures/hf/tiny-mixtral.json", 2, ["--capacity-factor", "0.5"]),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
-           "tiny-gemma", "tiny-phi", "tiny-phi-flash"]
+           "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops"]
 
 
 def read_f32(path):
