@@ -98,6 +98,7 @@ class Importer {
   const std::map<std::string, WeightRef>& weights() const { return weights_; }
 
   Model run() {
+    for (int i = 0; i < g_.g.node_size(); ++i) check_arity(i);
     fusions_ = find_fusions(g_, &unfused_);
     for (size_t i = 0; i < fusions_.size(); ++i) {
       fusion_by_out_[fusions_[i].out] = static_cast<int>(i);
@@ -500,11 +501,13 @@ class Importer {
     emit(ir_name_for(n), "opaque", ins, OJson{{"shape", ps}, {"source", key}}, n.output(0), n.name());
   }
 
-  void map_node(int i) {
+  // The inputs and outputs the fusions and mappings index, checked for every
+  // node before either runs: a file whose nodes were not verified against
+  // their schemas (no opset declared) can hold fewer. Every op reads at
+  // least one input except the sources, and every op writes an output.
+  void check_arity(int i) const {
     const auto& n = g_.node(i);
     const auto& op = n.op_type();
-    // The inputs the mappings below index. A file whose nodes were not
-    // verified against their schemas (no opset declared) can hold fewer.
     static const std::map<std::string, int> kInputsRead = {{"MatMul", 2},
                                                            {"Gemm", 2},
                                                            {"Conv", 2},
@@ -512,9 +515,18 @@ class Importer {
                                                            {"SoftmaxCrossEntropyLoss", 2},
                                                            {"BatchNormalization", 1},
                                                            {"LayerNormalization", 1}};
-    if (auto it = kInputsRead.find(op); it != kInputsRead.end() && n.input_size() < it->second)
+    static const std::set<std::string> kSources = {"Constant", "RandomNormal", "RandomUniform"};
+    const auto it = kInputsRead.find(op);
+    const int needed = it != kInputsRead.end() ? it->second : kSources.count(op) ? 0 : 1;
+    if (n.input_size() < needed)
       fail(fmt::format("{}: has {} input{}; {} takes {}", label(n, i), n.input_size(), n.input_size() == 1 ? "" : "s",
-                       op, it->second));
+                       op, it != kInputsRead.end() ? std::to_string(needed) : "at least 1"));
+    if (n.output_size() < 1) fail(fmt::format("{}: has no output", label(n, i)));
+  }
+
+  void map_node(int i) {
+    const auto& n = g_.node(i);
+    const auto& op = n.op_type();
     const auto data = data_inputs(n);
     if (const auto h = handlers().find(op); h != handlers().end()) return (this->*(h->second))(n, i, data);
     unknown(n, i, data);

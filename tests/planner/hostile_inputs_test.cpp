@@ -145,6 +145,17 @@ TEST(OnnxStructure, MatMulWithOneInputIsRefusedNamingTheNode) {
       << msg;
 }
 
+// Found by fuzz_onnx (UBSan: the attention matcher reading a Softmax's first
+// input that is not there, in a file without an opset; the file is the
+// fuzzer's input itself, also in the onnx seed corpus): every node's inputs
+// and outputs are counted before any fusion looks at them.
+TEST(OnnxStructure, SoftmaxWithoutInputsIsRefusedBeforeFusionsNamingTheNode) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string msg = error_of([] { import_onnx(hostile_onnx("softmax_no_input.onnx"), ImportOptions{2, 0}); });
+  EXPECT_NE(msg.find("softmax_no_input.onnx: node "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(Softmax): has 0 inputs; Softmax takes at least 1"), std::string::npos) << msg;
+}
+
 TEST(OnnxStructure, NodeNotMatchingItsSchemaIsRefused) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const std::string msg = error_of([] { import_onnx(hostile_onnx("reshape_one_input.onnx"), ImportOptions{2, 0}); });
