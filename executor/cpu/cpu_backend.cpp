@@ -84,14 +84,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // A convolutional network (four or more conv2d nodes, which oneDNN runs)
-  // keeps OpenMP's team busy: its loops join that team (cpu/parallel.hpp).
+  // A convolutional network (whose convolutions oneDNN runs) keeps OpenMP's
+  // team busy: its loops join that team (cpu/parallel.hpp).
   void choose_loop_threads(const OpContext& c) {
     if (c.model == model_) return;
     model_ = c.model;
-    const auto convs = std::count_if(model_->nodes.begin(), model_->nodes.end(),
-                                     [](const Node& n) { return n.op == OpKind::conv2d; });
-    run_loops_on_openmp(convs >= 4 && onednn_conv_enabled());
+    run_loops_on_openmp(onednn_runs_convolutions(*model_));
   }
   const Model* model_ = nullptr;
 

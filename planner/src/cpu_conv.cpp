@@ -1,5 +1,6 @@
 #include "dlplan/cpu_conv.hpp"
 
+#include "dlplan/ir.hpp"
 #include "dlplan/onednn_conv.hpp"
 
 #include <sched.h>
@@ -42,6 +43,11 @@ int cpu_threads_per_rank(int local_ranks) {
 bool onednn_conv_enabled() {
   const char* v = std::getenv("DLPLAN_CPU_CONV");
   return !(v && std::string(v) == "im2col");
+}
+
+bool onednn_runs_convolutions(const Model& m) {
+  const auto convs = std::count_if(m.nodes.begin(), m.nodes.end(), [](const Node& n) { return n.op == OpKind::conv2d; });
+  return convs >= 4 && onednn_conv_enabled();
 }
 
 namespace onednn {
@@ -180,6 +186,7 @@ std::optional<std::vector<ConvBuffer>> onednn_conv_backward_buffers(const ConvGe
 #else
 
 bool onednn_conv_enabled() { return false; }
+bool onednn_runs_convolutions(const Model&) { return false; }
 std::optional<std::vector<ConvBuffer>> onednn_conv_forward_buffers(const ConvGeometry&, int) { return std::nullopt; }
 std::optional<std::vector<ConvBuffer>> onednn_conv_backward_buffers(const ConvGeometry&, int, bool, bool) {
   return std::nullopt;

@@ -454,12 +454,14 @@ class Emitter {
     std::erase_if(units_bwd_, [&](int u) { return !unit_bwd_[static_cast<size_t>(u)]; });
     out_.has_backward = node_bwd_;
   }
-  // The cpu device in fp32 runs conv2d through oneDNN over the whole
-  // micro-batch: its temporaries become oneDNN's buffers, sized by oneDNN for
-  // this geometry and the rank's threads (cpu_conv.hpp). Other precisions keep
-  // im2col, whose columns the engine rounds to the storage dtype.
+  // The cpu device in fp32 runs a convolutional network's conv2d through
+  // oneDNN over the whole micro-batch: its temporaries become oneDNN's
+  // buffers, sized by oneDNN for this geometry and the rank's threads
+  // (cpu_conv.hpp). Other precisions keep im2col, whose columns the engine
+  // rounds to the storage dtype, and so does a model of fewer than four
+  // convolutions (onednn_runs_convolutions says why).
   void lower_cpu_convolutions() {
-    if (cl_.device.kind != "cpu" || cfg_.precision != Precision::fp32 || !onednn_conv_enabled()) return;
+    if (cl_.device.kind != "cpu" || cfg_.precision != Precision::fp32 || !onednn_runs_convolutions(m_)) return;
     const int threads = cpu_threads_per_rank(cl_.gpus_per_node);
     for (size_t i = 0; i < m_.nodes.size(); ++i) {
       const Node& n = m_.nodes[i];

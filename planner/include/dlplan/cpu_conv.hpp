@@ -18,6 +18,8 @@
 
 namespace dlplan {
 
+struct Model;
+
 // One conv2d as the CPU engine runs it: the whole micro-batch at once.
 struct ConvGeometry {
   int64_t N = 0, C = 0, H = 0, W = 0, O = 0, OH = 0, OW = 0;
@@ -33,6 +35,16 @@ struct ConvBuffer {
 // Built with oneDNN, and not turned off by DLPLAN_CPU_CONV=im2col (which keeps
 // the im2col + OpenBLAS lowering, for comparison).
 bool onednn_conv_enabled();
+
+// A model of four or more conv2d nodes (a convolutional network), with
+// oneDNN enabled: its fp32 cpu convolutions run through oneDNN, and the
+// engine's loops between them on oneDNN's OpenMP team. A model with fewer
+// (a ViT's patch embedding) keeps im2col + OpenBLAS, so that it never starts
+// an OpenMP team: after each region libgomp's workers spin for a while
+// before they sleep, and one spinning on a core the pool and OpenBLAS need
+// slowed tiny-vit on one rank with two threads from 1.8 ms a step to 9 ms in
+// 6 of 16 runs (docs/cpu-engine.md, "Threads inside a rank").
+bool onednn_runs_convolutions(const Model& m);
 
 // The threads one rank's kernels use: DLPLAN_CPU_THREADS, else
 // OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, else the cores in the affinity mask
