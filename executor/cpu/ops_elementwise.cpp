@@ -96,7 +96,13 @@ void relu_backward(OpContext& c) {
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
     // A select rather than a branch (half the branches mispredict), so that
     // it vectorizes; adding 0 leaves dx as it was (but for -0 becoming +0).
-    for (int64_t i = begin; i < end; ++i) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+    // dy[i] is read whatever the condition: a load under a condition is one
+    // the compiler may not hoist, and the loop stayed scalar (6 % of
+    // ResNet-18's step).
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = dy[i];
+      dx[i] += y[i] > 0.0f ? g : 0.0f;
+    }
   });
 }
 
@@ -151,7 +157,10 @@ void clip_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] += (x[i] > lo && x[i] < hi) ? dy[i] : 0.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = dy[i];  // read unconditionally, so that the loop vectorizes (relu_backward)
+      dx[i] += (x[i] > lo && x[i] < hi) ? g : 0.0f;
+    }
   });
 }
 
@@ -174,7 +183,10 @@ void hardsigmoid_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] += (x[i] > -3.0f && x[i] < 3.0f) ? dy[i] / 6.0f : 0.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = dy[i] / 6.0f;  // read unconditionally, so that the loop vectorizes (relu_backward)
+      dx[i] += (x[i] > -3.0f && x[i] < 3.0f) ? g : 0.0f;
+    }
   });
 }
 
@@ -192,8 +204,10 @@ void hardswish_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      dx[i] += x[i] < -3.0f ? 0.0f : x[i] <= 3.0f ? dy[i] * (x[i] / 3.0f + 0.5f) : dy[i];
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = dy[i];  // read unconditionally, so that the loop vectorizes (relu_backward)
+      dx[i] += x[i] < -3.0f ? 0.0f : x[i] <= 3.0f ? g * (x[i] / 3.0f + 0.5f) : g;
+    }
   });
 }
 
