@@ -13,6 +13,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -536,6 +537,51 @@ TEST(OpPool, MaxPoolSavesArgmax) {
   for (int32_t k : {1, 7, 8})
     if (r.ctx.in[0].f()[k] > r.ctx.in[0].f()[best]) best = k;
   EXPECT_EQ(am[0], best);
+}
+
+// The kernel splits each row into windows that reach the padding and a run of
+// inside windows compared with selects; both must pick what one plain loop
+// over each window picks (row-major, first of equals, a NaN wins), here with
+// many ties (values 0..3) and NaNs, on planes large enough to have both kinds.
+TEST(OpPool, MaxPoolMatchesAPlainLoopWithTiesAndNaNs) {
+  struct Geo {
+    int64_t H, W, k, s, p;
+    bool ceil;
+  };
+  for (const Geo geo : {Geo{13, 12, 3, 2, 1, false}, Geo{9, 14, 2, 2, 0, false}, Geo{11, 10, 3, 1, 1, false},
+                        Geo{10, 11, 3, 2, 0, true}, Geo{6, 20, 5, 3, 2, false}}) {
+    Json node{{"op", "maxpool2d"}, {"kernel", geo.k}, {"stride", geo.s}, {"padding", geo.p}};
+    if (geo.ceil) node["ceil_mode"] = true;
+    OpCase c = unary("maxpool_plain", Json::array({2, geo.H, geo.W}), node);
+    Allocator alloc;
+    auto be = make_cpu_backend();
+    OpRun r = make_run(c, alloc, 1);
+    float* x = r.ctx.in[0].f();
+    for (int64_t i = 0; i < 2 * geo.H * geo.W; ++i)
+      x[i] = i % 17 == 5 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>((i * 7919) % 4);
+    forward(*be, r);
+    const int64_t OH = r.ctx.out.shape[r.ctx.out.shape.size() - 2], OW = r.ctx.out.shape.back();
+    const int32_t* am = r.ctx.saved[0].i();
+    for (int64_t ch = 0; ch < 2; ++ch)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          float best = 0;
+          int64_t arg = -1;
+          for (int64_t ih = oh * geo.s - geo.p; ih < oh * geo.s - geo.p + geo.k; ++ih)
+            for (int64_t iw = ow * geo.s - geo.p; iw < ow * geo.s - geo.p + geo.k; ++iw) {
+              if (ih < 0 || ih >= geo.H || iw < 0 || iw >= geo.W) continue;
+              const float v = x[ch * geo.H * geo.W + ih * geo.W + iw];
+              if (arg < 0 || v > best || std::isnan(v)) best = v, arg = ih * geo.W + iw;
+            }
+          const int64_t o = (ch * OH + oh) * OW + ow;
+          EXPECT_EQ(am[o], arg) << "H " << geo.H << " W " << geo.W << " k " << geo.k << " at " << ch << "," << oh << ","
+                                << ow;
+          if (std::isnan(best))
+            EXPECT_TRUE(std::isnan(r.ctx.out.f()[o]));
+          else
+            EXPECT_EQ(r.ctx.out.f()[o], best);
+        }
+  }
 }
 
 // ---- forwards against independent references --------------------------------------

@@ -44,7 +44,9 @@ struct OpCostLookup {
 // The CPU engine's kernels, as a number: raised with every change to a kernel
 // that changes its time (docs/time.md). A table measured with another number
 // times kernels that are no longer there, and the simulator sets it aside.
-constexpr int kCpuKernelRevision = 2;  // 2: a model of fewer than four convolutions keeps im2col
+// 2: a model of fewer than four convolutions keeps im2col; relu backward,
+// batch norm sums and max pooling vectorize (docs/cpu-engine.md).
+constexpr int kCpuKernelRevision = 2;
 
 struct OpCostTable {
   std::string source;          // "dlplan calibrate --model tiny-gpt --micro-batch 8 on host: 2 ranks x 1 thread"
