@@ -38,7 +38,7 @@ cases=(
   "gpt2 $here/models/gpt2.json 8 128 3"
   "tiny-vit $here/models/tiny-vit.json 8 0 10"
   "tiny-cnn $here/models/tiny-cnn.json 8 0 10"
-  "resnet18 $here/models/resnet18.json 8 0 3"
+  "resnet18 $here/models/resnet18.json 8 0 5"
 )
 wanted=("$@")
 
