@@ -14,6 +14,7 @@
 // with D_i = dO_i . O_i). Both forms compute the same math; the dropout mask of
 // element (h, i, j) is keyed by its index (h T + i) T + j in either.
 #include "cpu/ops.hpp"
+#include "cpu/row_reduce.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -161,12 +162,7 @@ void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, c
         float* prow = P + i * d.T;
         const int64_t valid = d.causal ? i + 1 : d.T;
         for (int64_t j = valid; j < d.T; ++j) srow[j] = kNegInf;
-        const float mx = *std::max_element(srow, srow + valid);
-        double sum = 0;
-        for (int64_t j = 0; j < valid; ++j) {
-          prow[j] = std::exp(srow[j] - mx);
-          sum += prow[j];
-        }
+        const double sum = exp_shifted(srow, row_max(srow, valid), prow, valid);
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t j = 0; j < valid; ++j) prow[j] *= inv;
         for (int64_t j = valid; j < d.T; ++j) prow[j] = 0.0f;
@@ -231,8 +227,7 @@ void math_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, fl
       for (int64_t i = 0; i < d.T; ++i) {
         const float* prow = P + i * d.T;
         float* drow = dP + i * d.T;
-        double dot = 0;
-        for (int64_t j = 0; j < d.T; ++j) dot += double{prow[j]} * drow[j];
+        const double dot = lane_sum(d.T, [=](int64_t j) { return double{prow[j]} * drow[j]; });
         for (int64_t j = 0; j < d.T; ++j) drow[j] = prow[j] * (drow[j] - static_cast<float>(dot));
       }
       dpbuf.round(dP, TT);
@@ -275,19 +270,14 @@ void flash_forward(OpContext& c, const Dims& d, const float* q, const float* k, 
             const int64_t i = i0 + r;
             float* row = S.data() + r * nk;
             const int64_t valid = d.causal ? std::clamp<int64_t>(i + 1 - j0, 0, nk) : nk;
-            float mx = kNegInf;
-            for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
-            const float mnew = std::max(m[static_cast<size_t>(r)], mx);
+            const float mnew = std::max(m[static_cast<size_t>(r)], row_max(row, valid));
             if (mnew == kNegInf) {  // nothing visible yet for this row
               std::fill(row, row + nk, 0.0f);
               continue;
             }
             const float corr = std::exp(m[static_cast<size_t>(r)] - mnew);
-            float sum = 0;
-            for (int64_t j = 0; j < nk; ++j) {
-              row[j] = j < valid ? std::exp(row[j] - mnew) : 0.0f;
-              sum += row[j];
-            }
+            const auto sum = static_cast<float>(exp_shifted(row, mnew, row, valid));
+            std::fill(row + valid, row + nk, 0.0f);
             l[static_cast<size_t>(r)] = l[static_cast<size_t>(r)] * corr + sum;
             m[static_cast<size_t>(r)] = mnew;
             for (int64_t e = 0; e < d.hd; ++e) acc[static_cast<size_t>(r * d.hd + e)] *= corr;
@@ -345,9 +335,12 @@ void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, f
             const int64_t valid = d.causal ? std::clamp<int64_t>(i + 1 - j0, 0, nk) : nk;
             std::fill(factors.begin(), factors.end(), 1.0f);
             if (drop.active()) drop.row(s, h, i, j0, valid, factors.data());
+            float* prow = P.data() + r * nk;
+            exp_shifted(prow, lse[i], prow, valid);
+            std::fill(prow + valid, prow + nk, 0.0f);
             for (int64_t j = 0; j < nk; ++j) {
               const size_t e = static_cast<size_t>(r * nk + j);
-              const float p = j < valid ? std::exp(P[e] - lse[i]) : 0.0f;
+              const float p = P[e];
               const float f = factors[static_cast<size_t>(j)];
               P[e] = p;
               Pd[e] = p * f;

@@ -2,6 +2,7 @@
 // rmsnorm. Statistics are accumulated in double and kept in fp32.
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/row_reduce.hpp"
 
 #include <cmath>
 #include <vector>
@@ -26,23 +27,6 @@ namespace dlplan::exec::cpu {
 
 namespace {
 bool synced(const OpContext& c) { return c.syncbn && c.syncbn->group_size > 1; }
-
-// sum over i < n of term(i), in double, over 8 lanes: lane j takes the terms
-// j, j + 8, j + 16, ..., and the lanes are added in a fixed tree at the end.
-// One running sum is a chain of dependent additions that no compiler may
-// reorder (a quarter of batch norm's time in ResNet-18); 8 independent ones
-// vectorize. The order depends only on n, not on the thread count, so a run
-// keeps its bits with any number of threads; and fp32 terms added in double
-// round the same either way but in rare last-bit cases once cast to fp32.
-template <class Term>
-double lane_sum(int64_t n, const Term& term) {
-  double lane[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) lane[j] += term(i + j);
-  for (int j = 0; i < n; ++i, ++j) lane[j] += term(i);
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
 }  // namespace
 
 void batchnorm_forward(OpContext& c) {
