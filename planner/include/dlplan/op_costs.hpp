@@ -45,7 +45,7 @@ struct OpCostLookup {
 // that changes its time (docs/time.md). A table measured with another number
 // times kernels that are no longer there, and the simulator sets it aside.
 // 2: a model of fewer than four convolutions keeps im2col; relu backward,
-// batch norm sums and max pooling vectorize (docs/cpu-engine.md).
+// batch norm sums, max pooling and softmax rows vectorize (docs/cpu-engine.md).
 constexpr int kCpuKernelRevision = 2;
 
 struct OpCostTable {
