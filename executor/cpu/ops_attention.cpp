@@ -162,7 +162,7 @@ void math_forward(OpContext& c, const Dims& d, const float* q, const float* k, c
         float* prow = P + i * d.T;
         const int64_t valid = d.causal ? i + 1 : d.T;
         for (int64_t j = valid; j < d.T; ++j) srow[j] = kNegInf;
-        const double sum = exp_shifted(srow, row_max(srow, valid), prow, valid);
+        const double sum = exp_shifted_sum(srow, row_max(srow, valid), prow, valid);
         const float inv = static_cast<float>(1.0 / sum);
         for (int64_t j = 0; j < valid; ++j) prow[j] *= inv;
         for (int64_t j = valid; j < d.T; ++j) prow[j] = 0.0f;
@@ -276,7 +276,7 @@ void flash_forward(OpContext& c, const Dims& d, const float* q, const float* k, 
               continue;
             }
             const float corr = std::exp(m[static_cast<size_t>(r)] - mnew);
-            const auto sum = static_cast<float>(exp_shifted(row, mnew, row, valid));
+            const auto sum = static_cast<float>(exp_shifted_sum(row, mnew, row, valid));
             std::fill(row + valid, row + nk, 0.0f);
             l[static_cast<size_t>(r)] = l[static_cast<size_t>(r)] * corr + sum;
             m[static_cast<size_t>(r)] = mnew;
@@ -342,7 +342,6 @@ void flash_backward(OpContext& c, const Dims& d, const float* dctx, float* dq, f
               const size_t e = static_cast<size_t>(r * nk + j);
               const float p = P[e];
               const float f = factors[static_cast<size_t>(j)];
-              P[e] = p;
               Pd[e] = p * f;
               dP[e] = p * (dP[e] * f - Dvec[static_cast<size_t>(i)]);  // dS
             }

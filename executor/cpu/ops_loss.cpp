@@ -38,7 +38,7 @@ void cross_entropy_forward(OpContext& c) {
       const float* z = c.in[0].f() + r * K;
       const float mx = row_max(z, K);
       float* p = fused ? scratch.data() : kept.f() + r * K;
-      const double sum = exp_shifted(z, mx, p, K);
+      const double sum = exp_shifted_sum(z, mx, p, K);
       if (fused) {
         kept.f()[r] = static_cast<float>(mx + std::log(sum));
       } else {

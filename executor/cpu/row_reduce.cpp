@@ -20,12 +20,16 @@ DLPLAN_SIMD_CLONES float row_max(const float* x, int64_t n) {
   return m;
 }
 
-DLPLAN_SIMD_CLONES double exp_shifted(const float* x, float shift, float* out, int64_t n) {
+DLPLAN_SIMD_CLONES void exp_shifted(const float* x, float shift, float* out, int64_t n) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     const float d = x[j] - shift;
     out[j] = d < -87.0f ? 0.0f : exp_clamped(d);
   }
+}
+
+DLPLAN_SIMD_CLONES double exp_shifted_sum(const float* x, float shift, float* out, int64_t n) {
+  exp_shifted(x, shift, out, n);
   return lane_sum(n, [out](int64_t j) { return double{out[j]}; });
 }
 

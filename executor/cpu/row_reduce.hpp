@@ -27,9 +27,13 @@ double lane_sum(int64_t n, const Term& term) {
 // then carries it into the sum).
 float row_max(const float* x, int64_t n);
 
-// out[j] = e^(x[j] - shift) for j < n, returning their sum (lane_sum). The exp
-// is vec_math.hpp's (within 2 ulp of libm's); arguments below -87 give 0, as
+// out[j] = e^(x[j] - shift) for j < n (out may be x). The exp is
+// vec_math.hpp's (within 2 ulp of libm's); arguments below -87 give 0, as
 // e^-inf does, where libm would give a subnormal below 1.7e-38.
-double exp_shifted(const float* x, float shift, float* out, int64_t n);
+void exp_shifted(const float* x, float shift, float* out, int64_t n);
+
+// exp_shifted, returning the sum of the out[j] (lane_sum): a softmax row's
+// denominator.
+double exp_shifted_sum(const float* x, float shift, float* out, int64_t n);
 
 }  // namespace dlplan::exec::cpu
