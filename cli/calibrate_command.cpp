@@ -66,6 +66,10 @@ Runner add_calibrate_command(CLI::App& app) {
       fmt::print("{:>12} {:>12}   all-reduce over {} ranks\n", "bytes", "us", comm->size());
       for (const auto& s : cal.all_reduce) fmt::print("{:>12.0f} {:>12.1f}\n", s.bytes, s.seconds * 1e6);
       fmt::print("fit: latency {:.1f} us, bus bandwidth {:.2f} GB/s\n", cal.latency_s * 1e6, cal.bus_bytes_per_s / 1e9);
+      fmt::print("contention: GEMMs of {:.3f} ms alone took {:.3f} ms beside a {:.3f} ms all-reduce, done after {:.3f} ms: "
+                 "comm_slowdown {:.2f}, comm_stall {:.2f}\n",
+                 cal.gemms_alone_s * 1e3, cal.gemms_beside_s * 1e3, cal.collective_s * 1e3, cal.collective_beside_s * 1e3,
+                 cal.comm_slowdown, cal.comm_stall);
     }
     if (const auto& t = cal.cluster.op_costs) {
       fmt::print("op costs: {} distinct ops of {} at micro-batch {}; optimizer {:.2f} GB/s; {:.1f} us between ops\n",

@@ -35,33 +35,87 @@ Model linear_model(int64_t k, int64_t n) {
   return parse_model(ir, "calibrate");
 }
 
-GemmSample time_gemm(Communicator& comm, Backend& backend, int64_t m, int64_t n, int64_t k) {
-  Model model = linear_model(k, n);
-  Allocator alloc;
-  OpContext ctx;
-  ctx.model = &model;
-  ctx.node = &model.nodes[0];
-  ctx.node_index = 0;
-  OpDecl decl = declare(model, model.nodes[0]);
-  ctx.decl = &decl;
-  ctx.alloc = &alloc;
-  ctx.batch = m;
-  ctx.in = {alloc.zeros({m, k}, DType::f32, Category::workspace, "x")};
-  ctx.out = alloc.zeros({m, n}, DType::f32, Category::workspace, "y");
-  ctx.params = {alloc.zeros({n * k}, DType::f32, Category::params, "w")};
-  for (int64_t i = 0; i < m * k; ++i) ctx.in[0].f()[i] = static_cast<float>(i % 7) * 0.1f;
-  backend.forward(ctx);  // warm up
-  std::vector<double> t;
-  const int reps = m * n * k > (int64_t{1} << 27) ? 3 : 7;
-  for (int r = 0; r < reps; ++r) {
-    comm.barrier();
-    const auto start = Clock::now();
-    backend.forward(ctx);
-    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+// The backend's linear op on zeros-and-sevenths input, ready to run again and again.
+class LinearOp {
+ public:
+  LinearOp(Backend& backend, int64_t m, int64_t n, int64_t k) : backend_(backend), model_(linear_model(k, n)) {
+    decl_ = declare(model_, model_.nodes[0]);
+    ctx_.model = &model_;
+    ctx_.node = &model_.nodes[0];
+    ctx_.node_index = 0;
+    ctx_.decl = &decl_;
+    ctx_.alloc = &alloc_;
+    ctx_.batch = m;
+    ctx_.in = {alloc_.zeros({m, k}, DType::f32, Category::workspace, "x")};
+    ctx_.out = alloc_.zeros({m, n}, DType::f32, Category::workspace, "y");
+    ctx_.params = {alloc_.zeros({n * k}, DType::f32, Category::params, "w")};
+    for (int64_t i = 0; i < m * k; ++i) ctx_.in[0].f()[i] = static_cast<float>(i % 7) * 0.1f;
+    run();  // warm up
   }
-  GemmSample s{m, n, k, slowest(comm, median(t)), 0};
+  void run() { backend_.forward(ctx_); }
+  // The median over `reps` of `count` runs in a row, after a barrier each time.
+  double time(Communicator& comm, int reps, int count = 1) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      comm.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < count; ++i) run();
+      t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return median(t);
+  }
+
+ private:
+  Backend& backend_;
+  Model model_;
+  OpDecl decl_;
+  Allocator alloc_;
+  OpContext ctx_;
+};
+
+GemmSample time_gemm(Communicator& comm, Backend& backend, int64_t m, int64_t n, int64_t k) {
+  LinearOp op(backend, m, n, k);
+  const int reps = m * n * k > (int64_t{1} << 27) ? 3 : 7;
+  GemmSample s{m, n, k, slowest(comm, op.time(comm, reps)), 0};
   s.flops_per_s = 2.0 * static_cast<double>(m * n * k) / s.seconds;
   return s;
+}
+
+// Contention (Calibration::comm_slowdown, comm_stall): a run of GEMMs about
+// as long as a 4 MiB all-reduce, timed alone and then started together with
+// that all-reduce on this rank's communication thread, every rank at once,
+// and the time until the all-reduce is done; the slowest rank's medians.
+void time_contention(Communicator& comm, Backend& backend, Calibration& cal) {
+  const int64_t elems = int64_t{1} << 20;
+  std::vector<float> buf(static_cast<size_t>(elems), 1.0f);
+  comm.all_reduce(buf.data(), elems)->wait();  // warm up
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    comm.barrier();
+    const auto start = Clock::now();
+    comm.all_reduce(buf.data(), elems)->wait();
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  cal.collective_s = slowest(comm, median(t));
+  LinearOp gemm(backend, 256, 256, 256);
+  const double one = slowest(comm, gemm.time(comm, 5));
+  const int count = std::max(1, static_cast<int>(std::ceil(cal.collective_s / one)));
+  cal.gemms_alone_s = slowest(comm, gemm.time(comm, 5, count));
+  std::vector<double> beside_t, both_t;
+  for (int r = 0; r < 5; ++r) {
+    comm.barrier();
+    const auto start = Clock::now();
+    WorkHandle beside = comm.all_reduce(buf.data(), elems);
+    for (int i = 0; i < count; ++i) gemm.run();
+    beside_t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    beside->wait();
+    both_t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  cal.gemms_beside_s = slowest(comm, median(beside_t));
+  cal.collective_beside_s = slowest(comm, median(both_t));
+  const Contention c = contention_from(cal.gemms_alone_s, cal.gemms_beside_s, cal.collective_s, cal.collective_beside_s);
+  cal.comm_slowdown = c.slowdown;
+  cal.comm_stall = c.stall;
 }
 
 double time_copy(Communicator& comm) {
@@ -129,6 +183,24 @@ double time_host_optimizer(Communicator& comm) {
 
 }  // namespace
 
+Contention contention_from(double alone, double beside, double collective, double both) {
+  Contention c;
+  if (!(alone > 0) || !(beside > 0) || !(collective > 0)) return c;
+  // The collective's work left when the compute ended ran at full speed.
+  const double left = std::clamp(both - beside, 0.0, collective);
+  if (left > 0) c.stall = std::clamp(1 - (collective - left) / beside, 0.0, 1.0);
+  // The collective was in flight through all of the compute when work was
+  // left at its end; else for as long as it takes alone.
+  const double overlap = left > 0 ? both : collective;
+  const double extra = beside - alone;
+  if (extra <= 0) return c;
+  if (beside <= overlap) c.slowdown = extra / alone;
+  else if (extra >= overlap) c.slowdown = kMaxCommSlowdown;
+  else c.slowdown = extra / (overlap - extra);
+  c.slowdown = std::min(c.slowdown, kMaxCommSlowdown);
+  return c;
+}
+
 AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ranks) {
   // Weighted normal equations for t = a + b x with w = 1 / t^2.
   double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0;
@@ -188,6 +260,7 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
     const AllReduceFit fit = fit_all_reduce(cal.all_reduce, n);
     cal.latency_s = fit.latency_s;
     cal.bus_bytes_per_s = fit.bus_bytes_per_s;
+    time_contention(comm, backend, cal);
   }
 
   DeviceSpec d = host_cpu_device();
@@ -210,6 +283,14 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
     d.link_hop_latency_s = 0;
     d.link_bytes_per_s = cal.bus_bytes_per_s;
     d.link_efficiency = 1.0;
+    d.comm_slowdown = cal.comm_slowdown;
+    d.comm_stall = cal.comm_stall;
+    const std::string how = fmt::format(
+        "dlplan calibrate on {} ranks: {:.3f} ms of GEMMs took {:.3f} ms beside a {:.3f} ms all-reduce of 4 MiB, which "
+        "was done {:.3f} ms after both started",
+        n, cal.gemms_alone_s * 1e3, cal.gemms_beside_s * 1e3, cal.collective_s * 1e3, cal.collective_beside_s * 1e3);
+    d.sources["comm_slowdown"] = how;
+    d.sources["comm_stall"] = how;
   }
   d.source = fmt::format(
       "dlplan calibrate on {} with {} rank(s): GEMM {:.1f} GFLOP/s per rank over {} shapes, copy {:.1f} GB/s, "

@@ -121,6 +121,7 @@ const std::vector<FieldDef>& device_fields() {
       number("flash_causal_seq_half", 0, 1e7, true, "tokens", false, &D::flash_causal_seq_half),
       number("flash_head_dim_half", 0, 1e4, true, "elements", false, &D::flash_head_dim_half),
       number("comm_slowdown", 0, 10, true, "", false, &D::comm_slowdown),
+      number("comm_stall", 0, 1, true, "", false, &D::comm_stall),
       number("rank_jitter", 0, 1, true, "s^0.5", false, &D::rank_jitter),
       number("sustained_share", 1e-3, 1, true, "", false, &D::sustained_share),
       number("time_uncertainty", 1e-3, 10, true, "", false, &D::time_uncertainty),

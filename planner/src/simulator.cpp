@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <ostream>
 
@@ -126,27 +128,76 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     s.cost_sources[static_cast<size_t>(source)]++;
   }
 
-  double tc = 0, tm = 0;  // the two streams' clocks
-  std::vector<double> done(prog.comm.size(), 0);
+  // The communication stream: collectives in issue order, each with the work
+  // (seconds at full speed) it has left. It runs at full speed while the
+  // compute stream waits, and at 1 - comm_stall of it while compute runs
+  // beside it (0 on GPUs: NCCL has SMs of its own; a CPU rank's communication
+  // thread that yields its core to the compute thread, calibrate measures).
+  // `tm` is how far the stream's progress has been worked out.
+  double tc = 0, tm = 0;
+  std::vector<double> done(prog.comm.size(), -1);
+  struct InFlight {
+    int k;
+    double left;
+    double started = -1;
+  };
+  std::deque<InFlight> queue;
+  const double beside_rate = 1.0 - std::clamp(c.device.comm_stall, 0.0, 1.0);
   int micro = 0;
 
-  auto run_comm = [&](int k, double issue_time) {
-    const CommEvent& ev = prog.comm[static_cast<size_t>(k)];
-    const double start = std::max(tm, issue_time);
-    tm = start + cost[static_cast<size_t>(k)];
-    done[static_cast<size_t>(k)] = tm;
-    s.comm_seconds += cost[static_cast<size_t>(k)];
-    s.comm_bytes += sent[static_cast<size_t>(k)];
+  auto finish = [&](const InFlight& f, double at) {
+    const CommEvent& ev = prog.comm[static_cast<size_t>(f.k)];
+    done[static_cast<size_t>(f.k)] = at;
     if (!timeline) return;
     Span sp;
     sp.name = ev.name;
-    sp.start = start;
-    sp.end = tm;
+    sp.start = f.started;
+    sp.end = at;
     sp.op = ev.op;
     sp.bytes = ev.bytes;
-    sp.bytes_sent = sent[static_cast<size_t>(k)];
+    sp.bytes_sent = sent[static_cast<size_t>(f.k)];
     sp.micro_batch = micro;
     s.comm.push_back(std::move(sp));
+  };
+  // Works the stream out from tm to `until` at `rate`; with `until_done` >= 0,
+  // stops as soon as that collective is done (a wait). Returns the time.
+  auto advance = [&](double until, double rate, int until_done = -1) {
+    while (!queue.empty() && (until_done >= 0 || tm < until)) {
+      InFlight& f = queue.front();
+      if (f.started < 0) f.started = tm;
+      const double need = rate > 0 ? f.left / rate : std::numeric_limits<double>::infinity();
+      if (until_done < 0 && tm + need > until) {
+        f.left -= (until - tm) * rate;
+        tm = until;
+        break;
+      }
+      tm += need;
+      const int k = f.k;
+      finish(f, tm);
+      queue.pop_front();
+      if (k == until_done) return tm;
+    }
+    if (until_done < 0) tm = std::max(tm, until);
+    return tm;
+  };
+  // When the stream would be done with what it holds at `rate` (contention's overlap).
+  auto busy_until = [&](double rate) {
+    double left = 0;
+    for (const InFlight& f : queue) left += f.left;
+    if (left <= 0) return tm;
+    return rate > 0 ? tm + left / rate : std::numeric_limits<double>::infinity();
+  };
+  auto issue = [&](int k) {
+    s.comm_seconds += cost[static_cast<size_t>(k)];
+    s.comm_bytes += sent[static_cast<size_t>(k)];
+    if (queue.empty()) tm = tc;  // an idle stream starts with the issue
+    done[static_cast<size_t>(k)] = -1;  // again in every micro-batch
+    queue.push_back({k, cost[static_cast<size_t>(k)]});
+  };
+  // The compute stream waits for collective k: the stream runs at full speed.
+  auto wait_for = [&](int k) {
+    if (done[static_cast<size_t>(k)] < 0) tc = std::max(tc, advance(tc, 1.0, k));
+    tc = std::max(tc, done[static_cast<size_t>(k)]);
   };
 
   // The program's memory comes from the shared runner's ledger; the visitor
@@ -167,12 +218,14 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
             const ComputeEvent& ev = prog.compute[static_cast<size_t>(in.event)];
             if (auto it = blocking_at.find(in.event); it != blocking_at.end())
               for (int k : it->second) {  // SyncBN: the layer waits for its collective
-                run_comm(k, tc);
-                tc = std::max(tc, done[static_cast<size_t>(k)]);
+                issue(k);
+                wait_for(k);
               }
             const double start = tc;
-            const double busy = with_contention(seconds[static_cast<size_t>(in.event)], start, tm, c.device.comm_slowdown);
+            const double busy = with_contention(seconds[static_cast<size_t>(in.event)], start, busy_until(beside_rate),
+                                                c.device.comm_slowdown);
             tc += busy;
+            advance(tc, beside_rate);
             s.compute_seconds += busy;
             if (ev.phase != Phase::recompute && ev.phase != Phase::optimizer) s.model_flops += ev.flops;
             if (timeline) {
@@ -186,15 +239,17 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
             }
             break;
           }
-          case Instr::Kind::issue: run_comm(in.comm, tc); break;
-          case Instr::Kind::wait: tc = std::max(tc, done[static_cast<size_t>(in.comm)]); break;
+          case Instr::Kind::issue: issue(in.comm); break;
+          case Instr::Kind::wait: wait_for(in.comm); break;
           default: break;
         }
   };
   const int A = static_cast<int>(t.grad_accum);
   for (micro = 0; micro < A; ++micro) runner.run_micro_batch(micro == 0, micro == A - 1, clocks);
   s.peak_bytes = runner.ledger().peak();
-  s.step_seconds = std::max(tc, tm);  // the next step's forward waits for the last all-gathers
+  // The next step's forward waits for the last all-gathers (ZeRO-1/2's).
+  if (!queue.empty()) advance(tc, 1.0, queue.back().k);
+  s.step_seconds = std::max(tc, tm);
   // The gradient synchronization lasts until the slowest rank arrives: the
   // skew is communication time that nothing hides.
   const double skew = rank_skew_seconds(c.device, c.world(), s.compute_seconds);

@@ -76,3 +76,36 @@ TEST(AllReduceFit, LatencyBoundLadderHasNoNegativeNumbers) {
   EXPECT_GT(f.bus_bytes_per_s, 0);
   EXPECT_TRUE(fit_all_reduce({}, 2).latency_s == 0);
 }
+
+// contention_from against the simulator's rule worked by hand
+// (calibrate.hpp): GEMMs and a collective started together.
+TEST(ContentionFrom, ACollectiveThatWaitsForTheComputeIsAStall) {
+  // A 1 ms collective beside 1 ms of GEMMs that it did not slow, done 1.9 ms
+  // after both started: 0.9 ms of it ran after the GEMMs, so it got 0.1 ms
+  // done in their 1 ms: it ran at 0.1 of its speed, stall 0.9.
+  const Contention c = contention_from(1e-3, 1e-3, 1e-3, 1.9e-3);
+  EXPECT_NEAR(c.stall, 0.9, 1e-12);
+  EXPECT_EQ(c.slowdown, 0);
+  // Nothing left when the GEMMs ended: it kept pace (the control).
+  EXPECT_EQ(contention_from(2e-3, 2e-3, 1e-3, 2e-3).stall, 0);
+  // None of it ran beside them: stall 1.
+  EXPECT_NEAR(contention_from(1e-3, 1e-3, 1e-3, 2e-3).stall, 1, 1e-12);
+}
+
+TEST(ContentionFrom, SlowedComputeGivesTheSlowdownTheSimulatorWouldUse) {
+  // 2 ms of GEMMs beside a 1 ms collective that kept pace, taking 2.5 ms:
+  // the simulator's rule gives 1 + 2 - 1 / (1 + s) = 2.5 for s = 1.
+  Contention c = contention_from(2e-3, 2.5e-3, 1e-3, 2.5e-3);
+  EXPECT_NEAR(c.slowdown, 1, 1e-9);
+  EXPECT_EQ(c.stall, 0);
+  // In flight through all of the compute (work left at its end): beside =
+  // alone (1 + s), 1 ms -> 1.2 ms is s = 0.2, and the stall from what was left.
+  c = contention_from(1e-3, 1.2e-3, 1e-3, 1.8e-3);
+  EXPECT_NEAR(c.slowdown, 0.2, 1e-9);
+  EXPECT_NEAR(c.stall, 1 - 0.4 / 1.2, 1e-12);
+  // Compute that stood still for the collective and more: the field's bound.
+  EXPECT_EQ(contention_from(2e-3, 3.5e-3, 1e-3, 3.5e-3).slowdown, kMaxCommSlowdown);
+  // Faster beside than alone (noise): no slowdown; bad input: nothing.
+  EXPECT_EQ(contention_from(2e-3, 1.9e-3, 1e-3, 1.9e-3).slowdown, 0);
+  EXPECT_EQ(contention_from(0, 1e-3, 1e-3, 1e-3).slowdown, 0);
+}

@@ -233,6 +233,7 @@ void expect_same(const DeviceSpec& a, const DeviceSpec& b) {
   EXPECT_EQ(a.flash_fwd_efficiency, b.flash_fwd_efficiency);
   EXPECT_EQ(a.flash_causal_seq_half, b.flash_causal_seq_half);
   EXPECT_EQ(a.comm_slowdown, b.comm_slowdown);
+  EXPECT_EQ(a.comm_stall, b.comm_stall);
   EXPECT_EQ(a.rank_jitter, b.rank_jitter);
   EXPECT_EQ(a.sustained_share, b.sustained_share);
   EXPECT_EQ(a.time_uncertainty, b.time_uncertainty);
@@ -271,11 +272,11 @@ TEST(ClusterJson, FieldNamesAreTheStructsSnakeCaseNames) {
                         "host_link_bytes_per_s", "host_bytes_per_s", "memory_efficiency",
                         "sm_count", "gemm_tile", "gemm_k_half", "gemm_split_k_min", "flash_fwd_efficiency",
                         "flash_bwd_efficiency", "flash_fwd_seq_half", "flash_bwd_seq_half", "flash_causal_seq_half",
-                        "flash_head_dim_half", "comm_slowdown", "rank_jitter", "sustained_share", "time_uncertainty", "source",
+                        "flash_head_dim_half", "comm_slowdown", "comm_stall", "rank_jitter", "sustained_share", "time_uncertainty", "source",
                         "sources"})
     EXPECT_TRUE(j["device"].contains(f)) << f;
   EXPECT_EQ(j["device"].size(), device_field_names().size() + 1);  // + sources
-  EXPECT_EQ(device_field_names().size(), 38u);
+  EXPECT_EQ(device_field_names().size(), 39u);
 }
 
 TEST(ClusterFile, CatalogKindWithOverrides) {

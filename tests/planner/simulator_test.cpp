@@ -248,6 +248,36 @@ TEST(Simulator, CollectivesSlowTheComputeTheyOverlap) {
   EXPECT_DOUBLE_EQ(simulate_step(m, one, t).compute_seconds, alone);  // control: nothing to overlap
 }
 
+TEST(Simulator, CollectivesThatStallBesideComputeRunInItsWaits) {
+  // comm_stall 1 (a CPU rank whose communication thread yields its one core
+  // to the compute thread): no collective progresses while compute runs, so
+  // every second of communication is a second the step waits — the step is
+  // compute + communication exactly. 0 overlaps (the control); in between
+  // lies in between. The compute itself is untouched (comm_slowdown 0).
+  Model m = load_model("tiny-gpt");
+  TrainingConfig t = fp32(Strategy::ddp, 4);
+  t.bucket_mb = 0.05;
+  Cluster c = toy_cluster(4);
+  c.device.link_bytes_per_s = 1e8;
+  const Simulation overlapped = simulate_step(m, c, t);
+  ASSERT_LT(overlapped.step_seconds, overlapped.compute_seconds + overlapped.comm_seconds - 1e-6);
+  c.device.comm_stall = 1;
+  const Simulation stalled = simulate_step(m, c, t);
+  EXPECT_NEAR(stalled.step_seconds, stalled.compute_seconds + stalled.comm_seconds, 1e-12);
+  EXPECT_DOUBLE_EQ(stalled.compute_seconds, overlapped.compute_seconds);
+  EXPECT_DOUBLE_EQ(stalled.comm_seconds, overlapped.comm_seconds);
+  c.device.comm_stall = 0.5;
+  const Simulation half = simulate_step(m, c, t);
+  EXPECT_GT(half.step_seconds, overlapped.step_seconds);
+  EXPECT_LT(half.step_seconds, stalled.step_seconds);
+  for (Strategy s : kAllStrategies) {  // every strategy: nothing overlaps, nothing is lost
+    t.strategy = s;
+    c.device.comm_stall = 1;
+    const Simulation st = simulate_step(m, c, t);
+    EXPECT_NEAR(st.step_seconds, st.compute_seconds + st.comm_seconds, 1e-12) << to_string(s);
+  }
+}
+
 TEST(Simulator, RankSkewGrowsWithTheLogOfTheWorld) {
   // rank_jitter j: the step ends j sqrt(2 ln N x compute) later (the expected
   // maximum of N Gaussian drifts); nothing on one rank.

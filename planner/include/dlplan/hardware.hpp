@@ -62,6 +62,7 @@ struct DeviceSpec {
   double flash_causal_seq_half = 0; // added to either for a causal mask
   double flash_head_dim_half = 0;   // head width at which the kernel reaches half its ceiling
   double comm_slowdown = 0;         // compute runs 1 + this times slower while a collective runs beside it
+  double comm_stall = 0;            // share of its speed a collective loses while compute runs beside it (simulator.cpp)
   double rank_jitter = 0;           // ranks' step-time drift, s^0.5: skew at the gradient sync (simulator.cpp)
   double sustained_share = 0;       // share of the GEMM and attention curves a training step sustains (0: 1)
   // The band a predicted step time is good to, relative (0.1: +-10 %): the

@@ -7,6 +7,8 @@
 //   - the optimizer step on the host (CPU offload's), every rank at once;
 //   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
 //     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce);
+//   - contention: GEMMs timed alone and beside an all-reduce of this rank's
+//     communication thread (contention_slowdown): the profile's comm_slowdown;
 //   - with a model, every op of it timed in a few training steps
 //     (measure_op_costs): the profile's op_costs table; then steps the table
 //     never saw, under each strategy, against the profile's predictions
@@ -48,6 +50,11 @@ struct Calibration {
   double op_overhead_s = 0;
   double host_optimizer_bytes_per_s = 0;  // CPU offload's optimizer step, all ranks of the node at once
   double latency_s = 0, bus_bytes_per_s = 0;  // the all-reduce fit
+  // Contention (more than one rank): the same GEMMs alone, beside a collective
+  // of `collective_s` alone, and the slowdown that makes the simulator's
+  // overlap rule give the second from the first.
+  double gemms_alone_s = 0, gemms_beside_s = 0, collective_s = 0, collective_beside_s = 0;
+  double comm_slowdown = 0, comm_stall = 0;
   std::vector<HeldBackRun> held_back;          // with a model: check_held_back
   int attempts = 0;                            // op tables measured (a second when the first checked badly)
 };
@@ -70,6 +77,27 @@ struct AllReduceFit {
   double latency_s = 0, bus_bytes_per_s = 0;
 };
 AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ranks);
+
+// Contention, as the simulator models it (simulator.cpp): compute runs
+// 1 + slowdown times slower while a collective is in flight beside it
+// (DeviceSpec::comm_slowdown), and a collective runs at 1 - stall of its own
+// speed while compute runs beside it (comm_stall), at full speed once the
+// compute waits. From GEMMs of `alone` seconds that took `beside` seconds
+// started together with a collective of `collective` seconds alone, which
+// was done `both` seconds after they started:
+//   stall: the collective's work left when the compute ended, L = both -
+//     beside, ran at full speed, so it got C - L done in `beside`:
+//     stall = 1 - (C - L) / beside (0 when nothing was left);
+//   slowdown: with the collective in flight through all of the compute (work
+//     left), beside = alone (1 + s); else the overlap is the collective's C
+//     and beside = C + alone - C / (1 + s), s = (beside - alone) / (C -
+//     (beside - alone)). At most kMaxCommSlowdown, the field's bound: the
+//     compute stood still while the collective ran.
+inline constexpr double kMaxCommSlowdown = 10;
+struct Contention {
+  double slowdown = 0, stall = 0;
+};
+Contention contention_from(double alone, double beside, double collective, double both);
 
 // Per-op costs (op_costs.hpp): `model` trained `steps` steps (after one to
 // set up) under DDP over `comm` at `micro_batch`, fp32, every compute
