@@ -130,12 +130,14 @@ TEST(OpPhilox, DropoutUniformKeying) {
 }
 
 TEST(OpPhilox, BatchedUniformsEqualOneByOne) {
-  // dropout_uniforms (eight lanes at a time where the CPU has AVX2) gives the
-  // scalar function's bits: across blocks, a ragged tail, a first element not
-  // a multiple of 8, and the carry of the element index into its high word.
+  // dropout_uniforms (sixteen lanes at a time where the CPU has AVX-512, eight
+  // with AVX2) gives the scalar function's bits: across blocks, ragged tails,
+  // a first element not a multiple of 8, and the carry of the element index
+  // into its high word (inside a block and at its edge).
   const uint64_t seed = 0xfedcba9876543210ULL;
-  for (const int64_t first : {int64_t{0}, int64_t{13}, int64_t{0xFFFFFFFF} - 20, int64_t{0x2FFFFFFFA}})
-    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{61}}) {
+  for (const int64_t first : {int64_t{0}, int64_t{13}, int64_t{0xFFFFFFFF} - 20, int64_t{0xFFFFFFFF} - 15,
+                              int64_t{0x2FFFFFFFA}})
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{16}, int64_t{17}, int64_t{61}, int64_t{256}}) {
       std::vector<float> u(static_cast<size_t>(n));
       dropout_uniforms(seed, 5, 9, first, n, u.data());
       for (int64_t i = 0; i < n; ++i)
@@ -148,7 +150,7 @@ TEST(OpPhilox, FirstWordsEqualOneByOne) {
   // call per counter: blocks, ragged tails, and c0 wrapping past 2^32 - 1.
   const uint32_t key[2] = {0x89abcdefu, 0x01234567u};
   for (const uint32_t c0 : {0u, 1000u, 0xFFFFFFFFu - 12})
-    for (const int64_t n : {int64_t{1}, int64_t{8}, int64_t{29}}) {
+    for (const int64_t n : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{29}, int64_t{40}}) {
       std::vector<uint32_t> w(static_cast<size_t>(n));
       philox_first_words(key, c0, 7, 0, 0x0DA7A, n, w.data());
       for (int64_t i = 0; i < n; ++i) {

@@ -46,7 +46,8 @@ struct OpCostLookup {
 // times kernels that are no longer there, and the simulator sets it aside.
 // 2: a model of fewer than four convolutions keeps im2col; relu backward,
 // batch norm sums, max pooling and softmax rows vectorize (docs/cpu-engine.md).
-constexpr int kCpuKernelRevision = 2;
+// 3: dropout's Philox uniforms sixteen lanes at a time on AVX-512.
+constexpr int kCpuKernelRevision = 3;
 
 struct OpCostTable {
   std::string source;          // "dlplan calibrate --model tiny-gpt --micro-batch 8 on host: 2 ranks x 1 thread"
