@@ -82,21 +82,18 @@ GemmSample time_gemm(Communicator& comm, Backend& backend, int64_t m, int64_t n,
 }
 
 // Contention (Calibration::comm_slowdown, comm_stall): a run of GEMMs about
-// as long as a 4 MiB all-reduce, timed alone and then started together with
-// that all-reduce on this rank's communication thread, every rank at once,
-// and the time until the all-reduce is done; the slowest rank's medians.
+// as long as the ladder's 4 MiB all-reduce, timed alone and then started
+// together with that all-reduce on this rank's communication thread, every
+// rank at once, and the time until the all-reduce is done; the slowest
+// rank's medians. Runs after the ladder.
 void time_contention(Communicator& comm, Backend& backend, Calibration& cal) {
+  // The all-reduce alone is the ladder's sample of that size (4^10 elements).
   const int64_t elems = int64_t{1} << 20;
+  const auto alone = std::find_if(cal.all_reduce.begin(), cal.all_reduce.end(),
+                                  [&](const CollectiveSample& s) { return s.bytes == 4.0 * static_cast<double>(elems); });
+  if (alone == cal.all_reduce.end()) return;  // no such rung: contention stays unmeasured (0)
+  cal.collective_s = alone->seconds;
   std::vector<float> buf(static_cast<size_t>(elems), 1.0f);
-  comm.all_reduce(buf.data(), elems)->wait();  // warm up
-  std::vector<double> t;
-  for (int r = 0; r < 5; ++r) {
-    comm.barrier();
-    const auto start = Clock::now();
-    comm.all_reduce(buf.data(), elems)->wait();
-    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  cal.collective_s = slowest(comm, median(t));
   LinearOp gemm(backend, 256, 256, 256);
   const double one = slowest(comm, gemm.time(comm, 5));
   const int count = std::max(1, static_cast<int>(std::ceil(cal.collective_s / one)));

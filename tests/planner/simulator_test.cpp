@@ -227,16 +227,27 @@ TEST(Simulator, OverlapNeverMakesAStepSlowerThanSerial) {
   }
 }
 
+// tiny-gpt under DDP with small buckets on a slow link: every bucket's
+// all-reduce overlaps backward (the contention tests' case).
+TrainingConfig overlapping_ddp() {
+  TrainingConfig t = fp32(Strategy::ddp, 4);
+  t.bucket_mb = 0.05;
+  return t;
+}
+Cluster slow_link_cluster(int ranks) {
+  Cluster c = toy_cluster(ranks);
+  c.device.link_bytes_per_s = 1e8;
+  return c;
+}
+
 TEST(Simulator, CollectivesSlowTheComputeTheyOverlap) {
   // DDP on 4 ranks, tiny-gpt: every bucket's all-reduce overlaps backward.
   // With comm_slowdown s, compute that runs beside a collective takes 1 + s
   // times as long: the compute stream's busy time grows by at most s times
   // the communication time, and not at all on one rank.
-  Model m = load_model("tiny-gpt");
-  TrainingConfig t = fp32(Strategy::ddp, 4);
-  t.bucket_mb = 0.05;
-  Cluster c = toy_cluster(4);
-  c.device.link_bytes_per_s = 1e8;
+  const Model m = load_model("tiny-gpt");
+  TrainingConfig t = overlapping_ddp();
+  Cluster c = slow_link_cluster(4);
   const Simulation base = simulate_step(m, c, t);
   c.device.comm_slowdown = 0.5;
   const Simulation slowed = simulate_step(m, c, t);
@@ -254,11 +265,9 @@ TEST(Simulator, CollectivesThatStallBesideComputeRunInItsWaits) {
   // every second of communication is a second the step waits — the step is
   // compute + communication exactly. 0 overlaps (the control); in between
   // lies in between. The compute itself is untouched (comm_slowdown 0).
-  Model m = load_model("tiny-gpt");
-  TrainingConfig t = fp32(Strategy::ddp, 4);
-  t.bucket_mb = 0.05;
-  Cluster c = toy_cluster(4);
-  c.device.link_bytes_per_s = 1e8;
+  const Model m = load_model("tiny-gpt");
+  TrainingConfig t = overlapping_ddp();
+  Cluster c = slow_link_cluster(4);
   const Simulation overlapped = simulate_step(m, c, t);
   ASSERT_LT(overlapped.step_seconds, overlapped.compute_seconds + overlapped.comm_seconds - 1e-6);
   c.device.comm_stall = 1;
