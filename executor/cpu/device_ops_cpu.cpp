@@ -4,7 +4,9 @@
 // fp32 (double in the optimizer) and rounded once when stored.
 #include "dlplan/exec/device_ops.hpp"
 
+#include "cpu/optimizer_kernels.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/row_reduce.hpp"
 
 #include "dlplan/error.hpp"
 #include "dlplan/exec/bf16.hpp"
@@ -78,11 +80,12 @@ class CpuDeviceOps final : public DeviceOps {
     if (bytes > 0) std::memcpy(host_dst, src, static_cast<size_t>(bytes));
   }
   double sum_of_squares(Span g, double sq) override {
-    for (int64_t e = 0; e < g.n; ++e) {
-      const double x = load(g, e);
-      sq += x * x;
-    }
-    return sq;
+    if (g.dtype == DType::f32) return sq + cpu::sum_of_squares_f32(as_f32(g), g.n);
+    // 16-bit gradients: the same eight lanes, on one thread.
+    return sq + cpu::lane_sum(g.n, [&](int64_t e) {
+             const double x = load(g, e);
+             return x * x;
+           });
   }
   void widen(float* master, Span params) override { download_floats(master, params); }
 
@@ -99,19 +102,12 @@ class CpuDeviceOps final : public DeviceOps {
     // Elements are independent: threads take contiguous ranges (cpu/parallel.hpp).
     if (cfg.kind == OptimizerKind::adamw && !master && grads.dtype == DType::f32) {
       // fp32 AdamW, the common case: the loop below without its per-element
-      // switches, so that it vectorizes; the same operations in the same order.
+      // switches, on SIMD lanes (cpu/optimizer_kernels.hpp); the same
+      // operations in the same order, so the same bits.
+      const cpu::AdamWScalars s{lr, clip, 1.0 - lr * wd, cfg.beta1, cfg.beta2, cfg.eps, bc1, bc2};
       const float* g = as_f32(grads);
-      const double b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps, keep = 1.0 - lr * wd;
-      cpu::parallel_for(params.n, cpu::grain_elements() / 4, [&](int64_t begin, int64_t end) {
-        for (int64_t e = begin; e < end; ++e) {
-          const double grad = static_cast<double>(g[e]) * clip;
-          double w = p[e] * keep;
-          m[e] = static_cast<float>(b1 * m[e] + (1 - b1) * grad);
-          v[e] = static_cast<float>(b2 * v[e] + (1 - b2) * grad * grad);
-          w -= lr * (m[e] / bc1) / (std::sqrt(v[e] / bc2) + eps);
-          p[e] = static_cast<float>(w);
-        }
-      });
+      cpu::parallel_for(params.n, cpu::grain_elements() / 4,
+                        [&](int64_t begin, int64_t end) { cpu::adamw_f32(s, p, g, m, v, begin, end); });
       return;
     }
     cpu::parallel_for(params.n, cpu::grain_elements() / 4, [&](int64_t begin, int64_t end) {

@@ -47,7 +47,9 @@ struct OpCostLookup {
 // 2: a model of fewer than four convolutions keeps im2col; relu backward,
 // batch norm sums, max pooling and softmax rows vectorize (docs/cpu-engine.md).
 // 3: dropout's Philox uniforms sixteen lanes at a time on AVX-512.
-constexpr int kCpuKernelRevision = 3;
+// 4: fp32 AdamW's update on AVX2 / AVX-512 lanes; the gradients' sum of
+// squares over eight lanes, on the rank's threads.
+constexpr int kCpuKernelRevision = 4;
 
 struct OpCostTable {
   std::string source;          // "dlplan calibrate --model tiny-gpt --micro-batch 8 on host: 2 ranks x 1 thread"
