@@ -87,14 +87,16 @@ class Synthetic : public DataSource {
         noise_.resize(static_cast<size_t>(per));
         hashes(0xC1A55, label, 0, per, proto_.data());
         hashes(seed_, idx, 1000, per, noise_.data());
-        float colour = 0;  // the channel's, hashed once per plane
-        for (int64_t e = 0; e < per; ++e) {
-          float proto = unit_value(proto_[static_cast<size_t>(e)]);
-          if (plane > 0) {
-            if (e % plane == 0) colour = unit_value(hash(0xC0102, label, e / plane));
-            proto = colour + 0.5f * proto;
-          }
-          x[e] = proto + 0.5f * unit_value(noise_[static_cast<size_t>(e)]);
+        if (plane == 0) {
+          for (int64_t e = 0; e < per; ++e)
+            x[e] = unit_value(proto_[static_cast<size_t>(e)]) + 0.5f * unit_value(noise_[static_cast<size_t>(e)]);
+          continue;
+        }
+        for (int64_t c = 0; c < per / plane; ++c) {
+          const float colour = unit_value(hash(0xC0102, label, c));  // the channel's
+          for (int64_t e = c * plane; e < (c + 1) * plane; ++e)
+            x[e] = (colour + 0.5f * unit_value(proto_[static_cast<size_t>(e)])) +
+                   0.5f * unit_value(noise_[static_cast<size_t>(e)]);
         }
         continue;
       }
