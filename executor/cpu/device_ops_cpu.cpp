@@ -42,9 +42,7 @@ class CpuDeviceOps final : public DeviceOps {
     same_shape(dst, src, "copy");
     if (dst.n > 0) std::memcpy(dst.data, src.data, static_cast<size_t>(dst.bytes()));
   }
-  void zero(Span p) override {
-    if (p.n > 0) std::memset(p.data, 0, static_cast<size_t>(p.bytes()));
-  }
+  void zero(Span p) override { cpu::parallel_zero(p.data, p.bytes()); }
   void scaled_copy(Span dst, Span src, float scale) override {
     same_shape(dst, src, "scaled_copy");
     if (dst.dtype == DType::f32) {

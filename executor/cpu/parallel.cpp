@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <exception>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -178,6 +179,13 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   }
 #endif
   pool().run(n, body);
+}
+
+void parallel_zero(void* p, int64_t bytes) {
+  if (bytes <= 0) return;
+  parallel_for(bytes, grain_elements() * 16, [p](int64_t begin, int64_t end) {
+    std::memset(static_cast<char*>(p) + begin, 0, static_cast<size_t>(end - begin));
+  });
 }
 
 }  // namespace dlplan::exec::cpu

@@ -30,4 +30,8 @@ void run_loops_on_openmp(bool on);
 // there is one thread or fewer than 2 * grain indices.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
+// memset(p, 0, bytes), its contiguous ranges on the rank's threads (one core
+// alone does not reach the memory's bandwidth).
+void parallel_zero(void* p, int64_t bytes);
+
 }  // namespace dlplan::exec::cpu

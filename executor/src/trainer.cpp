@@ -377,7 +377,8 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
       }
       case Role::grad: {
         const TensorInfo& ti = m.tensor(in.tensor);
-        out = alloc_.zeros(batched(ti, b), act, Category::workspace, "grad of " + ti.name);
+        out = alloc_.empty(batched(ti, b), act, Category::workspace, "grad of " + ti.name);
+        ops_->zero(out.span());  // backward accumulates into it; on the rank's threads (CPU)
         grad_slot[static_cast<size_t>(in.tensor)] = in.slot;
         break;
       }

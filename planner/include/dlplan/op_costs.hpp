@@ -48,7 +48,8 @@ struct OpCostLookup {
 // batch norm sums, max pooling and softmax rows vectorize (docs/cpu-engine.md).
 // 3: dropout's Philox uniforms sixteen lanes at a time on AVX-512.
 // 4: fp32 AdamW's update on AVX2 / AVX-512 lanes; the gradients' sum of
-// squares over eight lanes, on the rank's threads.
+// squares over eight lanes, and their zeroing, on the rank's threads (the
+// table's time between ops).
 constexpr int kCpuKernelRevision = 4;
 
 struct OpCostTable {
