@@ -22,9 +22,8 @@ struct AdamWScalars {
 //   m = beta1 m + (1 - beta1) grad
 //   v = beta2 v + (1 - beta2) grad grad
 //   p = p keep - lr (m / bc1) / (sqrt(v / bc2) + eps)
-// Eight (AVX-512) or four (AVX2) elements at a time where the CPU has them,
-// with the same operations in the same order and no fused multiply-add, so
-// every path gives the bits of the scalar loop (and of executor/cuda/adamw.cu).
+// Built for AVX-512 and AVX2 too (GCC's target clones), each vectorized, with
+// no fused multiply-add, so every clone gives the bits of the baseline loop.
 void adamw_f32(const AdamWScalars& s, float* p, const float* g, float* m, float* v, int64_t begin, int64_t end);
 
 // sum over e < n of x[e]^2 in double, on the rank's threads. The order of
