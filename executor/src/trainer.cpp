@@ -398,10 +398,14 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
             at += n;
           }
         } else if (t.strategy == Strategy::zero1) {
-          out = alloc_.zeros({store_->unit_padded(in.unit)}, store_->dtype(), Category::comm, "zero1 staging");
-          ops_->copy(out.span().sub(0, store_->unit_size(in.unit)), store_->grads(in.unit).span());
+          // The unit's gradients, then zeros in the padding up to a multiple of the ranks.
+          const int64_t size = store_->unit_size(in.unit), padded = store_->unit_padded(in.unit);
+          out = alloc_.empty({padded}, store_->dtype(), Category::comm, "zero1 staging");
+          ops_->copy(out.span().sub(0, size), store_->grads(in.unit).span());
+          ops_->zero(out.span().sub(size, padded - size));
         } else {
-          out = alloc_.zeros({store_->unit_padded(in.unit)}, store_->dtype(), Category::comm, "gradient staging");
+          out = alloc_.empty({store_->unit_padded(in.unit)}, store_->dtype(), Category::comm, "gradient staging");
+          ops_->zero(out.span());  // backward accumulates into it
           store_->set_grad_staging(in.unit, out);
         }
         break;
