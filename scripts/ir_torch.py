@@ -24,10 +24,14 @@ and gradients:
       batchnorm      weight [C], bias [C]; buffers running_mean, running_var
       layernorm      weight [D] (, bias [D])
       rmsnorm        weight [D]                    (out = x rstd (weight + offset))
-      attention      q.weight [H hd, D], k.weight [KV hd, D], v.weight [KV hd, D],
+      attention      q.weight [H hd, D], k.weight [KV hd, Dm], v.weight [KV hd, Dm]
+                     (Dm = D but for cross attention: the memory's width),
                      o.weight [D, H hd], then q.bias, k.bias, v.bias (qkv_bias,
                      default bias) and o.bias (out_bias, default bias)
-  * attention: scale 1/sqrt(head_dim); query head h reads kv head h // (H/KV);
+      relative_position_bias  weight [buckets, heads]
+  * attention: scale 1/sqrt(head_dim) unless given; k and v from input 1 with
+    cross; the position bias (last input) added to the scaled scores;
+    query head h reads kv head h // (H/KV);
     RoPE in the rotate-half form (HF Llama: pairs (i, i + hd/2), angle
     pos * theta^(-2i/hd)), applied to q and k after the projections; dropout on
     the probabilities;
@@ -66,7 +70,7 @@ _NULL = object()     # optional, absent means none (linear's tie)
 
 # op -> (inputs, {attr: default})
 OPS = {
-    "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED, "scale": 1.0, "padding_idx": _NULL}),
+    "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED, "scale": 1.0, "padding_idx": _NULL, "tie": _NULL}),
     "pos_embedding": (1, {"max_len": _DERIVED}),
     "cls_token": (1, {}),
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL}),
@@ -89,9 +93,11 @@ OPS = {
     "transpose": (1, {"perm": _REQUIRED}),
     "reshape": (1, {"shape": _REQUIRED}),
     "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED}),
-    "attention": (1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
-                      "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
-                      "rope_theta": 10000.0, "rotary_dim": _DERIVED}),
+    "attention": (-1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
+                       "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
+                       "rope_theta": 10000.0, "rotary_dim": _DERIVED, "cross": _NULL, "position_bias": _NULL,
+                       "scale": _NULL}),
+    "relative_position_bias": (1, {"heads": _REQUIRED, "buckets": 32, "max_distance": 128, "bidirectional": True}),
     "moe": (1, {"experts": _REQUIRED, "top_k": 2, "hidden": _REQUIRED, "capacity_factor": 1.25,
                 "capacity": _DERIVED, "normalize": True}),
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL}),
@@ -231,6 +237,8 @@ def _plan(ir):
                     raise ValueError(f"node '{n.name}': width {x[1]} is not divisible by heads {a['heads']}")
                 a["head_dim"] = x[1] // a["heads"]
             out = x
+        elif op == "relative_position_bias":
+            out = (int(a["heads"]), x[0], x[0])
         elif op == "moe":
             if a["capacity"] is None:  # GShard's capacity, at most every token
                 E, k = int(a["experts"]), int(a["top_k"])
@@ -288,7 +296,7 @@ def _plan(ir):
         plan.append(n)
     # Tied parameters belong to the root unit (loader.cpp).
     for n in plan:
-        if n.op == "linear" and n.a["tie"] is not None:
+        if n.op in ("linear", "embedding") and n.a["tie"] is not None:
             t = by_name.get(n.a["tie"])
             if t is None or t.op != "embedding":
                 raise ValueError(f"node '{n.name}': tie names '{n.a['tie']}', which is not an embedding node")
@@ -362,7 +370,8 @@ class IRModule(nn.Module):
             out.append((suffix, decay))
 
         if op == "embedding":
-            add("weight", P(int(a["num"]), int(a["dim"])), True)
+            if a["tie"] is None:  # tied: the other embedding's table
+                add("weight", P(int(a["num"]), int(a["dim"])), True)
         elif op == "pos_embedding":
             if x[0] > int(a["max_len"]):
                 raise ValueError(f"node '{n.name}': sequence length {x[0]} exceeds max_len {a['max_len']}")
@@ -404,9 +413,10 @@ class IRModule(nn.Module):
                 a["rotary_dim"] = hd
             if a["rope"] and a["rotary_dim"] % 2:
                 raise ValueError(f"node '{n.name}': rope needs an even rotary_dim")
+            Dm = n.in_shapes[1][1] if a["cross"] else D  # k and v read the memory under cross attention
             add("q.weight", P(H * hd, D), True)
-            add("k.weight", P(KV * hd, D), True)
-            add("v.weight", P(KV * hd, D), True)
+            add("k.weight", P(KV * hd, Dm), True)
+            add("v.weight", P(KV * hd, Dm), True)
             add("o.weight", P(D, H * hd), True)
             if a["qkv_bias"]:
                 add("q.bias", P(H * hd), False)
@@ -414,6 +424,8 @@ class IRModule(nn.Module):
                 add("v.bias", P(KV * hd), False)
             if a["out_bias"]:
                 add("o.bias", P(D), False)
+        elif op == "relative_position_bias":
+            add("weight", P(int(a["buckets"]), int(a["heads"])), False)
         elif op == "moe":
             D, E, Fh = x[1], int(a["experts"]), int(a["hidden"])
             add("gate.weight", P(E, D), True)
@@ -515,7 +527,8 @@ class IRModule(nn.Module):
     def _run(self, n, xs):
         a, op, x = n.a, n.op, xs[0]
         if op == "embedding":
-            y = F.embedding(x.long(), self._p(n, "weight"), padding_idx=a["padding_idx"])
+            table = self._p(self._by_name[a["tie"]] if a["tie"] is not None else n, "weight")
+            y = F.embedding(x.long(), table, padding_idx=a["padding_idx"])
             return y * float(a["scale"]) if float(a["scale"]) != 1.0 else y
         if op == "pos_embedding":
             T = x.shape[1]
@@ -576,7 +589,9 @@ class IRModule(nn.Module):
         if op == "concat":
             return torch.cat(list(xs), dim=int(a["axis"]) + 1)
         if op == "attention":
-            return self._attention(n, x)
+            return self._attention(n, xs)
+        if op == "relative_position_bias":
+            return self._relative_position_bias(n, x)
         if op == "moe":
             return self._moe(n, x)
         if op == "maxpool2d":
@@ -647,16 +662,44 @@ class IRModule(nn.Module):
                 y[b] = y[b].index_add(0, tok, out * gates[b, tok, rank, None].to(x.dtype))
         return y
 
-    def _attention(self, n, x):
+    def _relative_position_bias(self, n, ids):
+        """T5's bias [B, H, T, T]: the table read at each offset's bucket,
+        bucketed as HF's T5Attention._relative_position_bucket does."""
         a = n.a
+        B, T = ids.shape[0], ids.shape[1]
+        buckets, max_distance = int(a["buckets"]), int(a["max_distance"])
+        pos = torch.arange(T, dtype=torch.long, device=ids.device)
+        rel = pos[None, :] - pos[:, None]  # key - query
+        bucket = torch.zeros_like(rel)
+        if a["bidirectional"]:
+            buckets //= 2
+            bucket += (rel > 0).to(torch.long) * buckets
+            rel = rel.abs()
+        else:
+            rel = -torch.min(rel, torch.zeros_like(rel))
+        exact = buckets // 2
+        large = exact + (torch.log(rel.float() / exact) / math.log(max_distance / exact)
+                         * (buckets - exact)).to(torch.long)
+        large = torch.min(large, torch.full_like(large, buckets - 1))
+        bucket += torch.where(rel < exact, rel, large)
+        table = self._p(n, "weight")  # [buckets, H]
+        return table[bucket].permute(2, 0, 1).unsqueeze(0).expand(B, -1, -1, -1)
+
+    def _attention(self, n, xs):
+        a = n.a
+        x = xs[0]
+        mem = xs[1] if a["cross"] else x  # k and v read the memory under cross attention
+        pbias = xs[-1] if a["position_bias"] else None  # [B, H, T, Tk], added to the scaled scores
         B, T, D = x.shape
+        Tk = mem.shape[1]
         H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
+        scale = float(a["scale"]) if a["scale"] is not None else 1.0 / math.sqrt(hd)
         bias, out_bias = bool(a["qkv_bias"]), bool(a["out_bias"])
         p = float(a["dropout"]) if self.training else 0.0
         P = lambda s: self._p(n, s)  # noqa: E731
         q = F.linear(x, P("q.weight"), P("q.bias") if bias else None).view(B, T, H, hd).transpose(1, 2)
-        k = F.linear(x, P("k.weight"), P("k.bias") if bias else None).view(B, T, KV, hd).transpose(1, 2)
-        v = F.linear(x, P("v.weight"), P("v.bias") if bias else None).view(B, T, KV, hd).transpose(1, 2)
+        k = F.linear(mem, P("k.weight"), P("k.bias") if bias else None).view(B, Tk, KV, hd).transpose(1, 2)
+        v = F.linear(mem, P("v.weight"), P("v.bias") if bias else None).view(B, Tk, KV, hd).transpose(1, 2)
         if a["rope"]:
             cos, sin = self._rope(T, int(a["rotary_dim"]), float(a["rope_theta"]), x.device, q.dtype)
             q = self._apply_rope(q, cos, sin)
@@ -665,10 +708,12 @@ class IRModule(nn.Module):
             k = k.repeat_interleave(H // KV, dim=1)
             v = v.repeat_interleave(H // KV, dim=1)
         causal = bool(a["causal"])
-        if self.use_sdpa:
+        if self.use_sdpa and pbias is None and a["scale"] is None:
             ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
         else:
-            s = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            s = torch.matmul(q, k.transpose(-2, -1)) * scale
+            if pbias is not None:
+                s = s + pbias
             if causal:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
                 s = s.masked_fill(mask, float("-inf"))
@@ -813,10 +858,13 @@ def _node_flops(n):
         return out, out
     if op == "attention":
         T, D = x
+        Tk, Dm = n.in_shapes[1] if a["cross"] else x
         H, KV, hd = int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
-        proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D
-        f = proj + 2 * (2.0 * H * T * T * hd)
+        proj = 2.0 * T * D * H * hd + 2.0 * Tk * Dm * 2 * KV * hd + 2.0 * T * H * hd * D
+        f = proj + 2 * (2.0 * H * T * Tk * hd)
         return f, 2 * f
+    if op == "relative_position_bias":
+        return 0.0, out
     if op == "moe":  # the router, and the SwiGLU experts on the T k routed rows
         T, D = x
         E, k, Fh = int(a["experts"]), int(a["top_k"]), int(a["hidden"])

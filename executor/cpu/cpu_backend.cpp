@@ -118,6 +118,7 @@ class CpuBackend final : public Backend {
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
+      case OpKind::relative_position_bias: return relative_position_bias_forward(c);
       case OpKind::moe: return moe_forward(c);
       case OpKind::maxpool2d: return maxpool2d_forward(c);
       case OpKind::avgpool2d: return avgpool2d_forward(c);
@@ -158,6 +159,7 @@ class CpuBackend final : public Backend {
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);
+      case OpKind::relative_position_bias: return relative_position_bias_backward(c);
       case OpKind::moe: return moe_backward(c);
       case OpKind::maxpool2d: return maxpool2d_backward(c);
       case OpKind::avgpool2d: return avgpool2d_backward(c);

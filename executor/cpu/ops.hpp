@@ -164,6 +164,10 @@ void slice_backward(OpContext& c);
 void attention_forward(OpContext& c);
 void attention_backward(OpContext& c);
 
+// ---- ops_position_bias.cpp -----------------------------------------------------
+void relative_position_bias_forward(OpContext& c);
+void relative_position_bias_backward(OpContext& c);
+
 // ---- ops_loss.cpp --------------------------------------------------------------
 void cross_entropy_forward(OpContext& c);
 void cross_entropy_backward(OpContext& c);

@@ -808,7 +808,8 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
     case OpKind::attention: return attention_fwd(rt, c);
-    case OpKind::moe: break;  // trainer.cpp's gpu_engine_lacks refuses such a plan first
+    case OpKind::moe:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
+    case OpKind::relative_position_bias: break;
     case OpKind::maxpool2d: return maxpool2d_fwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_fwd(rt, c);
     case OpKind::global_avgpool: return global_avgpool_fwd(rt, c);
@@ -848,7 +849,8 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);
     case OpKind::attention: return attention_bwd(rt, c);
-    case OpKind::moe: break;
+    case OpKind::moe:
+    case OpKind::relative_position_bias: break;
     case OpKind::maxpool2d: return maxpool2d_bwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_bwd(rt, c);
     case OpKind::global_avgpool: return global_avgpool_bwd(rt, c);

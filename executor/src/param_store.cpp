@@ -23,8 +23,11 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
       auto k = n.attrs.pair("kernel");
       return x[0] / n.attrs.integer("groups") * k[0] * k[1];
     }
-    case OpKind::attention:
-      return suffix.rfind("o.", 0) == 0 ? n.attrs.integer("heads") * n.attrs.integer("head_dim") : x.back();
+    case OpKind::attention: {
+      if (suffix.rfind("o.", 0) == 0) return n.attrs.integer("heads") * n.attrs.integer("head_dim");
+      const bool on_memory = suffix.rfind("k.", 0) == 0 || suffix.rfind("v.", 0) == 0;
+      return on_memory ? attention_shape(m, n).Dm : x.back();  // k and v read the memory under cross attention
+    }
     case OpKind::moe:  // w2 [D, F] reads the hidden width; the router, w1 and w3 read x
       return suffix.size() >= 9 && suffix.compare(suffix.size() - 9, 9, "w2.weight") == 0 ? n.attrs.integer("hidden")
                                                                                           : x.back();
@@ -45,7 +48,9 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::moe: return Init::uniform_fan_in;
     case OpKind::embedding:
     case OpKind::pos_embedding:
-    case OpKind::cls_token: return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)
+    case OpKind::cls_token:
+    case OpKind::relative_position_bias:  // (HF T5 draws it N(0, d_model^-1/2))
+      return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)
     case OpKind::rmsnorm:  // scale w + offset starts at 1: HF GemmaRMSNorm (offset 1) initialises w to 0
       return n.attrs.number("offset") == 1.0 ? Init::zeros : Init::ones;
     default: return suffix == "weight" ? Init::ones : Init::zeros;  // norms: weight 1, bias 0
@@ -107,7 +112,7 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   for (size_t k = 0; k < m.params.size(); ++k) node_params_[static_cast<size_t>(m.params[k].node)].push_back(static_cast<int>(k));
   for (size_t i = 0; i < m.nodes.size(); ++i) {
     const Node& n = m.nodes[i];
-    if (n.op != OpKind::linear || !n.attrs.has("tie")) continue;
+    if (!n.attrs.has("tie")) continue;  // a linear or an embedding reading an embedding's table
     int owner = m.node_index(n.attrs.text("tie"));
     auto& list = node_params_[i];
     list.insert(list.begin(), node_params_[static_cast<size_t>(owner)].front());  // the embedding's weight

@@ -66,10 +66,25 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
       const AttentionShape a = attention_shape(m, n);
       if (a.rope && a.rotary_dim != a.hd)
         return fmt::format("node '{}' rotates {} of {} head dims (partial rotary)", n.name, a.rotary_dim, a.hd);
+      if (a.cross)
+        return fmt::format("node '{}' is a cross attention (T5's decoder), which the CPU engine trains and the CUDA "
+                           "engine does not yet", n.name);
+      if (a.bias_input >= 0)
+        return fmt::format("node '{}' adds a position bias to its scores (T5), which the CPU engine trains and the CUDA "
+                           "engine does not yet", n.name);
+      if (n.attrs.has("scale"))
+        return fmt::format("node '{}' scales its scores by {} (T5: 1), where the CUDA engine's kernels use 1/sqrt({})",
+                           n.name, a.scale, a.hd);
     }
+    if (n.op == OpKind::relative_position_bias)
+      return fmt::format("node '{}' is a relative position bias (T5), which the CPU engine trains and the CUDA engine "
+                         "does not yet", n.name);
     if (n.op == OpKind::moe)
       return fmt::format("node '{}' is a mixture of experts, which the CPU engine trains and the CUDA engine does "
                          "not yet", n.name);
+    if (n.op == OpKind::embedding && n.attrs.has("tie"))
+      return fmt::format("node '{}' reads the table of embedding '{}' (T5's shared embedding), which the CPU engine "
+                         "trains and the CUDA engine does not yet", n.name, n.attrs.text("tie"));
     if (n.op == OpKind::embedding && n.attrs.number("scale") != 1.0)
       return fmt::format("node '{}' scales its embedding by {}", n.name, n.attrs.number("scale"));
     if (n.op == OpKind::pos_embedding && n.attrs.has("row"))

@@ -40,7 +40,7 @@ double sustained(const DeviceSpec& d) { return d.sustained_share > 0 ? d.sustain
 
 // FLOPs of the attention core's forward (QK^T and PV), causal work halved.
 double core_forward_flops(const AttentionCore& a) {
-  return 4.0 * a.batch * a.seq * a.seq * a.head_dim * (a.causal ? 0.5 : 1.0);
+  return 4.0 * a.batch * a.seq * a.key_len() * a.head_dim * (a.causal ? 0.5 : 1.0);
 }
 
 }  // namespace
@@ -87,11 +87,12 @@ double attention_core_seconds(const AttentionCore& a, Phase ph, const DeviceSpec
   // GEMMs (causal halves them); the math form also passes over the T x T
   // scores: scale + mask + softmax forward (read and write each), the softmax
   // gradient backward (P, dP in, dS out), dropout's mask and copy besides.
-  const GemmShape scores{T, T, hd, B}, context{T, hd, T, B};
+  const double Tk = a.key_len();
+  const GemmShape scores{T, Tk, hd, B}, context{T, hd, Tk, B};
   double t = backward ? 2 * gemm_seconds(scores, d, p) + 2 * gemm_seconds(context, d, p)
                       : gemm_seconds(scores, d, p) + gemm_seconds(context, d, p);
   if (a.flash) return t * (a.causal ? 0.5 : 1.0);
-  const double e = elem_bytes(p), elems = B * T * T;
+  const double e = elem_bytes(p), elems = B * T * Tk;
   double bytes = backward ? 3 * e : 4 * e;
   if (a.dropout) bytes += backward ? 2 * e + 1 : 2 * e + 1;
   return t + elems * bytes / memory_rate(d);

@@ -253,7 +253,7 @@ Model parse_model(const Json& ir, const std::string& src) {
   }
   // Tied parameters belong to the root unit: both users need them gathered.
   for (auto& n : m.nodes)
-    if (n.op == OpKind::linear && n.attrs.has("tie")) m.nodes[static_cast<size_t>(m.node_index(n.attrs.text("tie")))].unit = 0;
+    if (n.attrs.has("tie")) m.nodes[static_cast<size_t>(m.node_index(n.attrs.text("tie")))].unit = 0;  // linear, embedding
 
   std::vector<std::string> losses;
   for (const auto& n : m.nodes)

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 
 namespace dlplan {
@@ -40,20 +41,26 @@ void check_size(const Model& m, const Node& n, const char* what, std::initialize
 // Rows of a [*, D] tensor: every dimension but the last.
 int64_t rows(const Shape& s) { return s.empty() ? 1 : numel(s) / s.back(); }
 
+// The q, k, v and o projections' forward FLOPs: q and o over the T queries,
+// k and v over the Tk keys (the memory's rows under cross attention).
+double attention_projection_flops(const AttentionShape& a) {
+  return 2.0 * a.T * a.D * a.H * a.hd + 2.0 * a.Tk * a.Dm * 2 * a.KV * a.hd + 2.0 * a.T * a.H * a.hd * a.D;
+}
+
 void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, OpDecl& d) {
   const AttentionShape a = attention_shape(m, n);
-  const int64_t T = a.T, D = a.D, H = a.H, KV = a.KV, hd = a.hd;
+  const int64_t T = a.T, Tk = a.Tk, D = a.D, Dm = a.Dm, H = a.H, KV = a.KV, hd = a.hd;
   const double p = a.dropout;
 
-  d.params = {{"q.weight", D * H * hd, true, {H * hd, D}}, {"k.weight", D * KV * hd, true, {KV * hd, D}},
-              {"v.weight", D * KV * hd, true, {KV * hd, D}}, {"o.weight", H * hd * D, true, {D, H * hd}}};
+  d.params = {{"q.weight", D * H * hd, true, {H * hd, D}}, {"k.weight", Dm * KV * hd, true, {KV * hd, Dm}},
+              {"v.weight", Dm * KV * hd, true, {KV * hd, Dm}}, {"o.weight", H * hd * D, true, {D, H * hd}}};
   if (a.qkv_bias)
     for (auto [suffix, size] : {std::pair{"q.bias", H * hd}, {"k.bias", KV * hd}, {"v.bias", KV * hd}})
       d.params.push_back({suffix, size, false, {size}});
   if (a.out_bias) d.params.push_back({"o.bias", D, false, {D}});
 
-  const double proj = 2.0 * T * D * (H + 2 * KV) * hd + 2.0 * T * H * hd * D;
-  const double scores = 2.0 * H * T * T * hd;  // Q K^T, and again for P V
+  const double proj = attention_projection_flops(a);
+  const double scores = 2.0 * H * T * Tk * hd;  // Q K^T, and again for P V
   d.fwd_flops = proj + 2 * scores;
   d.bwd_flops = 2 * d.fwd_flops;
   d.gemms = 4;
@@ -62,26 +69,44 @@ void declare_attention(const Model& m, const Node& n, const DeclOptions& opt, Op
   // the QKV GEMM's input 2sbh, Q and K 4sbh, V 2sbh, the output projection's
   // input 2sbh; math: softmax output 2as^2b, its dropout mask as^2b and the
   // dropped probabilities 2as^2b; flash: only the log-sum-exp (fp32).
+  // Cross attention keeps the memory too (the k and v GEMMs' input); the
+  // position bias is kept only by the flash form, which recomputes the scores.
   d.saved.push_back(keep_input(0));
+  if (a.cross) d.saved.push_back(keep_input(1));
   d.saved.push_back(keep_own("q", T * H * hd, Elem::compute));
-  d.saved.push_back(keep_own("k", T * KV * hd, Elem::compute));
-  d.saved.push_back(keep_own("v", T * KV * hd, Elem::compute));
+  d.saved.push_back(keep_own("k", Tk * KV * hd, Elem::compute));
+  d.saved.push_back(keep_own("v", Tk * KV * hd, Elem::compute));
   d.saved.push_back(keep_own("context", T * H * hd, Elem::compute));
   if (opt.flash_attention) {
+    if (a.bias_input >= 0) d.saved.push_back(keep_input(a.bias_input));
     d.saved.push_back(keep_own("lse", H * T, Elem::f32));
-    d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", T * KV * hd, Elem::compute},
-                   {"dv", T * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute}};
+    d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", Tk * KV * hd, Elem::compute},
+                   {"dv", Tk * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute}};
   } else {
-    d.saved.push_back(keep_own("probs", H * T * T, Elem::compute));
+    d.saved.push_back(keep_own("probs", H * T * Tk, Elem::compute));
     if (p > 0) {
-      d.saved.push_back(keep_own("probs_mask", H * T * T, Elem::u8));
-      d.saved.push_back(keep_own("probs_dropped", H * T * T, Elem::compute));
+      d.saved.push_back(keep_own("probs_mask", H * T * Tk, Elem::u8));
+      d.saved.push_back(keep_own("probs_dropped", H * T * Tk, Elem::compute));
     }
-    d.fwd_temps = {{"scores", H * T * T, Elem::compute}};
-    d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", T * KV * hd, Elem::compute},
-                   {"dv", T * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute},
-                   {"dprobs", H * T * T, Elem::compute}};
+    d.fwd_temps = {{"scores", H * T * Tk, Elem::compute}};
+    d.bwd_temps = {{"dq", T * H * hd, Elem::compute}, {"dk", Tk * KV * hd, Elem::compute},
+                   {"dv", Tk * KV * hd, Elem::compute}, {"dcontext", T * H * hd, Elem::compute},
+                   {"dprobs", H * T * Tk, Elem::compute}};
   }
+}
+
+// T5's relative position bias: a gather from a [buckets, heads] table into
+// the [heads, T, T] output; its backward scatters the output's gradient,
+// summed over the batch, back into the table. Nothing kept (the buckets
+// follow from the positions).
+void declare_relative_position_bias(const Model& m, const Node& n, OpDecl& d) {
+  const int64_t H = n.attrs.integer("heads"), B = n.attrs.integer("buckets");
+  const int64_t T = m.tensor(n.inputs[0]).shape[0];
+  // Not decayed: HF's Trainer decays no parameter whose name holds "bias"
+  // (relative_attention_bias.weight among them).
+  d.params.push_back({"weight", B * H, false, {B, H}});
+  d.fwd_flops = 0;
+  d.bwd_flops = static_cast<double>(H * T * T);  // one add per element
 }
 
 // Mixture of experts (MoeShape). Forward: the router's logits x Wg^T and
@@ -148,8 +173,15 @@ void declare_lora(const Model& m, const Node& n, OpDecl& d) {
 AttentionShape attention_shape(const Model& m, const Node& n) {
   const Shape& x = m.tensor(n.inputs[0]).shape;
   AttentionShape a;
-  a.T = x[0];
-  a.D = x[1];
+  a.T = a.Tk = x[0];
+  a.D = a.Dm = x[1];
+  a.cross = n.attrs.has("cross") && n.attrs.flag("cross");
+  if (a.cross) {
+    const Shape& mem = m.tensor(n.inputs[1]).shape;
+    a.Tk = mem[0];
+    a.Dm = mem[1];
+  }
+  if (n.attrs.has("position_bias") && n.attrs.flag("position_bias")) a.bias_input = a.cross ? 2 : 1;
   a.H = n.attrs.integer("heads");
   a.KV = n.attrs.integer("kv_heads");
   a.hd = n.attrs.integer("head_dim");
@@ -161,9 +193,33 @@ AttentionShape attention_shape(const Model& m, const Node& n) {
   a.rotary_dim = !a.rope ? 0 : n.attrs.has("rotary_dim") ? n.attrs.integer("rotary_dim") : n.attrs.integer("head_dim");
   a.dropout = n.attrs.number("dropout");
   a.rope_theta = n.attrs.number("rope_theta");
-  check_size(m, n, "the attention scores (heads x T x T)", {a.H, a.T, a.T});
+  a.scale = n.attrs.has("scale") ? n.attrs.number("scale") : 1.0 / std::sqrt(static_cast<double>(a.hd));
+  check_size(m, n, a.cross ? "the attention scores (heads x T x Tk)" : "the attention scores (heads x T x T)",
+             {a.H, a.T, a.Tk});
+  check_size(m, n, "the keys (keys x heads x head_dim)", {a.Tk, a.KV, a.hd});
   check_size(m, n, "the queries (T x heads x head_dim)", {a.T, std::max(a.H, a.KV), a.hd});
   return a;
+}
+
+int64_t relative_position_bucket(int64_t offset, int64_t buckets, int64_t max_distance, bool bidirectional) {
+  int64_t bucket = 0, distance = 0;
+  if (bidirectional) {
+    buckets /= 2;
+    if (offset > 0) bucket += buckets;
+    distance = offset < 0 ? -offset : offset;
+  } else {
+    distance = offset < 0 ? -offset : 0;
+  }
+  const int64_t exact = buckets / 2;
+  if (distance < exact) return bucket + distance;
+  // exact + log(distance / exact) / log(max_distance / exact) * (buckets - exact),
+  // truncated, as torch computes it: float32 throughout but for the second
+  // log (Python's math.log, a double rounded to float32 when it divides).
+  const float ratio = static_cast<float>(distance) / static_cast<float>(exact);
+  const auto denom = static_cast<float>(std::log(static_cast<double>(max_distance) / static_cast<double>(exact)));
+  const float scaled = std::log(ratio) / denom * static_cast<float>(buckets - exact);
+  const int64_t large = exact + static_cast<int64_t>(scaled);
+  return bucket + std::min(large, buckets - 1);
 }
 
 MoeShape moe_shape(const Model& m, const Node& n) {
@@ -194,8 +250,9 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
 
   switch (n.op) {
     case OpKind::embedding: {
-      d.params = {{"weight", n.attrs.integer("num") * n.attrs.integer("dim"), true,
-                   {n.attrs.integer("num"), n.attrs.integer("dim")}}};
+      if (!n.attrs.has("tie"))  // tied: the table is the other embedding's
+        d.params = {{"weight", n.attrs.integer("num") * n.attrs.integer("dim"), true,
+                     {n.attrs.integer("num"), n.attrs.integer("dim")}}};
       d.saved = {keep_input(0)};  // the ids, to scatter the gradient
       d.fwd_flops = 0;
       d.bwd_flops = static_cast<double>(out_elems);  // scatter-add
@@ -332,6 +389,9 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = 2.0 * out_elems;
       break;
+    case OpKind::relative_position_bias:
+      declare_relative_position_bias(m, n, d);
+      break;
     case OpKind::attention:
       declare_attention(m, n, opt, d);
       break;
@@ -409,8 +469,8 @@ std::vector<LoraAdapter> lora_adapters(const Model& m, const Node& n) {
     const std::string targets = n.attrs.text("lora_targets");  // "q,v": in q, k, v, o order
     auto has = [&](char c) { return targets.find(c) != std::string::npos; };
     if (has('q')) out.push_back({"q.", a.D, a.H * a.hd, a.T, r, false, s});
-    if (has('k')) out.push_back({"k.", a.D, a.KV * a.hd, a.T, r, false, s});
-    if (has('v')) out.push_back({"v.", a.D, a.KV * a.hd, a.T, r, false, s});
+    if (has('k')) out.push_back({"k.", a.Dm, a.KV * a.hd, a.Tk, r, false, s});
+    if (has('v')) out.push_back({"v.", a.Dm, a.KV * a.hd, a.Tk, r, false, s});
     if (has('o')) out.push_back({"o.", a.H * a.hd, a.D, a.T, r, true, s});
   }
   return out;
@@ -470,6 +530,7 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
       bool lora_x = false, lora_o = false;
       for (const auto& ad : lora) (ad.reads_context ? lora_o : lora_x) = true;
       if (!g.base && !lora_x) drop(is_input(0));
+      if (a.cross && !g.base && !lora_x) drop(is_input(1));  // the memory serves dW_k and dW_v alone
       // The context feeds dW_o, and in the flash form the core's backward too
       // (D_i = dO_i . O_i): the math form with W_o frozen drops it.
       if (!g.base && !lora_o && !keeps_log_sum_exp(d)) {  // still made in forward: a temporary there
@@ -480,9 +541,9 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
       }
       // Projections: 2x their forward FLOPs when every gradient is computed;
       // the core's backward runs whenever any does.
-      const double proj = 2.0 * a.T * a.D * (a.H + 2 * a.KV) * a.hd + 2.0 * a.T * a.H * a.hd * a.D;
-      d.bwd_flops = base_bwd - proj * ((input_grad(0) ? 0 : 1) + (g.base ? 0 : 1)) + lora_bwd +
-                    (input_grad(0) ? lora_bwd_dx : 0);
+      const bool any_input = input_grad(0) || (a.cross && input_grad(1));
+      d.bwd_flops = base_bwd - attention_projection_flops(a) * ((any_input ? 0 : 1) + (g.base ? 0 : 1)) + lora_bwd +
+                    (any_input ? lora_bwd_dx : 0);
       break;
     }
     default: break;

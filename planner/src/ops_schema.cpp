@@ -38,9 +38,11 @@ const Json kDerived = "(derived)";
 const std::vector<OpSpec>& op_table() {
   using T = AttrType;
   static const std::vector<OpSpec> table = {
+      // tie: another embedding node whose table this one reads (T5's encoder
+      // and decoder share one); the table and its gradient are that node's.
       {OpKind::embedding, "embedding", 1,
        {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}, {"scale", T::number, 1.0},
-        {"padding_idx", T::integer, nullptr, true}}},
+        {"padding_idx", T::integer, nullptr, true}, {"tie", T::text, nullptr, true}}},
       {OpKind::pos_embedding, "pos_embedding", 1,
        {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}}},
       {OpKind::cls_token, "cls_token", 1, {}},
@@ -79,11 +81,29 @@ const std::vector<OpSpec>& op_table() {
       // x.narrow(axis, start, end - start) over a per-sample axis (ShuffleNetV2's
       // channel split, torch.chunk)
       {OpKind::slice, "slice", 1, {{"axis", T::integer, nullptr}, {"start", T::integer, nullptr}, {"end", T::integer, nullptr}}},
-      {OpKind::attention, "attention", 1,
+      // Inputs: x [T, D]; with cross, then the sequence keys and values are
+      // projected from, memory [Tk, Dm] (an encoder's output: T5's
+      // EncDecAttention); with position_bias, last a bias [heads, T, Tk] added
+      // to the scaled scores (T5's relative position bias). scale: the
+      // scores' factor, absent 1/sqrt(head_dim) (T5 folds it into its
+      // initialisation and uses 1).
+      {OpKind::attention, "attention", kVariadic,
        {{"heads", T::integer, nullptr}, {"kv_heads", T::integer, kDerived}, {"head_dim", T::integer, kDerived},
         {"causal", T::boolean, false}, {"bias", T::boolean, true}, {"qkv_bias", T::boolean, kDerived},
         {"out_bias", T::boolean, kDerived}, {"dropout", T::number, 0.0}, {"rope", T::boolean, false},
-        {"rope_theta", T::number, 10000.0}, {"rotary_dim", T::integer, kDerived}}},
+        {"rope_theta", T::number, 10000.0}, {"rotary_dim", T::integer, kDerived}, {"cross", T::boolean, kDerived},
+        {"position_bias", T::boolean, kDerived}, {"scale", T::number, nullptr, true}}},
+      // T5's relative position bias (Raffel et al. 2020, Sec. 2.1; HF
+      // T5Attention.compute_bias): a learned table [buckets, heads] read at
+      // the bucket of each key's offset from its query, out [heads, T, T]
+      // for the T positions of the input (ids [T]; their values are not
+      // read). Offsets bucket exactly below buckets/4 (/2 when
+      // not bidirectional), logarithmically up to max_distance, one bucket
+      // beyond; bidirectional halves the buckets between earlier and later
+      // keys (the encoder), else only earlier keys count (the decoder).
+      {OpKind::relative_position_bias, "relative_position_bias", 1,
+       {{"heads", T::integer, nullptr}, {"buckets", T::integer, 32}, {"max_distance", T::integer, 128},
+        {"bidirectional", T::boolean, true}}},
       // A mixture-of-experts feed-forward layer (Mixtral's block_sparse_moe;
       // GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): a router
       // [experts, D] picks top_k experts per token, each a SwiGLU MLP of width
@@ -302,6 +322,17 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       if (ids.dtype != DType::i32) fail("input '{}' must be i32 ids, got {}", ids.name, to_string(ids.dtype));
       int64_t num = positive(n, "num", fail), dim = positive(n, "dim", fail);
       check_weight("the weight [num, dim]", {num, dim}, fail);
+      if (n.attrs.has("tie")) {
+        const auto target = n.attrs.text("tie");
+        const int t = m.node_index(target);
+        if (t < 0 || target == n.name) fail("tie names '{}', which is not a node before this one", target);
+        const Node& e = m.nodes[static_cast<size_t>(t)];
+        if (e.op != OpKind::embedding || e.attrs.has("tie"))
+          fail("tie names '{}', which is not an embedding with a table of its own", target);
+        if (e.attrs.integer("num") != num || e.attrs.integer("dim") != dim)
+          fail("tie to '{}' needs [num, dim] = [{}, {}] to equal its [{}, {}]", target, num, dim, e.attrs.integer("num"),
+               e.attrs.integer("dim"));
+      }
       // padding_idx: the row whose lookups give it no gradient (nn.Embedding's).
       if (n.attrs.has("padding_idx") && (n.attrs.integer("padding_idx") < 0 || n.attrs.integer("padding_idx") >= num))
         fail("padding_idx {} is outside [0, {})", n.attrs.integer("padding_idx"), num);
@@ -513,7 +544,45 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       } else if (n.attrs.flag("rope") && hd % 2 != 0) {
         fail("rope needs an even head_dim");
       }
+      // cross and position_bias: absent, false (kept absent, so that a model
+      // written before them reads as it did).
+      const bool cross = n.attrs.has("cross") && n.attrs.flag("cross");
+      const bool with_bias = n.attrs.has("position_bias") && n.attrs.flag("position_bias");
+      const size_t want = 1 + (cross ? 1 : 0) + (with_bias ? 1 : 0);
+      if (n.inputs.size() != want)
+        fail("takes {} input{} (x{}{}), got {}", want, want == 1 ? "" : "s", cross ? ", memory" : "",
+             with_bias ? ", position bias" : "", n.inputs.size());
+      int64_t keys = x.shape[0];
+      if (cross) {
+        const auto& mem = expect_rank(m, n, 1, 2, 2, "[Tk, Dm] (the memory keys and values read)", fail);
+        expect_float(mem, fail);
+        keys = mem.shape[0];
+        check_weight("the k, v projections", {mem.shape[1], 2 * kv, hd}, fail);
+        if (n.attrs.flag("causal")) fail("cross attention cannot be causal (its keys are another sequence)");
+        if (n.attrs.flag("rope")) fail("cross attention with rope is not supported");
+      }
+      if (with_bias) {
+        const auto& b = in(static_cast<int>(want) - 1);
+        expect_float(b, fail);
+        if (b.shape != Shape{heads, x.shape[0], keys})
+          fail("position bias '{}' has shape {}, expected {}", b.name, to_string(b.shape), to_string(Shape{heads, x.shape[0], keys}));
+      }
+      if (n.attrs.has("scale") && !(std::isfinite(n.attrs.number("scale")) && n.attrs.number("scale") > 0))
+        fail("attribute 'scale' must be positive and finite, got {}", n.attrs.number("scale"));
       out.shape = x.shape;
+      break;
+    }
+    case OpKind::relative_position_bias: {
+      const auto& x = expect_rank(m, n, 0, 1, 1, "[T] ids", fail);
+      if (x.dtype != DType::i32) fail("input '{}' must be i32 ids, got {}", x.name, to_string(x.dtype));
+      const int64_t heads = positive(n, "heads", fail), buckets = positive(n, "buckets", fail);
+      const int64_t max_distance = positive(n, "max_distance", fail);
+      const int64_t exact = (n.attrs.flag("bidirectional") ? buckets / 2 : buckets) / 2;
+      if (exact < 1) fail("buckets {} leaves no exact bucket (at least {} needed)", buckets, n.attrs.flag("bidirectional") ? 4 : 2);
+      if (max_distance <= exact) fail("max_distance {} must exceed the {} exactly bucketed offsets", max_distance, exact);
+      check_weight("the bias table [buckets, heads]", {buckets, heads}, fail);
+      check_weight("the bias [heads, T, T]", {heads, x.shape[0], x.shape[0]}, fail);
+      out.shape = {heads, x.shape[0], x.shape[0]};
       break;
     }
     case OpKind::moe: {

@@ -299,11 +299,17 @@ class Emitter {
         ev.gemms.push_back({b * d(y[1] * y[2]), d(n.attrs.integer("out") / g), d(x[0] / g * k[0] * k[1]), d(g)});
         break;
       }
-      case OpKind::attention: {  // QKV and output projections around the T x T core
+      case OpKind::attention: {  // QKV and output projections around the T x Tk core
         const AttentionShape a = attention_shape(m_, n);
-        ev.gemms.push_back({b * d(a.T), d((a.H + 2 * a.KV) * a.hd), d(a.D), 1});
+        if (a.cross) {  // q from x, k and v from the memory
+          ev.gemms.push_back({b * d(a.T), d(a.H * a.hd), d(a.D), 1});
+          ev.gemms.push_back({b * d(a.Tk), d(2 * a.KV * a.hd), d(a.Dm), 1});
+        } else {
+          ev.gemms.push_back({b * d(a.T), d((a.H + 2 * a.KV) * a.hd), d(a.D), 1});
+        }
         ev.gemms.push_back({b * d(a.T), d(a.D), d(a.H * a.hd), 1});
-        ev.attention = {b * d(a.H), d(a.T), d(a.hd), a.causal, cfg_.attention == AttentionImpl::flash, a.dropout > 0};
+        ev.attention = {b * d(a.H), d(a.T), d(a.hd), a.causal, cfg_.attention == AttentionImpl::flash, a.dropout > 0,
+                        d(a.Tk)};
         break;
       }
       case OpKind::moe: {  // the router, then per expert w1 and w3 [C, D] x [D, F] and w2 [C, F] x [F, D]
@@ -396,7 +402,7 @@ class Emitter {
     for (size_t k = 0; k < m_.params.size(); ++k) done[k] = m_.params[k].node;
     for (size_t i = 0; i < m_.nodes.size(); ++i) {
       const Node& n = m_.nodes[i];
-      if (n.op != OpKind::linear || !n.attrs.has("tie")) continue;
+      if (!n.attrs.has("tie")) continue;  // a linear or an embedding reading an embedding's table
       int owner = m_.node_index(n.attrs.text("tie"));
       for (size_t k = 0; k < m_.params.size(); ++k)
         if (m_.params[k].node == owner) {

@@ -99,6 +99,37 @@ Json tiny_gpt() {
   return build_gpt(c);
 }
 
+// T5 v1.1 small (google/t5-v1_1-small): 8 + 8 blocks, d_model 512, 6 heads
+// of 64, gated-GELU feed-forward 1024, vocab 32128, 32 buckets up to 128,
+// dropout 0.1, untied head; encoder and decoder sequences of 512.
+Json t5_v1_1_small() {
+  T5Config c;
+  c.name = "t5-v1_1-small";
+  return build_t5(c);
+}
+
+// A T5 small enough for the executor's parity tests: 2 + 2 blocks, d_model
+// 64, 4 heads of 16, a ReLU feed-forward (v1.0's) of 128, vocab 256, 16
+// buckets up to 32; encoder 24 and decoder 16 tokens, no dropout.
+Json tiny_t5() {
+  T5Config c;
+  c.name = "tiny-t5";
+  c.layers = 2;
+  c.decoder_layers = 2;
+  c.d_model = 64;
+  c.d_kv = 16;
+  c.heads = 4;
+  c.d_ff = 128;
+  c.vocab = 256;
+  c.enc_len = 24;
+  c.dec_len = 16;
+  c.buckets = 16;
+  c.max_distance = 32;
+  c.gated = false;
+  c.dropout = 0.0;
+  return build_t5(c);
+}
+
 // Qwen2-7B (Qwen/Qwen2-7B): 28 layers, hidden 3584, 28 heads with 4
 // key/value heads, biases on q, k, v; SwiGLU 18944, vocab 152064, rope_theta
 // 1e6, untied head. Sequence length 4096 (its config allows 131072).
@@ -198,12 +229,16 @@ const std::vector<Model>& models() {
        gemma_7b},
       {{"phi-2", "phi", "Hugging Face microsoft/phi-2 (PhiForCausalLM: 32 parallel blocks, hidden 2560, 32 heads, partial rotary 0.4, intermediate 10240, vocab 51200)"},
        phi_2},
+      {{"t5-v1_1-small", "t5", "Hugging Face google/t5-v1_1-small (T5ForConditionalGeneration: 8 + 8 blocks, d_model 512, 6 heads of 64, gated-GELU 1024, vocab 32128, untied head)"},
+       t5_v1_1_small},
       {{"tiny-mlp", "mlp", "dlplan test model: 64 -> 128 -> 128 -> 10"}, tiny_mlp},
       {{"tiny-cnn", "cnn", "dlplan test model: 3x16x16, conv widths 16, 32, 10 classes"}, tiny_cnn},
       {{"tiny-vit", "vit", "dlplan test model: vit_b_16 layout at 16x16, patch 4, 2 layers, hidden 64, 4 heads"},
        tiny_vit},
       {{"tiny-gpt", "gpt", "dlplan test model: GPT-2 layout, 2 layers, hidden 64, 4 heads, vocab 256, context 64"},
        tiny_gpt},
+      {{"tiny-t5", "t5", "dlplan test model: T5 layout, 2 + 2 blocks, d_model 64, 4 heads, ReLU 128, vocab 256, 24 -> 16 tokens"},
+       tiny_t5},
   };
   return all;
 }

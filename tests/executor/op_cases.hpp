@@ -259,6 +259,61 @@ inline std::vector<OpCase> op_cases() {
                                   {"causal", true}},
                              true));
 
+  // T5's pieces: cross attention (T = 4 queries of width 8 reading Tk = 6
+  // keys of width 6), a position bias [heads, T, Tk] input added to the
+  // scores with T5's scale 1, and both, in the math and the flash forms.
+  {
+    auto t5_case = [&](const std::string& name, bool cross, bool bias, bool flash, Json attrs) {
+      const int64_t T = 4, Tk = cross ? 6 : 4;
+      Json inputs{{"x", f32(arr({T, 8}))}};
+      Json in = Json::array({"x"});
+      if (cross) {
+        inputs["mem"] = f32(arr({Tk, 6}));
+        in.push_back("mem");
+        attrs["cross"] = true;
+      }
+      if (bias) {
+        inputs["pb"] = f32(arr({2, T, Tk}));
+        in.push_back("pb");
+        attrs["position_bias"] = true;
+        attrs["scale"] = 1.0;
+      }
+      attrs["name"] = "op";
+      attrs["op"] = "attention";
+      attrs["in"] = in;
+      attrs["heads"] = 2;
+      OpCase c;
+      c.name = name;
+      c.ir = make_ir(name, inputs, Json::array({attrs}));
+      c.flash = flash;
+      return c;
+    };
+    for (bool flash : {false, true}) {
+      const std::string f = flash ? "flash_" : "";
+      v.push_back(t5_case(f + "attention_cross", true, false, flash, Json{{"bias", false}}));
+      v.push_back(t5_case(f + "attention_position_bias_causal_dropout", false, true, flash,
+                          Json{{"bias", false}, {"causal", true}, {"dropout", 0.2}}));
+      v.push_back(t5_case(f + "attention_cross_position_bias_gqa", true, true, flash,
+                          Json{{"kv_heads", 1}, {"head_dim", 3}}));
+    }
+    OpCase c = t5_case("attention_cross_lora_qkvo", true, false, false, Json{{"bias", false}});
+    c.fine_tuning.lora_rank = 2;
+    c.fine_tuning.lora_targets = {"q", "k", "v", "o"};
+    c.fine_tuning.lora_alpha = 4;
+    v.push_back(c);
+  }
+  // T5's relative position bias over 12 positions: 8 buckets reach exact
+  // offsets below 2 (4 without bidirectional) and logarithmic ones up to 10.
+  for (bool bidirectional : {true, false}) {
+    OpCase c;
+    c.name = bidirectional ? "relative_position_bias" : "relative_position_bias_causal";
+    c.ir = make_ir(c.name, Json{{"ids", i32(arr({12}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "relative_position_bias"}, {"in", {"ids"}}, {"heads", 2},
+                                     {"buckets", 8}, {"max_distance", 10}, {"bidirectional", bidirectional}}}));
+    c.id_range["ids"] = 5;
+    v.push_back(c);
+  }
+
   // Mixture of experts (ops_moe.cpp), T = 6 tokens of width 4, 4 experts of
   // hidden width 5: capacity factor 0.5 gives 2 places per expert, 8 for 12
   // choices, so that at least 4 are dropped; 2 gives 6 places (none

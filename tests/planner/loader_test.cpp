@@ -7,6 +7,7 @@
 #include "dlplan/error.hpp"
 #include "dlplan/ir.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -527,6 +528,109 @@ TEST(LoaderError, ScaleShapeMustBroadcastToItsInput) {
   for (const auto& p : m.params)
     if (p.name == "mid.weight") gamma = p.numel;
   EXPECT_EQ(gamma, 4);
+}
+
+// Cross attention and a position bias (T5): the inputs each flag asks for,
+// in order, with the shapes they must have; the controls load with k and v
+// read from the memory's width and rows.
+TEST(LoaderError, CrossAttentionAndPositionBiasInputs) {
+  J ir = seq_model(J::array({{{"name", "mid"}, {"op", "attention"}, {"in", {"x", "mem"}}, {"heads", 2}}}));
+  ir["inputs"]["mem"] = {{"shape", {6, 5}}, {"dtype", "f32"}};
+  expect_error(ir, {"node 'mid'", "takes 1 input (x), got 2"});
+  node(ir, "mid")["cross"] = true;
+  node(ir, "mid")["causal"] = true;
+  expect_error(ir, {"node 'mid'", "cross attention cannot be causal"});
+  node(ir, "mid")["causal"] = false;
+  node(ir, "mid")["position_bias"] = true;
+  expect_error(ir, {"node 'mid'", "takes 3 inputs (x, memory, position bias), got 2"});
+  ir["inputs"]["pb"] = {{"shape", {2, 4, 4}}, {"dtype", "f32"}};
+  node(ir, "mid")["in"] = {"x", "mem", "pb"};
+  expect_error(ir, {"node 'mid'", "position bias 'pb' has shape [2, 4, 4], expected [2, 4, 6]"});
+  ir["inputs"]["pb"]["shape"] = {2, 4, 6};
+  node(ir, "mid")["scale"] = 0.0;
+  expect_error(ir, {"node 'mid'", "attribute 'scale' must be positive and finite"});
+  node(ir, "mid")["scale"] = 1.0;  // control
+  const Model m = parse_model(ir, "ok.json");
+  const AttentionShape a = attention_shape(m, m.nodes[static_cast<size_t>(m.node_index("mid"))]);
+  EXPECT_EQ(a.T, 4);
+  EXPECT_EQ(a.Tk, 6);
+  EXPECT_EQ(a.Dm, 5);
+  EXPECT_EQ(a.bias_input, 2);
+  EXPECT_EQ(a.scale, 1.0);
+  int64_t kv = 0;
+  for (const auto& p : m.params)
+    if (p.name == "mid.k.weight" || p.name == "mid.v.weight") kv += p.numel;
+  EXPECT_EQ(kv, 2 * 8 * 5);  // [KV hd, Dm] each
+}
+
+TEST(LoaderError, RelativePositionBiasReadsIdsAndBucketsThem) {
+  J ir = token_model(10, false);  // tokens [5] -> emb [5, 6] -> attention with the bias -> head
+  ir["inputs"]["x"] = {{"shape", {5, 6}}, {"dtype", "f32"}};
+  ir["nodes"].insert(ir["nodes"].begin() + 1,
+                     J{{"name", "rpb"}, {"op", "relative_position_bias"}, {"in", {"x"}}, {"heads", 2}});
+  ir["nodes"].insert(ir["nodes"].begin() + 2, J{{"name", "att"}, {"op", "attention"}, {"in", {"emb", "rpb"}},
+                                                {"heads", 2}, {"position_bias", true}});
+  node(ir, "head")["in"] = {"att"};
+  expect_error(ir, {"node 'rpb'", "input 'x' has shape [5, 6], expected [T] ids"});
+  ir["inputs"]["x"] = {{"shape", {5}}, {"dtype", "f32"}};
+  expect_error(ir, {"node 'rpb'", "input 'x' must be i32 ids"});
+  node(ir, "rpb")["in"] = {"tokens"};
+  ir["inputs"].erase("x");
+  node(ir, "rpb")["buckets"] = 2;
+  expect_error(ir, {"node 'rpb'", "buckets 2 leaves no exact bucket"});
+  node(ir, "rpb")["buckets"] = 8;
+  node(ir, "rpb")["max_distance"] = 2;
+  expect_error(ir, {"node 'rpb'", "max_distance 2 must exceed the 2 exactly bucketed offsets"});
+  node(ir, "rpb")["max_distance"] = 16;  // control: a [2, 5, 5] bias from an [8, 2] table
+  const Model m = parse_model(ir, "ok.json");
+  EXPECT_EQ(m.tensor(m.nodes[static_cast<size_t>(m.node_index("rpb"))].output).shape, (Shape{2, 5, 5}));
+  int64_t table = 0;
+  for (const auto& p : m.params)
+    if (p.name == "rpb.weight") table = p.numel;
+  EXPECT_EQ(table, 8 * 2);
+}
+
+// An embedding tied to another reads its table: one parameter, in the root
+// unit; the target must be an embedding with a table of the same size.
+TEST(LoaderError, EmbeddingTieNamesAnEmbeddingOfTheSameSize) {
+  J ir = token_model(10, false);  // tokens -> emb -> head; a second lookup of `more` added to it
+  ir["inputs"]["more"] = {{"shape", {5}}, {"dtype", "i32"}};
+  ir["nodes"].insert(ir["nodes"].begin() + 1, J{{"name", "emb2"}, {"op", "embedding"}, {"in", {"more"}}, {"num", 10},
+                                                {"dim", 6}, {"tie", "head"}, {"unit", "block"}});
+  ir["nodes"].insert(ir["nodes"].begin() + 2, J{{"name", "sum"}, {"op", "add"}, {"in", {"emb", "emb2"}}});
+  node(ir, "head")["in"] = {"sum"};
+  expect_error(ir, {"node 'emb2'", "tie names 'head', which is not a node before this one"});
+  node(ir, "emb2")["tie"] = "emb";
+  node(ir, "emb2")["num"] = 12;
+  expect_error(ir, {"node 'emb2'", "tie to 'emb' needs [num, dim] = [12, 6] to equal its [10, 6]"});
+  node(ir, "emb2")["num"] = 10;  // control
+  node(ir, "emb")["unit"] = "block";
+  const Model m = parse_model(ir, "ok.json");
+  EXPECT_EQ(m.parameter_count(), 10 * 6 + 10 * 6);  // one table, and the head's weight
+  EXPECT_EQ(m.nodes[static_cast<size_t>(m.node_index("emb"))].unit, 0);  // the root unit: both lookups read it
+}
+
+// T5's buckets (HF T5Attention._relative_position_bucket), worked by hand for
+// its defaults, 32 buckets and max_distance 128. Encoder (bidirectional): 16
+// buckets a side, offsets below 8 exact, then 8 + floor(log(d / 8) / log(16) * 8),
+// at most 15, later keys 16 up. Decoder: 32 buckets for earlier keys, below 16
+// exact, then 16 + floor(log(d / 16) / log(8) * 16), at most 31; later keys 0.
+TEST(LoaderShapes, RelativePositionBucketsAsT5) {
+  EXPECT_EQ(relative_position_bucket(0, 32, 128, true), 0);
+  EXPECT_EQ(relative_position_bucket(-3, 32, 128, true), 3);
+  EXPECT_EQ(relative_position_bucket(3, 32, 128, true), 19);
+  EXPECT_EQ(relative_position_bucket(-8, 32, 128, true), 8);     // log 1 = 0
+  EXPECT_EQ(relative_position_bucket(-20, 32, 128, true), 10);   // 8 + floor(2.64)
+  EXPECT_EQ(relative_position_bucket(20, 32, 128, true), 26);
+  EXPECT_EQ(relative_position_bucket(-127, 32, 128, true), 15);  // 8 + floor(7.977)
+  EXPECT_EQ(relative_position_bucket(-500, 32, 128, true), 15);  // past max_distance
+  EXPECT_EQ(relative_position_bucket(500, 32, 128, true), 31);
+  EXPECT_EQ(relative_position_bucket(5, 32, 128, false), 0);
+  EXPECT_EQ(relative_position_bucket(-5, 32, 128, false), 5);
+  EXPECT_EQ(relative_position_bucket(-16, 32, 128, false), 16);
+  EXPECT_EQ(relative_position_bucket(-40, 32, 128, false), 23);   // 16 + floor(7.05)
+  EXPECT_EQ(relative_position_bucket(-127, 32, 128, false), 31);  // 16 + floor(15.94)
+  EXPECT_EQ(relative_position_bucket(-1000, 32, 128, false), 31);
 }
 
 // ceil_mode rounds the pooled size up as PyTorch does, except that no window

@@ -38,7 +38,12 @@ INSTANTIATE_TEST_SUITE_P(Published, ZooCount,
                                            Published{"qwen2-7b", 7'615'616'512}, Published{"gemma-7b", 8'537'680'896},
                                            Published{"phi-2", 2'779'683'840},
                                            // transformers 4.38.2; the model card's 46.7B
-                                           Published{"mixtral-8x7b", 46'702'792'704}),
+                                           Published{"mixtral-8x7b", 46'702'792'704},
+                                           // transformers 4.38.2 T5ForConditionalGeneration(T5Config(d_model 512,
+                                           // d_kv 64, d_ff 1024, 8 + 8 layers, 6 heads, vocab 32128, gated-gelu,
+                                           // untied)): 16,449,536 shared + 18,883,264 encoder + 25,178,816
+                                           // decoder + 16,449,536 lm_head
+                                           Published{"t5-v1_1-small", 76'961'152}),
                          [](const auto& info) {
                            std::string s = info.param.name;
                            for (auto& c : s)
@@ -47,7 +52,7 @@ INSTANTIATE_TEST_SUITE_P(Published, ZooCount,
                          });
 
 TEST(Zoo, TinyModelsAreSmall) {
-  for (const char* name : {"tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt"}) {
+  for (const char* name : {"tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-t5"}) {
     Model m = load_model(name);
     EXPECT_GT(m.parameter_count(), 1000) << name;
     EXPECT_LT(m.parameter_count(), 1'000'000) << name;

@@ -69,10 +69,16 @@ CASES = {
     # with transformers' own MixtralForCausalLM.
     "tiny-mixtral": ("tests/fixtures/hf/tiny-mixtral.json", 2, []),
     "tiny-mixtral-drops": ("tests/fixtures/hf/tiny-mixtral.json", 2, ["--capacity-factor", "0.5"]),
+    # T5's pieces: an encoder and a decoder sharing one embedding table, the
+    # relative position bias each stack computes once and adds in every
+    # block, cross attention from the decoder to the encoder's output, scale 1.
+    "tiny-t5": ("models/tiny-t5.json", 2, []),
+    "tiny-t5-flash": ("models/tiny-t5.json", 2, ["--attention", "flash"]),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
-           "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops"]
+           "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
+           "tiny-t5", "tiny-t5-flash"]
 
 
 def read_f32(path):

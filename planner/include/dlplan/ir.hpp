@@ -42,6 +42,7 @@ enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
   rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale, concat, transpose, reshape, slice, attention, moe, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
+  relative_position_bias,
 };
 const char* to_string(OpKind op);
 

@@ -117,8 +117,12 @@ bool needs_backward(const GradNeeds& g, const OpDecl& d);
 // declaration and for every backend's kernels.
 struct AttentionShape {
   int64_t T = 0, D = 0;             // tokens, model width
+  int64_t Tk = 0, Dm = 0;           // keys and the width they are projected from: T and D but for cross attention
   int64_t H = 0, KV = 0, hd = 0;    // query heads, key/value heads, head width
   bool causal = false, rope = false;
+  bool cross = false;               // k and v from input 1, the memory [Tk, Dm]
+  int bias_input = -1;              // the input holding the position bias [H, T, Tk], or -1
+  double scale = 0;                 // the scores' factor (1/sqrt(hd) unless given)
   bool qkv_bias = false, out_bias = false;  // biases on q, k, v (Qwen2: these alone) and on o
   int64_t rotary_dim = 0;                   // leading dims of each head RoPE rotates (0 without rope)
   double dropout = 0, rope_theta = 10000;
@@ -149,6 +153,12 @@ struct MoeShape {
   static int w3(int64_t e) { return w1(e) + 2; }
 };
 MoeShape moe_shape(const Model& m, const Node& n);
+// T5's bucket of a key's offset j - i from its query (HF T5Attention.
+// _relative_position_bucket, in its float32 arithmetic): with bidirectional,
+// half the buckets for later keys; offsets below half of the (remaining)
+// buckets exactly, larger ones logarithmically up to max_distance, the last
+// bucket beyond. Without bidirectional, later keys share bucket 0.
+int64_t relative_position_bucket(int64_t offset, int64_t buckets, int64_t max_distance, bool bidirectional);
 // Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.
 bool keeps_log_sum_exp(const OpDecl& d);
 

@@ -80,6 +80,8 @@ struct AttentionCore {
   double batch = 0;            // micro-batch x query heads (0: not attention)
   double seq = 0, head_dim = 0;
   bool causal = false, flash = false, dropout = false;
+  double keys = 0;             // key length (cross attention); 0: seq
+  double key_len() const { return keys > 0 ? keys : seq; }
 };
 struct ComputeEvent {
   std::string name;     // node name, or "optimizer"

@@ -85,6 +85,35 @@ struct PhiConfig {
 };
 Json build_phi(const PhiConfig& c);
 
+// T5 as Hugging Face's T5ForConditionalGeneration: an encoder and a decoder
+// of pre-norm blocks (RMSNorm, T5LayerNorm), attention without biases and
+// without the 1/sqrt(d_kv) factor (T5 folds it into initialisation), one
+// relative position bias per stack computed in its first block and added in
+// every block (bidirectional in the encoder, to earlier keys only in the
+// decoder), cross attention from every decoder block to the encoder's
+// output, and a feed-forward of ReLU (T5 v1.0) or gated GELU(tanh) (v1.1,
+// flan-t5). Inputs input_ids [enc_len], decoder_input_ids [dec_len] and
+// labels [dec_len]; the head is untied (T5 v1.1: tie_word_embeddings false;
+// a tied head would scale the decoder's output by d_model^-1/2 first).
+struct T5Config {
+  std::string name = "t5";
+  int layers = 8;            // num_layers (encoder)
+  int decoder_layers = 8;    // num_decoder_layers
+  int d_model = 512;
+  int d_kv = 64;             // head width; heads x d_kv is the attention's inner width
+  int heads = 6;
+  int d_ff = 1024;
+  int vocab = 32128;
+  int enc_len = 512;         // encoder sequence length
+  int dec_len = 512;         // decoder sequence length
+  int buckets = 32;          // relative_attention_num_buckets
+  int max_distance = 128;    // relative_attention_max_distance
+  bool gated = true;         // feed_forward_proj gated-gelu (v1.1); false: relu (v1.0)
+  double dropout = 0.1;      // dropout_rate: embeddings, attention probabilities, every residual branch
+  double eps = 1e-6;         // layer_norm_epsilon
+};
+Json build_t5(const T5Config& c);
+
 // BERT encoder (post-LN) with token types and pooler, plus a classifier head.
 struct BertConfig {
   std::string name = "bert";
