@@ -23,7 +23,7 @@ namespace {
 struct PlanFlags {
   RequestFlags request;
   std::string micro_batch = "1", format = "table", out, timeline;
-  int64_t gpus = 0, nodes = 0, global_batch = 0, grad_accum = 0, seq_len = 0, syncbn_group = 0, prefetch = 0,
+  int64_t gpus = 0, nodes = 0, global_batch = 0, grad_accum = 0, seq_len = 0, decoder_seq_len = 0, syncbn_group = 0, prefetch = 0,
           warmup_steps = 0, shard_group = 0;
   double capacity_factor = 0, bucket_mb = 0, lr = 0, min_lr = 0, clip_norm = 0, weight_decay = 0, eps = 0, momentum = 0;
   std::vector<double> betas;
@@ -42,6 +42,7 @@ RequestFlags request_flags(PlanFlags& f, const CLI::App& app) {
   given(app, "--global-batch", f.global_batch, r.global_batch);
   given(app, "--grad-accum", f.grad_accum, r.grad_accum);
   given(app, "--seq-len", f.seq_len, r.seq_len);
+  given(app, "--decoder-seq-len", f.decoder_seq_len, r.decoder_seq_len);
   given(app, "--capacity-factor", f.capacity_factor, r.capacity_factor);
   given(app, "--syncbn-group", f.syncbn_group, r.syncbn_group);
   given(app, "--prefetch", f.prefetch, r.prefetch);
@@ -77,6 +78,8 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--global-batch", f->global_batch, "Samples per step in all (sets --grad-accum; with --micro-batch max, both)");
   app.add_option("--grad-accum", f->grad_accum, "Micro-batches accumulated per step (default 1)");
   app.add_option("--seq-len", f->seq_len, "Tokens per sample (default: the model's context)");
+  app.add_option("--decoder-seq-len", f->decoder_seq_len,
+                 "Encoder-decoder models (T5): the decoder's tokens per sample (default: --seq-len, else the model's)");
   app.add_option("--capacity-factor", f->capacity_factor,
                  "Mixture of experts: each expert takes capacity-factor x tokens x top_k / experts tokens of a sample "
                  "and drops the rest (default: the model's, 1.25; experts / top_k drops none)");

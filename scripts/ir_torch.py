@@ -73,7 +73,7 @@ OPS = {
     "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED, "scale": 1.0, "padding_idx": _NULL, "tie": _NULL}),
     "pos_embedding": (1, {"max_len": _DERIVED}),
     "cls_token": (1, {}),
-    "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL}),
+    "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL, "scale": _NULL}),
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
     "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
     "layernorm": (1, {"eps": 1e-5, "bias": True}),
@@ -542,6 +542,8 @@ class IRModule(nn.Module):
                 w = self._p(t, "weight")
             else:
                 w = self._p(n, "weight")
+            if a["scale"] is not None:  # the input's factor (T5's tied head)
+                x = x * float(a["scale"])
             return F.linear(x, w, self._p(n, "bias") if a["bias"] else None)
         if op == "conv2d":
             return F.conv2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,

@@ -118,36 +118,46 @@ void cls_token_backward(OpContext& c) {
 // [num, dim], passed as params[0] all the same); bias: [out].
 // y = x W^T + bias.
 
+namespace {
+// The input's factor (attribute scale, absent 1): folded into the GEMMs' alpha.
+float input_scale(const OpContext& c) {
+  return c.node->attrs.has("scale") ? static_cast<float>(c.node->attrs.number("scale")) : 1.0f;
+}
+}  // namespace
+
 void linear_forward(OpContext& c) {
   const int64_t in = in_shape(c, 0).back(), o = out_shape(c).back();
   const int64_t R = c.batch * numel(in_shape(c, 0)) / in;
   float* y = c.out.f();
   const bool bias = c.node->attrs.flag("bias");
+  const float s = input_scale(c);
   if (bias) {
     const float* bv = c.params[1].f();
     for (int64_t r = 0; r < R; ++r) std::memcpy(y + r * o, bv, static_cast<size_t>(o) * sizeof(float));
   }
-  gemm(false, true, R, o, in, 1.0f, c.in[0].f(), in, c.params[0].f(), in, bias ? 1.0f : 0.0f, y, o);
+  gemm(false, true, R, o, in, s, c.in[0].f(), in, c.params[0].f(), in, bias ? 1.0f : 0.0f, y, o);
   // LoRA (ops_lora.cpp): its A and B are the node's last two parameters.
   for (const LoraAdapter& a : lora_adapters(*c.model, *c.node)) {
     const size_t n = c.params.size();
     Tensor xa = alloc_saved(c, {R, a.rank}, compute(c), "lora_xa");
     Fp32Buffer xb(xa);
-    lora_forward(c.in[0].f(), c.params[n - 2].f(), c.params[n - 1].f(), static_cast<float>(a.scale), xb.data(), y, R,
-                 in, o, a.rank);
+    // x A^T is kept unscaled; the input's factor joins the adapter's.
+    lora_forward(c.in[0].f(), c.params[n - 2].f(), c.params[n - 1].f(), static_cast<float>(a.scale) * s, xb.data(), y,
+                 R, in, o, a.rank);
     xb.store();
     c.saved.push_back(xa);
   }
 }
 
-// dx += dy W;  dW += dy^T x;  dbias += sum_r dy.
+// dx += s dy W;  dW += s dy^T x;  dbias += sum_r dy (s: the input's factor).
 void linear_backward(OpContext& c) {
   const int64_t in = in_shape(c, 0).back(), o = out_shape(c).back();
   const int64_t R = c.batch * numel(in_shape(c, 0)) / in;
   const float* dy = c.dout.f();
-  if (c.din[0].defined()) gemm(false, false, R, in, o, 1.0f, dy, o, c.params[0].f(), in, 1.0f, c.din[0].f(), in);
+  const float s = input_scale(c);
+  if (c.din[0].defined()) gemm(false, false, R, in, o, s, dy, o, c.params[0].f(), in, 1.0f, c.din[0].f(), in);
   // A frozen weight: no dW, and the input (not kept) is not read.
-  if (float* dw = grad_or_null(c.dparams[0])) gemm(true, false, o, in, R, 1.0f, dy, o, c.in[0].f(), in, 1.0f, dw, in);
+  if (float* dw = grad_or_null(c.dparams[0])) gemm(true, false, o, in, R, s, dy, o, c.in[0].f(), in, 1.0f, dw, in);
   if (c.node->attrs.flag("bias") && c.dparams[1].defined()) {
     float* db = c.dparams[1].f();
     for (int64_t r = 0; r < R; ++r)
@@ -157,7 +167,7 @@ void linear_backward(OpContext& c) {
     const size_t n = c.params.size();
     Tensor dxa = alloc_temp(c, {R, a.rank}, "lora_dxa");
     Fp32Buffer dxb(dxa);
-    lora_backward(c.in[0].f(), c.params[n - 2].f(), c.params[n - 1].f(), static_cast<float>(a.scale),
+    lora_backward(c.in[0].f(), c.params[n - 2].f(), c.params[n - 1].f(), static_cast<float>(a.scale) * s,
                   saved_named(c, "lora_xa").f(), dy, dxb.data(), grad_or_null(c.dparams[n - 2]),
                   grad_or_null(c.dparams[n - 1]), grad_or_null(c.din[0]), R, in, o, a.rank);
   }

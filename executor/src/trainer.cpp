@@ -76,6 +76,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
         return fmt::format("node '{}' scales its scores by {} (T5: 1), where the CUDA engine's kernels use 1/sqrt({})",
                            n.name, a.scale, a.hd);
     }
+    if (n.op == OpKind::linear && n.attrs.has("scale") && n.attrs.number("scale") != 1.0)
+      return fmt::format("node '{}' scales its input by {} (T5's tied head), which the CPU engine trains and the CUDA "
+                         "engine does not yet", n.name, n.attrs.number("scale"));
     if (n.op == OpKind::relative_position_bias)
       return fmt::format("node '{}' is a relative position bias (T5), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);

@@ -25,6 +25,12 @@
 //     (`dlplan plan --capacity-factor` changes it). The router's
 //     load-balancing loss (output_router_logits) is not planned: its tensors
 //     are [tokens, experts].
+//   - t5: T5ForConditionalGeneration (T5Config): encoder and decoder of
+//     num_layers and num_decoder_layers blocks; feed_forward_proj "ACT" or
+//     "gated-ACT" ("gated-gelu" is gelu_new, as T5Config maps it); the tied
+//     head (tie_word_embeddings, true by default) reads the shared table and
+//     the decoder's output times d_model^-1/2. Sequences: n_positions (512)
+//     for both, --seq-len and --decoder-seq-len after.
 #include "dlplan/error.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/json_file.hpp"
@@ -145,7 +151,7 @@ std::optional<std::string> detect_type(const Json& j) {
     const auto a = j["architectures"][0].get<std::string>();
     const std::pair<const char*, const char*> prefixes[] = {
         {"GPT2", "gpt2"},   {"Llama", "llama"}, {"Mistral", "mistral"}, {"Mixtral", "mixtral"}, {"Qwen2", "qwen2"},
-        {"Gemma", "gemma"}, {"Phi", "phi"},     {"Bert", "bert"},       {"ViT", "vit"}};
+        {"Gemma", "gemma"}, {"Phi", "phi"},     {"Bert", "bert"},       {"ViT", "vit"},       {"T5", "t5"}};
     for (const auto& [p, t] : prefixes)
       if (a.rfind(p, 0) == 0) return std::string(t);
     return a;
@@ -304,6 +310,39 @@ zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string
   return zoo::build_bert(c);
 }
 
+zoo::Json t5(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+  zoo::T5Config c;
+  c.name = name;
+  c.layers = f.layers("num_layers");
+  c.decoder_layers = f.has("num_decoder_layers") ? f.layers("num_decoder_layers") : c.layers;
+  c.d_model = f.integer("d_model");
+  c.d_kv = f.integer("d_kv");
+  c.heads = f.integer("num_heads");
+  c.d_ff = f.integer("d_ff");
+  c.vocab = f.integer("vocab_size");
+  c.enc_len = c.dec_len = f.integer("n_positions", 512);
+  c.buckets = f.integer("relative_attention_num_buckets", 32);
+  c.max_distance = f.integer("relative_attention_max_distance", 128);
+  c.dropout = f.number("dropout_rate", 0.1);
+  c.eps = f.number("layer_norm_epsilon", 1e-6);
+  c.tie_head = f.flag("tie_word_embeddings", true);
+  if (static_cast<int64_t>(c.heads) * c.d_kv > kMaxLayerWidth)
+    f.fail(fmt::format("num_heads {} x d_kv {} is more than {}", c.heads, c.d_kv, kMaxLayerWidth));
+  // T5Config: "ACT" or "gated-ACT", ACT one of transformers' activations.
+  const auto proj = f.text("feed_forward_proj", "relu");
+  c.gated = proj.rfind("gated-", 0) == 0;
+  const std::string act = c.gated ? proj.substr(6) : proj;
+  if (proj == "gated-gelu" || act == "gelu_new" || act == "gelu_pytorch_tanh") c.act = "gelu_tanh";
+  else if (act == "relu" || act == "gelu" || act == "silu") c.act = act;
+  else f.fail(fmt::format("feed_forward_proj '{}' is not supported (relu, gelu, gelu_new, silu, each optionally gated-)", proj));
+  if ((c.buckets / 2) / 2 < 1 || c.max_distance <= (c.buckets / 2) / 2)
+    f.fail(fmt::format("relative_attention_num_buckets {} and relative_attention_max_distance {} leave no bucketed offsets",
+                       c.buckets, c.max_distance));
+  notes.push_back(fmt::format("T5ForConditionalGeneration: encoder and decoder of {} tokens (n_positions; --seq-len and "
+                              "--decoder-seq-len set them)", c.enc_len));
+  return zoo::build_t5(c);
+}
+
 zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
   zoo::VitConfig c;
   c.name = name;
@@ -333,7 +372,7 @@ zoo::Json vit(const Fields& f, const std::string& name, std::vector<std::string>
 }  // namespace
 
 std::vector<std::string> hf_supported_model_types() {
-  return {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "bert", "vit"};
+  return {"gpt2", "llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "bert", "vit", "t5"};
 }
 
 bool is_hf_config(const nlohmann::json& doc) {
@@ -358,6 +397,7 @@ nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::strin
     else if (*type == "llama" || *type == "mistral" || *type == "mixtral" || *type == "qwen2" || *type == "gemma") ir = llama(f, name, *type, notes);
     else if (*type == "phi") ir = phi(f, name, notes);
     else if (*type == "bert") ir = bert(f, name, notes);
+    else if (*type == "t5") ir = t5(f, name, notes);
     else ir = vit(f, name, notes);
   } catch (const std::invalid_argument& e) {  // a zoo builder's own check
     throw Error(fmt::format("{}: {}", src, e.what()));

@@ -320,7 +320,8 @@ Model load_model(const std::string& name_or_path, const ImportOptions& opt) {
 int64_t tokens_per_sample(const Model& m) {
   for (int id : m.inputs) {
     const auto& t = m.tensor(id);
-    if (t.dtype == DType::i32 && t.shape.size() == 1) return t.shape[0];
+    // An encoder-decoder's decoder tokens are --decoder-seq-len's, not this.
+    if (t.dtype == DType::i32 && t.shape.size() == 1 && t.name != "decoder_input_ids") return t.shape[0];
   }
   return 0;
 }
@@ -332,6 +333,25 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())
     if (spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = seq_len;
+  Model out = parse_model(ir, m.source);
+  out.notes = m.notes;
+  out.unaccounted_bytes = m.unaccounted_bytes;
+  return out;
+}
+
+Model with_decoder_seq_len(const Model& m, int64_t tokens) {
+  if (tokens <= 0) throw Error(fmt::format("{}: --decoder-seq-len must be positive, got {}", m.source, tokens));
+  Json ir = m.ir;
+  if (!ir["inputs"].contains("decoder_input_ids"))
+    throw Error(fmt::format("{}: the model has no decoder (no input named decoder_input_ids), so --decoder-seq-len does "
+                            "not apply", m.source));
+  std::vector<std::string> decoder_inputs = {"decoder_input_ids"};
+  for (const auto& n : m.nodes)
+    if (n.op == OpKind::cross_entropy) decoder_inputs.push_back(m.tensor(n.inputs[1]).name);
+  for (const auto& name : decoder_inputs) {
+    auto& spec = ir["inputs"][name];
+    if (spec.contains("shape") && spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = tokens;
+  }
   Model out = parse_model(ir, m.source);
   out.notes = m.notes;
   out.unaccounted_bytes = m.unaccounted_bytes;

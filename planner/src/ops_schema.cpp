@@ -46,8 +46,11 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::pos_embedding, "pos_embedding", 1,
        {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}}},
       {OpKind::cls_token, "cls_token", 1, {}},
+      // scale: the input's factor, out = (scale x) W^T + b (absent: 1; T5's
+      // tied head reads the decoder's output times d_model^-1/2)
       {OpKind::linear, "linear", 1,
-       {{"out", T::integer, nullptr}, {"bias", T::boolean, true}, {"tie", T::text, nullptr, true}}},
+       {{"out", T::integer, nullptr}, {"bias", T::boolean, true}, {"tie", T::text, nullptr, true},
+        {"scale", T::number, nullptr, true}}},
       {OpKind::conv2d, "conv2d", 1,
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
         {"padding", T::int_or_pair, 0}, {"groups", T::integer, 1}, {"bias", T::boolean, true}}},
@@ -300,6 +303,8 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
   for (const char* key : {"eps", "rope_theta"})
     if (n.attrs.has(key) && !(n.attrs.number(key) > 0)) fail("attribute '{}' must be positive", key);
   if (n.op == OpKind::embedding && !std::isfinite(n.attrs.number("scale"))) fail("attribute 'scale' must be finite");
+  if (n.op == OpKind::linear && n.attrs.has("scale") && !(std::isfinite(n.attrs.number("scale")) && n.attrs.number("scale") != 0))
+    fail("attribute 'scale' must be finite and not zero, got {}", n.attrs.number("scale"));
   if (n.op == OpKind::rmsnorm && !std::isfinite(n.attrs.number("offset"))) fail("attribute 'offset' must be finite");
   if (n.op == OpKind::clip) {
     const double lo = n.attrs.number("min"), hi = n.attrs.number("max");

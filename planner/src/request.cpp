@@ -185,6 +185,8 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
     r.model = with_seq_len(r.model, seq_len);
     r.model.notes.insert(r.model.notes.end(), notes.begin(), notes.end());
   }
+  if (f.decoder_seq_len)
+    r.model = with_decoder_seq_len(r.model, positive(f.decoder_seq_len, 0, "--decoder-seq-len", int64_t{1} << 24));
   if (f.capacity_factor) {
     if (!(*f.capacity_factor > 0) || !std::isfinite(*f.capacity_factor))
       throw UsageError(fmt::format("--capacity-factor must be positive, got {}", *f.capacity_factor));

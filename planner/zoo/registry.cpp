@@ -109,8 +109,8 @@ Json t5_v1_1_small() {
 }
 
 // A T5 small enough for the executor's parity tests: 2 + 2 blocks, d_model
-// 64, 4 heads of 16, a ReLU feed-forward (v1.0's) of 128, vocab 256, 16
-// buckets up to 32; encoder 24 and decoder 16 tokens, no dropout.
+// 64, 4 heads of 16, v1.0's ReLU feed-forward of 128 and tied head, vocab
+// 256, 16 buckets up to 32; encoder 24 and decoder 16 tokens, no dropout.
 Json tiny_t5() {
   T5Config c;
   c.name = "tiny-t5";
@@ -126,6 +126,8 @@ Json tiny_t5() {
   c.buckets = 16;
   c.max_distance = 32;
   c.gated = false;
+  c.act = "relu";
+  c.tie_head = true;  // v1.0's: the shared table, the decoder's output scaled by 64^-1/2
   c.dropout = 0.0;
   return build_t5(c);
 }

@@ -13,6 +13,8 @@
 #include "dlplan/zoo.hpp"
 #include "ir_builder.hpp"
 
+#include <cmath>
+
 namespace dlplan::zoo {
 namespace {
 
@@ -25,20 +27,26 @@ Json attention_attrs(const T5Config& c) {
   return a;
 }
 
-// T5LayerFF: x + dropout(wo(dropout(act(wi(h))))), act relu or, gated,
-// gelu_new(wi_0 h) * wi_1 h.
+// The feed-forward's activation node.
+std::string activation(IrBuilder& b, const T5Config& c, const std::string& name, const std::string& x) {
+  if (c.act == "relu" || c.act == "silu") return b.add(name, c.act, {x});
+  return b.add(name, "gelu", {x}, Json{{"approximate", c.act == "gelu_tanh" ? "tanh" : "none"}});
+}
+
+// T5LayerFF: x + dropout(wo(dropout(act(wi(h))))) (T5DenseActDense), or
+// gated, x + dropout(wo(dropout(act(wi_0 h) * wi_1 h))) (T5DenseGatedActDense).
 std::string feed_forward(IrBuilder& b, const T5Config& c, const std::string& p, const std::string& x) {
   const auto h = b.add(p + ".layer_norm", "rmsnorm", {x}, Json{{"eps", c.eps}});
   const std::string d = p + ".DenseReluDense";
   std::string f;
   if (c.gated) {
     const auto g = b.add(d + ".wi_0", "linear", {h}, Json{{"out", c.d_ff}, {"bias", false}});
-    const auto act = b.add(d + ".act", "gelu", {g}, Json{{"approximate", "tanh"}});
+    const auto act = activation(b, c, d + ".act", g);
     const auto up = b.add(d + ".wi_1", "linear", {h}, Json{{"out", c.d_ff}, {"bias", false}});
     f = b.add(d + ".mul", "mul", {act, up});
   } else {
     f = b.add(d + ".wi", "linear", {h}, Json{{"out", c.d_ff}, {"bias", false}});
-    f = b.add(d + ".act", "relu", {f});
+    f = activation(b, c, d + ".act", f);
   }
   f = b.dropout(d + ".dropout", f, c.dropout);
   f = b.add(d + ".wo", "linear", {f}, Json{{"out", c.d_model}, {"bias", false}});
@@ -63,6 +71,8 @@ Json build_t5(const T5Config& c) {
   detail::require(c.layers > 0 && c.decoder_layers > 0 && c.d_model > 0 && c.d_kv > 0 && c.heads > 0 && c.d_ff > 0 &&
                       c.vocab > 0 && c.enc_len > 0 && c.dec_len > 0 && c.buckets > 0 && c.max_distance > 0,
                   "t5: sizes must be positive");
+  detail::require(c.act == "relu" || c.act == "gelu" || c.act == "gelu_tanh" || c.act == "silu",
+                  "t5: act must be relu, gelu, gelu_tanh or silu");
   IrBuilder b(c.name);
   b.input("input_ids", {c.enc_len}, "i32");
   b.input("decoder_input_ids", {c.dec_len}, "i32");
@@ -117,7 +127,12 @@ Json build_t5(const T5Config& c) {
   b.unit("");
   y = b.add("decoder.final_layer_norm", "rmsnorm", {y}, Json{{"eps", c.eps}});
   y = b.dropout("decoder.final_dropout", y, c.dropout);
-  y = b.add("lm_head", "linear", {y}, Json{{"out", c.vocab}, {"bias", false}});
+  Json head{{"out", c.vocab}, {"bias", false}};
+  if (c.tie_head) {  // T5ForConditionalGeneration: sequence_output * model_dim**-0.5 before the tied lm_head
+    head["tie"] = "shared";
+    head["scale"] = 1.0 / std::sqrt(static_cast<double>(c.d_model));
+  }
+  y = b.add("lm_head", "linear", {y}, head);
   b.add("loss", "cross_entropy", {y, "labels"});
   return b.finish();
 }

@@ -92,6 +92,8 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
   v.push_back(unary("linear", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}}));
   v.push_back(unary("linear_nobias", arr({5}), Json{{"op", "linear"}, {"out", 3}, {"bias", false}}));
+  // T5's tied head reads its input times d_model^-1/2
+  v.push_back(unary("linear_input_scale", arr({3, 5}), Json{{"op", "linear"}, {"out", 4}, {"scale", 0.35}}));
   {  // tied: the linear's weight is the embedding's [num, dim] = [out, in]; it
      // reads the embedding's output (as a language model's head reads what the
      // embedding began), since every node must lead to the loss
@@ -108,6 +110,9 @@ inline std::vector<OpCase> op_cases() {
     c.fine_tuning.lora_rank = 2;
     c.fine_tuning.lora_targets = {"op"};
     c.fine_tuning.lora_alpha = 3;
+    v.push_back(c);
+    c.name = "linear_lora_input_scale";  // the input's factor reaches the adapter too
+    c.ir["nodes"][0]["scale"] = 0.35;
     v.push_back(c);
   }
   v.push_back(unary("select", arr({4, 3}), Json{{"op", "select"}, {"index", 2}}));

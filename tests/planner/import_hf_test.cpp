@@ -185,8 +185,8 @@ TEST(ImportHf, MissingFieldNamesFileAndField) {
 TEST(ImportHf, UnknownModelTypeListsSupported) {
   auto msg = error_of(hf("unknown-type.json"));
   EXPECT_NE(msg.find("unknown-type.json"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("model_type 't5' is not supported"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("gpt2, llama, mistral, mixtral, qwen2, gemma, phi, bert, vit"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model_type 'bart' is not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpt2, llama, mistral, mixtral, qwen2, gemma, phi, bert, vit, t5"), std::string::npos) << msg;
 }
 
 namespace {
@@ -196,6 +196,64 @@ const ParamInfo* param_named(const Model& m, const std::string& name) {
   return nullptr;
 }
 }  // namespace
+
+// ---- T5: an encoder-decoder, counts from transformers itself ----------------------
+
+// t5-small (v1.0: ReLU, tied head read at d_model^-1/2), t5-v1_1-small and
+// flan-t5-base (gated GELU, untied) and the tiny config count as
+// T5ForConditionalGeneration does (ImportHf.PublishedConfigsCountAsTransformers);
+// here the structure that count stands on.
+TEST(ImportHf, T5SharesOneTableAndBiasesEachStackOnce) {
+  Model m = load_model(hf("t5-small.json"));
+  EXPECT_EQ(m.parameter_count(), 60'506'624);  // transformers 4.38.2, the published 60.5M
+  int biases = 0, cross = 0, embeddings = 0;
+  for (const auto& n : m.nodes) {
+    biases += n.op == OpKind::relative_position_bias;
+    cross += n.op == OpKind::attention && n.attrs.has("cross") && n.attrs.flag("cross");
+    embeddings += n.op == OpKind::embedding;
+  }
+  EXPECT_EQ(biases, 2);  // one per stack, in its block 0
+  EXPECT_EQ(cross, 6);   // every decoder block
+  EXPECT_EQ(embeddings, 2);
+  EXPECT_NE(param_named(m, "shared.weight"), nullptr);
+  EXPECT_EQ(param_named(m, "decoder.embed_tokens.weight"), nullptr);  // the shared table, not a second one
+  EXPECT_EQ(param_named(m, "lm_head.weight"), nullptr);                // tied
+  const Node& head = m.nodes[static_cast<size_t>(m.node_index("lm_head"))];
+  EXPECT_DOUBLE_EQ(head.attrs.number("scale"), 1.0 / std::sqrt(512.0));
+  EXPECT_NE(param_named(m, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"), nullptr);
+  EXPECT_EQ(param_named(m, "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"), nullptr);
+
+  Model v11 = load_model(hf("t5-v1_1-small.json"));
+  EXPECT_NE(param_named(v11, "lm_head.weight"), nullptr);
+  EXPECT_NE(param_named(v11, "encoder.block.0.layer.1.DenseReluDense.wi_0.weight"), nullptr);
+}
+
+TEST(ImportHf, T5DecoderSeqLenSetsTheDecoderAlone) {
+  Model m = with_decoder_seq_len(with_seq_len(load_model(hf("t5-small.json")), 256), 64);
+  EXPECT_EQ(input_shape(m, "input_ids"), (Shape{256}));
+  EXPECT_EQ(input_shape(m, "decoder_input_ids"), (Shape{64}));
+  EXPECT_EQ(input_shape(m, "labels"), (Shape{64}));
+  EXPECT_EQ(tokens_per_sample(m), 256);  // the encoder's, as --seq-len sets
+  const Node& cross = m.nodes[static_cast<size_t>(m.node_index("decoder.block.0.layer.1.EncDecAttention"))];
+  EXPECT_EQ(attention_shape(m, cross).T, 64);
+  EXPECT_EQ(attention_shape(m, cross).Tk, 256);
+  std::string msg;
+  try {
+    with_decoder_seq_len(load_model("tiny-gpt"), 8);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no input named decoder_input_ids"), std::string::npos) << msg;
+}
+
+TEST(ImportHf, T5RefusesAnActivationItCannotPlan) {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(hf("tiny-t5-gated.json")));
+  j["feed_forward_proj"] = "gated-mish";
+  const std::string path = ::testing::TempDir() + "t5-mish.json";
+  std::ofstream(path) << j.dump();
+  const std::string msg = error_of(path);
+  EXPECT_NE(msg.find("feed_forward_proj 'gated-mish' is not supported"), std::string::npos) << msg;
+}
 
 // ---- Qwen2, Gemma, Phi: counts from transformers itself -------------------------
 
@@ -213,7 +271,7 @@ TEST(ImportHf, QwenGemmaPhiMixtralCountsEqualTransformers) {
     EXPECT_EQ(m.parameter_count(), c["params"].get<int64_t>()) << name;
     ++checked;
   }
-  EXPECT_EQ(checked, 11);
+  EXPECT_EQ(checked, 15);  // make_hf_fixtures.py's 11, make_t5_fixtures.py's 4
 }
 
 // A mixture-of-experts layer keeps what autograd keeps in transformers' own

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One training step of dlplan's CPU executor against Hugging Face
 transformers' own model, for the families imported from config.json: Qwen2,
-Gemma, Phi and Mixtral (tests/fixtures/hf/tiny-*.json, written by
+Gemma, Phi, Mixtral and T5 (tests/fixtures/hf/tiny-*.json, written by
 transformers 4.38.2). Mixtral trains dropless: dlplan's moe op runs with a
 capacity factor of experts / top_k (--capacity-factor), which drops no token,
 and its router, top-2 choice and renormalised gates must then give
@@ -46,11 +46,19 @@ from torch_parity import read_f32, read_inputs  # noqa: E402
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 FAMILIES = ["tiny-qwen2", "tiny-gemma", "tiny-phi", "tiny-mixtral"]
+# Run only when named (--model): T5's loss agrees to 1e-7 and every gradient
+# within 1e-4 but the decoder's layer-norm weights (up to 2.5e-3 with the tied
+# head), while scripts/ir_torch.py on the same IR equals transformers in
+# float64 to 1e-6 -- the gap is the CPU engine's fp32 arithmetic, not the IR
+# (docs/huggingface.md, "T5"; open).
+OPT_IN = ["tiny-t5-gated"]
 PROJ = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
 
 
 def hf_name(name, model_type):
     """dlplan's parameter name -> the transformers state_dict key."""
+    if model_type == "t5":  # T5's nodes carry its module names whole (q, k, v, o; shared; lm_head)
+        return name
     parts = name.split(".")
     if "self_attn" in parts:  # layers.i.self_attn.q.weight
         i = parts.index("self_attn")
@@ -60,7 +68,9 @@ def hf_name(name, model_type):
 
 
 def hf_step(config, names, flat, inputs, perturb=None):
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    seq2seq = config.model_type == "t5"
+    auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
+    model = auto.from_config(config)
     model.train()
     state = model.state_dict()
     params = dict(model.named_parameters())
@@ -76,8 +86,13 @@ def hf_step(config, names, flat, inputs, perturb=None):
         if perturb:
             params[perturb].mul_(1.01)
     assert off == flat.numel() and off == sum(p.numel() for p in model.parameters())
-    logits = model(input_ids=inputs["tokens"]).logits
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), inputs["targets"].reshape(-1))
+    if seq2seq:  # the decoder reads dlplan's decoder_input_ids (not HF's labels shifted right)
+        logits = model(input_ids=inputs["input_ids"], decoder_input_ids=inputs["decoder_input_ids"]).logits
+        targets = inputs["labels"]
+    else:
+        logits = model(input_ids=inputs["tokens"]).logits
+        targets = inputs["targets"]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
     grads = torch.cat([params[hf_name(p["name"], config.model_type)].grad.reshape(-1).double() for p in names])
     return loss.item(), grads
@@ -118,7 +133,8 @@ def run(name, args):
     torch.manual_seed(0)
     loss_t, g_t = hf_step(config, names, before, inputs)
     ok, loss_rel, worst = compare(names, loss_t, g_t, loss_d, g_d)
-    loss_p, g_p = hf_step(config, names, before, inputs, perturb="model.embed_tokens.weight")
+    table = "shared.weight" if config.model_type == "t5" else "model.embed_tokens.weight"
+    loss_p, g_p = hf_step(config, names, before, inputs, perturb=table)
     ok_p, loss_rel_p, worst_p = compare(names, loss_p, g_p, loss_d, g_d)
     print(f"{name} ({type(config).__name__}, transformers {transformers.__version__}): {len(names)} parameters, "
           f"loss dlplan {loss_d:.7f} transformers {loss_t:.7f} (rel {loss_rel:.1e}), worst gradient rel L2 "
@@ -132,7 +148,7 @@ def main():
     ap.add_argument("--dump-step", required=True)
     ap.add_argument("--source-dir", default=".")
     ap.add_argument("--work", default="/tmp/hf_parity")
-    ap.add_argument("--model", action="append", choices=FAMILIES)
+    ap.add_argument("--model", action="append", choices=FAMILIES + OPT_IN)
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = [run(m, args) for m in args.model or FAMILIES]

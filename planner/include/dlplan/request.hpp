@@ -28,6 +28,7 @@ struct RequestFlags {
   std::optional<int64_t> micro_batch;    // default 1
   bool micro_batch_max = false;          // --micro-batch max
   std::optional<int64_t> global_batch, grad_accum, seq_len;
+  std::optional<int64_t> decoder_seq_len;  // an encoder-decoder model's decoder tokens (with_decoder_seq_len)
   std::optional<double> capacity_factor;  // every moe node's (with_capacity_factor)
   std::string precision;                 // "" : bf16-mixed where the device has bf16, else fp16-mixed (cpu: fp32)
   std::string optimizer = "adamw", checkpointing = "none", attention = "math", syncbn = "auto";

@@ -93,8 +93,8 @@ Json build_phi(const PhiConfig& c);
 // decoder), cross attention from every decoder block to the encoder's
 // output, and a feed-forward of ReLU (T5 v1.0) or gated GELU(tanh) (v1.1,
 // flan-t5). Inputs input_ids [enc_len], decoder_input_ids [dec_len] and
-// labels [dec_len]; the head is untied (T5 v1.1: tie_word_embeddings false;
-// a tied head would scale the decoder's output by d_model^-1/2 first).
+// labels [dec_len]. A tied head (v1.0) reads the shared table and scales the
+// decoder's output by d_model^-1/2 first; v1.1's is untied.
 struct T5Config {
   std::string name = "t5";
   int layers = 8;            // num_layers (encoder)
@@ -108,7 +108,9 @@ struct T5Config {
   int dec_len = 512;         // decoder sequence length
   int buckets = 32;          // relative_attention_num_buckets
   int max_distance = 128;    // relative_attention_max_distance
-  bool gated = true;         // feed_forward_proj gated-gelu (v1.1); false: relu (v1.0)
+  bool gated = true;         // feed_forward_proj "gated-ACT" (v1.1: gated-gelu) or "ACT" (v1.0: relu)
+  std::string act = "gelu_tanh";  // relu, gelu, gelu_tanh (HF gelu_new) or silu
+  bool tie_head = false;     // tie_word_embeddings
   double dropout = 0.1;      // dropout_rate: embeddings, attention probabilities, every residual branch
   double eps = 1e-6;         // layer_norm_epsilon
 };
