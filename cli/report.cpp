@@ -31,11 +31,18 @@ constexpr std::array<Unit, 3> kTrafficUnits = {{{"GB/step", 1e9}, {"MB/step", 1e
 
 std::string number(double v) { return fmt::format("{:g}", v); }
 
+// An encoder-decoder's decoder tokens (--decoder-seq-len), or "".
+std::string decoder_text(const Model& m) {
+  for (int id : m.inputs)
+    if (m.tensor(id).name == "decoder_input_ids") return fmt::format(", decoder {}", m.tensor(id).shape.at(0));
+  return "";
+}
+
 std::string seq_len_text(const PlanRequest& r) {
   const int64_t t = tokens_per_sample(r.model);
   if (t == 0) return "";
-  if (t == r.model_context) return fmt::format(", seq-len {} (the model's context)", t);
-  return fmt::format(", seq-len {} (the model's context: {})", t, r.model_context);
+  if (t == r.model_context) return fmt::format(", seq-len {} (the model's context){}", t, decoder_text(r.model));
+  return fmt::format(", seq-len {} (the model's context: {}){}", t, r.model_context, decoder_text(r.model));
 }
 
 void print_header(const Planning& p) {
