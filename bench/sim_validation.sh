@@ -8,7 +8,10 @@
 #   2. under every strategy (ddp only on one rank), `dlplan plan --cluster
 #      profile --gpus R` predicts the step and `dlplan train` measures it
 #      (median over the steps after the first, one BLAS thread per rank on
-#      two ranks, the engine's threads on one);
+#      two ranks, the engine's threads on one), three times, the strategies
+#      taking turns; the row is the median run. Progress is printed once at
+#      the end: a line per 0.1 ms step wakes mpirun's output forwarding on
+#      the cores the ranks run on, which the step does not include;
 #   3. a table of predicted against measured step time, with the median and
 #      the worst |error| (the goal: median within 10 %, worst within 20 %),
 #      and the band the profile states (its time_uncertainty, from
@@ -29,7 +32,7 @@ models=("$@")
 settings() {
   case "$1" in
     gpt2) echo "2 6 --seq-len 128" ;;
-    *) echo "8 30" ;;
+    *) echo "8 200" ;;
   esac
 }
 
@@ -44,17 +47,30 @@ for model in "${models[@]}"; do
     strategies=(ddp zero1 zero2 zero3)
     [[ $ranks -eq 1 ]] && strategies=(ddp)
     for s in "${strategies[@]}"; do
-      base="$work/$model.$ranks.$s"
       # shellcheck disable=SC2086
       "$dlplan" plan --model "$model" --cluster "$profile" --gpus "$ranks" --micro-batch "$mb" $extra \
-        --strategy "$s" --syncbn off --format json --out "$base.plan.json" > "$base.planning.json" 2>/dev/null
-      mpirun -np "$ranks" --oversubscribe "$dlplan" train --plan "$base.plan.json" --steps "$steps" \
-        --report "$base.report.json" --progress json > /dev/null
-      python3 - "$base.report.json" "$model" "$ranks" "$s" "$work/errors.txt" "$base.planning.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-band = json.load(open(sys.argv[6]))["recommendation"]["time_uncertainty"]["relative"]
-p, m = r["predicted"], r["measured"]
+        --strategy "$s" --syncbn off --format json --out "$work/$model.$ranks.$s.plan.json" \
+        > "$work/$model.$ranks.$s.planning.json" 2>/dev/null
+    done
+    # Each plan trained three times, the strategies in turn, so that a slow
+    # spell of a shared machine lands on one run of a row, not on all of it.
+    for rep in 1 2 3; do
+      for s in "${strategies[@]}"; do
+        base="$work/$model.$ranks.$s"
+        mpirun -np "$ranks" --oversubscribe "$dlplan" train --plan "$base.plan.json" --steps "$steps" --log-every "$steps" \
+          --report "$base.report.$rep.json" --progress json > /dev/null
+      done
+    done
+    for s in "${strategies[@]}"; do
+      base="$work/$model.$ranks.$s"
+      python3 - "$base" "$model" "$ranks" "$s" "$work/errors.txt" <<'PY'
+import json, statistics, sys
+base = sys.argv[1]
+runs = [json.load(open(f"{base}.report.{rep}.json")) for rep in (1, 2, 3)]
+band = json.load(open(f"{base}.planning.json"))["recommendation"]["time_uncertainty"]["relative"]
+p = runs[0]["predicted"]
+# The measured row: the run whose step is the median of the three.
+m = sorted((r["measured"] for r in runs), key=lambda x: x["step_seconds"])[1]
 err = (p["step_seconds"] - m["step_seconds"]) / m["step_seconds"]
 print(f'{sys.argv[2]:<9} {sys.argv[3]:>5} {sys.argv[4]:<6} {p["step_seconds"]*1e3:9.2f}ms {m["step_seconds"]*1e3:9.2f}ms '
       f'{err*100:+7.1f}% {p["comm"]["exposed_seconds"]*1e3:8.2f}ms {m["comm"]["exposed_seconds"]*1e3:8.2f}ms {band*100:5.0f}%')
