@@ -63,8 +63,18 @@ Runner add_calibrate_command(CLI::App& app) {
       fmt::print("{:>6} {:>6} {:>6} {:>10.3f} {:>12.1f}\n", g.m, g.n, g.k, g.seconds * 1e3, g.flops_per_s / 1e9);
     fmt::print("copy {:.1f} GB/s, op overhead {:.2f} us\n", cal.copy_bytes_per_s / 1e9, cal.op_overhead_s * 1e6);
     if (!cal.all_reduce.empty()) {
-      fmt::print("{:>12} {:>12}   all-reduce over {} ranks\n", "bytes", "us", comm->size());
-      for (const auto& s : cal.all_reduce) fmt::print("{:>12.0f} {:>12.1f}\n", s.bytes, s.seconds * 1e6);
+      fmt::print("{:>12} {:>14} {:>14} {:>14}   us over {} ranks (the profile's collective_costs; reduce-scatter and "
+                 "all-gather at the bytes rounded up to a multiple of {})\n",
+                 "bytes", "all-reduce", "reduce-scatter", "all-gather", comm->size(), 4 * comm->size());
+      // The rung of a sharded collective at these bytes, or the next larger.
+      auto at = [](const std::vector<exec::CollectiveSample>& l, double bytes) {
+        for (const auto& x : l)
+          if (x.bytes >= bytes) return x.seconds * 1e6;
+        return 0.0;
+      };
+      for (const auto& s : cal.all_reduce)
+        fmt::print("{:>12.0f} {:>14.1f} {:>14.1f} {:>14.1f}\n", s.bytes, s.seconds * 1e6, at(cal.reduce_scatter, s.bytes),
+                   at(cal.all_gather, s.bytes));
       fmt::print("fit: latency {:.1f} us, bus bandwidth {:.2f} GB/s\n", cal.latency_s * 1e6, cal.bus_bytes_per_s / 1e9);
       fmt::print("contention: GEMMs of {:.3f} ms alone took {:.3f} ms beside a {:.3f} ms all-reduce, done after {:.3f} ms: "
                  "comm_slowdown {:.2f}, comm_stall {:.2f}\n",

@@ -2,6 +2,7 @@
 
 #include "calibrate_stats.hpp"
 
+#include "dlplan/collective_costs.hpp"
 #include "dlplan/exec/device_ops.hpp"
 
 #include "dlplan/loader.hpp"
@@ -79,6 +80,45 @@ GemmSample time_gemm(Communicator& comm, Backend& backend, int64_t m, int64_t n,
   GemmSample s{m, n, k, slowest(comm, op.time(comm, reps)), 0};
   s.flops_per_s = 2.0 * static_cast<double>(m * n * k) / s.seconds;
   return s;
+}
+
+// A collective's ladder: buffers of 4^k floats (rounded up to a multiple of
+// the ranks, which reduce-scatter and all-gather shard; a rung rounded onto
+// the one before it is left out), 4 B to 16 MiB, each
+// after a warm-up, timed after a barrier 21 times up to 256 KiB (tens of
+// microseconds each, where one preempted repetition moves a median of five)
+// and 5 times above; the slowest rank's median. Then each rung is at most
+// the next one's: fewer bytes never take longer (they could be sent padded),
+// so a rung above its successor was a disturbance, not the collective.
+std::vector<CollectiveSample> time_ladder(Communicator& comm, Collective op) {
+  auto run = [&](float* data, int64_t elems) {
+    switch (op) {
+      case Collective::AllReduce: return comm.all_reduce(data, elems);
+      case Collective::ReduceScatter: return comm.reduce_scatter(data, elems);
+      case Collective::AllGather: return comm.all_gather(data, elems);
+      case Collective::Broadcast: return comm.broadcast(data, elems, 0);
+    }
+    return comm.all_reduce(data, elems);
+  };
+  const int64_t n = comm.size();
+  std::vector<CollectiveSample> ladder;
+  for (int64_t rung = 1; rung <= (int64_t{1} << 22); rung *= 4) {
+    const int64_t elems = op == Collective::AllReduce ? rung : (rung + n - 1) / n * n;
+    if (!ladder.empty() && 4.0 * static_cast<double>(elems) <= ladder.back().bytes) continue;  // rounded onto the last
+    std::vector<float> buf(static_cast<size_t>(elems), 1.0f);
+    run(buf.data(), elems)->wait();  // warm up
+    std::vector<double> t;
+    const int reps = elems <= (int64_t{1} << 16) ? 21 : 5;
+    for (int r = 0; r < reps; ++r) {
+      comm.barrier();
+      const auto start = Clock::now();
+      run(buf.data(), elems)->wait();
+      t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    ladder.push_back({4.0 * static_cast<double>(elems), slowest(comm, median(t))});
+  }
+  for (size_t i = ladder.size(); i-- > 1;) ladder[i - 1].seconds = std::min(ladder[i - 1].seconds, ladder[i].seconds);
+  return ladder;
 }
 
 // Contention (Calibration::comm_slowdown, comm_stall): a run of GEMMs about
@@ -238,22 +278,13 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   cal.op_overhead_s = time_op_overhead(comm, backend);
   cal.host_optimizer_bytes_per_s = time_host_optimizer(comm);
 
-  // All-reduce ladder, fitted to t = a + x / B with x = 2(n-1)/n * S.
+  // The collectives' ladders; the all-reduce's fitted to t = a + x / B with
+  // x = 2(n-1)/n * S (the model for other group sizes).
   const int n = comm.size();
   if (n > 1) {
-    for (int64_t elems = 1; elems <= (int64_t{1} << 22); elems *= 4) {
-      std::vector<float> buf(static_cast<size_t>(elems), 1.0f);
-      comm.all_reduce(buf.data(), elems)->wait();  // warm up
-      std::vector<double> t;
-      for (int r = 0; r < 5; ++r) {
-        comm.barrier();
-        const auto start = Clock::now();
-        comm.all_reduce(buf.data(), elems)->wait();
-        t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-      }
-      const double S = 4.0 * static_cast<double>(elems), secs = slowest(comm, median(t));
-      cal.all_reduce.push_back({S, secs});
-    }
+    cal.all_reduce = time_ladder(comm, Collective::AllReduce);
+    cal.reduce_scatter = time_ladder(comm, Collective::ReduceScatter);
+    cal.all_gather = time_ladder(comm, Collective::AllGather);
     const AllReduceFit fit = fit_all_reduce(cal.all_reduce, n);
     cal.latency_s = fit.latency_s;
     cal.bus_bytes_per_s = fit.bus_bytes_per_s;
@@ -297,6 +328,19 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   cal.cluster.device = d;
   cal.cluster.nodes = 1;
   cal.cluster.gpus_per_node = n;
+  if (n > 1) {
+    auto table = std::make_shared<CollectiveCostTable>();
+    table->source = fmt::format("dlplan calibrate on {} with {} rank(s)", host, n);
+    table->ranks = n;
+    for (const auto& [op, samples] : {std::pair{Collective::AllReduce, &cal.all_reduce},
+                                      std::pair{Collective::ReduceScatter, &cal.reduce_scatter},
+                                      std::pair{Collective::AllGather, &cal.all_gather}}) {
+      CollectiveLadder ladder{op, {}};
+      for (const CollectiveSample& x : *samples) ladder.rungs.push_back({x.bytes, x.seconds});
+      table->ladders.push_back(std::move(ladder));
+    }
+    cal.cluster.collective_costs = std::move(table);
+  }
   if (model) {
     // The op table, then the held-back check of the profile it makes. A
     // check off by more than kCalibrationRetryAbove says the machine's speed moved

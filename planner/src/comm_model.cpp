@@ -14,6 +14,7 @@
 //     the catalog's efficiencies are fitted to (e.g. 8xH100 ~365 GB/s of 450).
 #include "dlplan/comm_model.hpp"
 
+#include "dlplan/collective_costs.hpp"
 #include "dlplan/error.hpp"
 
 #include <algorithm>
@@ -135,6 +136,14 @@ CollectiveCost collective_cost(const Cluster& cluster, Collective op, double byt
                     d.link_hop_latency_s};
 
   if (n <= local) {
+    // ---- One node, the group calibrate measured: its ladder
+    // (collective_costs.hpp), what this machine really took at these sizes.
+    if (const auto& table = cluster.collective_costs; table && stride == 1 && n == table->ranks)
+      if (std::optional<double> t = table->seconds(op, S)) {
+        out.seconds = *t;
+        out.algorithm = "measured";
+        return out;
+      }
     // ---- One node: flat ring (or tree for all-reduce) over the local links.
     double t = 0;
     std::string algo = "ring";

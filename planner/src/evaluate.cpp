@@ -32,6 +32,8 @@ StrategyResult evaluate(const Model& m, const Cluster& c, const TrainingConfig& 
   r.mfu = sim.mfu;
   r.cost_sources = sim.cost_sources;
   r.cost_table_unused = sim.cost_table_unused;
+  r.comm_measured = sim.comm_measured;
+  r.comm_modeled = sim.comm_modeled;
   for (const auto& ev : prog.comm)
     if (ev.blocking) r.syncbn_seconds += collective_cost(c, ev.op, ev.bytes, ev.group).seconds * ev.per_step;
 

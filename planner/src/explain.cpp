@@ -19,6 +19,7 @@
 #include "dlplan/explain.hpp"
 
 #include "dlplan/format.hpp"
+#include "dlplan/collective_costs.hpp"
 #include "dlplan/op_costs.hpp"
 
 #include <fmt/format.h>
@@ -137,6 +138,12 @@ std::string op_times_line(const Planning& p, const StrategyResult& r) {
                                  to_string(r.strategy), n[static_cast<size_t>(CostSource::measured)],
                                  n[static_cast<size_t>(CostSource::scaled)], n[static_cast<size_t>(CostSource::roofline)]);
   if (table && r.cost_table_unused.empty()) line += fmt::format(" (table: {})", table->source);
+  if (r.comm_measured + r.comm_modeled > 0) {
+    line += fmt::format("; collectives: {} from calibrate's measured ladders, {} from the alpha-beta model", r.comm_measured,
+                        r.comm_modeled);
+    if (const auto& ladders = p.request.cluster.collective_costs; ladders && r.comm_measured > 0)
+      line += fmt::format(" (ladders: {}, {} ranks)", ladders->source, ladders->ranks);
+  }
   return line;
 }
 
@@ -293,6 +300,9 @@ OrderedJson explain_json(const Planning& p) {
                    {"roofline", r.cost_sources[static_cast<size_t>(CostSource::roofline)]}};
   if (p.request.cluster.op_costs) j["op_times"]["table"] = p.request.cluster.op_costs->source;
   if (!r.cost_table_unused.empty()) j["op_times"]["unused"] = r.cost_table_unused;
+  j["collective_times"] = {{"measured", r.comm_measured}, {"modeled", r.comm_modeled}};
+  if (const auto& ladders = p.request.cluster.collective_costs)
+    j["collective_times"]["ladders"] = fmt::format("{}, {} ranks", ladders->source, ladders->ranks);
   if (r.training.offload != Offload::none) {
     j["host_states"] = {{"bytes_per_node", ms.host_bytes}, {"estimates", OrderedJson::array()}};
     for (const auto& e : ms.host_estimates)

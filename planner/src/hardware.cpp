@@ -7,6 +7,7 @@
 
 #include "dlplan/error.hpp"
 #include "dlplan/json_file.hpp"
+#include "dlplan/collective_costs.hpp"
 #include "dlplan/op_costs.hpp"
 
 #include <fmt/format.h>
@@ -363,6 +364,7 @@ nlohmann::ordered_json cluster_to_json(const Cluster& c) {
   j["gpus_per_node"] = c.gpus_per_node;
   if (c.storage_bytes_per_s > 0) j["storage_bytes_per_s"] = c.storage_bytes_per_s;
   if (c.op_costs) j["op_costs"] = op_costs_to_json(*c.op_costs);
+  if (c.collective_costs) j["collective_costs"] = collective_costs_to_json(*c.collective_costs);
   return j;
 }
 
@@ -374,8 +376,9 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
     (void)value;
     if (key != "device" && key != "gpu" && key != "nodes" && key != "gpus_per_node" && key != "storage_bytes_per_s" &&
-        key != "op_costs")
-      throw Error(src + ": unknown field '" + key + "'; known: device, gpu, nodes, gpus_per_node, storage_bytes_per_s, op_costs");
+        key != "op_costs" && key != "collective_costs")
+      throw Error(src + ": unknown field '" + key +
+                  "'; known: device, gpu, nodes, gpus_per_node, storage_bytes_per_s, op_costs, collective_costs");
   }
   Cluster c;
   const bool from_catalog = j.contains("gpu");
@@ -417,6 +420,9 @@ Cluster cluster_from_json(const nlohmann::json& j, const std::string& source) {
     c.storage_bytes_per_s = read_number(j.at("storage_bytes_per_s"), src, "storage_bytes_per_s", f);
   }
   if (j.contains("op_costs")) c.op_costs = std::make_shared<const OpCostTable>(op_costs_from_json(j.at("op_costs"), src));
+  if (j.contains("collective_costs"))
+    c.collective_costs =
+        std::make_shared<const CollectiveCostTable>(collective_costs_from_json(j.at("collective_costs"), src));
   return c;
 }
 

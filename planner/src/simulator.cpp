@@ -103,6 +103,7 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     const CollectiveCost cc = collective_cost(c, ev.op, ev.bytes, ev.group, ev.stride);
     cost[k] = cc.seconds + ev.host_copy_bytes / host_link_rate(c.device);
     sent[k] = cc.bytes_sent;
+    if (!cc.algorithm.empty() && cc.algorithm != "none") (cc.algorithm == "measured" ? s.comm_measured : s.comm_modeled)++;
   }
   std::vector<double> seconds(prog.compute.size());
   const OpCostTable* table = usable_cost_table(c, s.cost_table_unused);

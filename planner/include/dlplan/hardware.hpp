@@ -16,6 +16,7 @@
 namespace dlplan {
 
 struct OpCostTable;  // op_costs.hpp
+struct CollectiveCostTable;  // collective_costs.hpp
 
 // A device as the cost models see it. Every field is read and written through
 // one table (hardware.cpp, device_fields()); adding a field means adding the
@@ -107,12 +108,15 @@ struct Cluster {
   // Per-op costs measured by `dlplan calibrate --model` (op_costs.hpp); null
   // for a catalog device or a profile calibrated without a model.
   std::shared_ptr<const OpCostTable> op_costs = nullptr;
+  // Collective times measured by `dlplan calibrate` over its ranks
+  // (collective_costs.hpp); null for a catalog device.
+  std::shared_ptr<const CollectiveCostTable> collective_costs = nullptr;
   int world() const { return nodes * gpus_per_node; }
 };
 
 // JSON form used by --cluster files and by the plan's "cluster" object:
 // {"device": {all DeviceSpec fields, "sources": {field: text}}, "nodes": n,
-// "gpus_per_node": g, optionally "storage_bytes_per_s" and "op_costs"}. A --cluster file may instead name a catalog kind
+// "gpus_per_node": g, optionally "storage_bytes_per_s", "op_costs" and "collective_costs"}. A --cluster file may instead name a catalog kind
 // ("gpu": "h100-80g") and override single fields under "device". Every
 // number is checked against its field's range; errors name the file and the
 // field.

@@ -109,6 +109,7 @@ struct StrategyResult {
   // cluster's measured op costs were not used.
   std::array<int, 3> cost_sources{};
   std::string cost_table_unused;
+  int comm_measured = 0, comm_modeled = 0;  // Simulation's
 };
 
 struct SyncBnAdvice {

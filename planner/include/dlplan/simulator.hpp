@@ -49,6 +49,9 @@ struct Simulation {
   // indexed by CostSource; and why a cluster's cost table was not used.
   std::array<int, 3> cost_sources{};
   std::string cost_table_unused;
+  // Collectives of the step priced from the cluster's measured ladders
+  // (collective_costs.hpp) and by the alpha-beta model.
+  int comm_measured = 0, comm_modeled = 0;
 };
 
 // The device's dense peak for the precision's GEMMs: fp32, bf16 or fp16

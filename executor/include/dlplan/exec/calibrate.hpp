@@ -5,8 +5,11 @@
 //     default set), all ranks at once so shared cores are accounted for;
 //   - memory bandwidth: a large copy; per-op overhead: a tiny op, many times;
 //   - the optimizer step on the host (CPU offload's), every rank at once;
-//   - collectives: all-reduce from 4 B to 16 MiB, fitted to latency +
-//     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce);
+//   - collectives: all-reduce, reduce-scatter and all-gather from 4 B to
+//     16 MiB, kept as the profile's collective_costs (what the simulator
+//     reads for these ranks), and the all-reduce fitted to latency +
+//     2(n-1)/n * S / bandwidth (nccl-tests' busbw convention; fit_all_reduce)
+//     for other group sizes;
 //   - contention: GEMMs timed alone and beside an all-reduce of this rank's
 //     communication thread (contention_slowdown): the profile's comm_slowdown;
 //   - with a model, every op of it timed in a few training steps
@@ -45,7 +48,7 @@ struct HeldBackRun {
 struct Calibration {
   Cluster cluster;                 // the profile (device measured, nodes 1 x ranks)
   std::vector<GemmSample> gemms;
-  std::vector<CollectiveSample> all_reduce;
+  std::vector<CollectiveSample> all_reduce, reduce_scatter, all_gather;  // the profile's collective_costs
   double copy_bytes_per_s = 0;
   double op_overhead_s = 0;
   double host_optimizer_bytes_per_s = 0;  // CPU offload's optimizer step, all ranks of the node at once
