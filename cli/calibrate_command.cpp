@@ -18,7 +18,7 @@ namespace dlplan::cli {
 Runner add_calibrate_command(CLI::App& app) {
   struct Flags {
     std::string device = "cpu", out, model;
-    int64_t micro_batch = 1, seq_len = 0;
+    int64_t micro_batch = 1, seq_len = 0, decoder_seq_len = 0;
   };
   auto f = std::make_shared<Flags>();
   app.add_option("--device", f->device, "cpu (the CUDA backend's calibration runs with --device cuda once GPUs are built)")
@@ -32,6 +32,10 @@ Runner add_calibrate_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   app.add_option("--seq-len", f->seq_len, "Tokens per sample of the model's ops, as `dlplan plan --seq-len` (default: its context)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--decoder-seq-len", f->decoder_seq_len,
+                 "Encoder-decoder models (T5): the decoder's tokens per sample, as `dlplan plan --decoder-seq-len` "
+                 "(default: --seq-len, else the model's)")
+      ->check(CLI::PositiveNumber);
   return [f]() {
     auto comm = exec::make_communicator(nullptr, nullptr);
     const bool root = comm->rank() == 0;
@@ -44,6 +48,7 @@ Runner add_calibrate_command(CLI::App& app) {
       if (!f->model.empty()) {
         model = std::make_unique<Model>(load_model(f->model, ImportOptions{f->micro_batch, f->seq_len}));
         if (f->seq_len > 0) *model = with_seq_len(*model, f->seq_len);
+        if (f->decoder_seq_len > 0) *model = with_decoder_seq_len(*model, f->decoder_seq_len);
       }
     } catch (const Error& e) {
       if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());

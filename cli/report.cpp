@@ -34,7 +34,7 @@ std::string number(double v) { return fmt::format("{:g}", v); }
 // An encoder-decoder's decoder tokens (--decoder-seq-len), or "".
 std::string decoder_text(const Model& m) {
   for (int id : m.inputs)
-    if (m.tensor(id).name == "decoder_input_ids") return fmt::format(", decoder {}", m.tensor(id).shape.at(0));
+    if (m.tensor(id).name == kDecoderInputIds) return fmt::format(", decoder {}", m.tensor(id).shape.at(0));
   return "";
 }
 

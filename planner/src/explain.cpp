@@ -142,7 +142,7 @@ std::string op_times_line(const Planning& p, const StrategyResult& r) {
     line += fmt::format("; collectives: {} from calibrate's measured ladders, {} from the alpha-beta model", r.comm_measured,
                         r.comm_modeled);
     if (const auto& ladders = p.request.cluster.collective_costs; ladders && r.comm_measured > 0)
-      line += fmt::format(" (ladders: {}, {} ranks)", ladders->source, ladders->ranks);
+      line += fmt::format(" (ladders: {})", ladders->source);
   }
   return line;
 }

@@ -321,7 +321,7 @@ int64_t tokens_per_sample(const Model& m) {
   for (int id : m.inputs) {
     const auto& t = m.tensor(id);
     // An encoder-decoder's decoder tokens are --decoder-seq-len's, not this.
-    if (t.dtype == DType::i32 && t.shape.size() == 1 && t.name != "decoder_input_ids") return t.shape[0];
+    if (t.dtype == DType::i32 && t.shape.size() == 1 && t.name != kDecoderInputIds) return t.shape[0];
   }
   return 0;
 }
@@ -342,10 +342,10 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
 Model with_decoder_seq_len(const Model& m, int64_t tokens) {
   if (tokens <= 0) throw Error(fmt::format("{}: --decoder-seq-len must be positive, got {}", m.source, tokens));
   Json ir = m.ir;
-  if (!ir["inputs"].contains("decoder_input_ids"))
+  if (!ir["inputs"].contains(kDecoderInputIds))
     throw Error(fmt::format("{}: the model has no decoder (no input named decoder_input_ids), so --decoder-seq-len does "
                             "not apply", m.source));
-  std::vector<std::string> decoder_inputs = {"decoder_input_ids"};
+  std::vector<std::string> decoder_inputs = {kDecoderInputIds};
   for (const auto& n : m.nodes)
     if (n.op == OpKind::cross_entropy) decoder_inputs.push_back(m.tensor(n.inputs[1]).name);
   for (const auto& name : decoder_inputs) {

@@ -10,6 +10,7 @@
 //   {en,de}coder.final_layer_norm, lm_head
 // Each residual branch is x + dropout(sublayer(layer_norm(x))); the stacks
 // begin and end with a dropout. T5LayerNorm is RMSNorm without a bias.
+#include "dlplan/loader.hpp"
 #include "dlplan/zoo.hpp"
 #include "ir_builder.hpp"
 
@@ -75,7 +76,7 @@ Json build_t5(const T5Config& c) {
                   "t5: act must be relu, gelu, gelu_tanh or silu");
   IrBuilder b(c.name);
   b.input("input_ids", {c.enc_len}, "i32");
-  b.input("decoder_input_ids", {c.dec_len}, "i32");
+  b.input(kDecoderInputIds, {c.dec_len}, "i32");
   b.input("labels", {c.dec_len}, "i32");
   const Json bias_table{{"heads", c.heads}, {"buckets", c.buckets}, {"max_distance", c.max_distance}};
 
@@ -102,7 +103,7 @@ Json build_t5(const T5Config& c) {
 
   // Decoder: the shared table again (one parameter, as transformers' shared
   // embedding is both stacks' embed_tokens).
-  auto y = b.add("decoder.embed_tokens", "embedding", {"decoder_input_ids"},
+  auto y = b.add("decoder.embed_tokens", "embedding", {kDecoderInputIds},
                  Json{{"num", c.vocab}, {"dim", c.d_model}, {"tie", "shared"}});
   y = b.dropout("decoder.dropout", y, c.dropout);
   std::string dec_bias;
@@ -113,7 +114,7 @@ Json build_t5(const T5Config& c) {
       Json t = bias_table;
       t["bidirectional"] = false;
       dec_bias = b.add(p + ".layer.0.SelfAttention.relative_attention_bias", "relative_position_bias",
-                       {"decoder_input_ids"}, t);
+                       {kDecoderInputIds}, t);
     }
     Json self_attrs = attention_attrs(c);
     self_attrs["position_bias"] = true;

@@ -101,6 +101,15 @@ TEST(CliSeqLen, ShownInTheHeaderAndTheJson) {
 // Mixtral's experts take ceil(1.25 x 4096 x 2 / 8) = 1280 tokens of a sample
 // by default, and the note says so; --capacity-factor 4 (experts / top_k)
 // drops none, needs no note and plans larger expert buffers.
+TEST(CliDecoderSeqLen, CalibrateTakesItAsPlanDoes) {
+  // The same check as plan's: a model without a decoder is refused, naming
+  // the flag, before any measuring.
+  const std::string path = temp_path("decoder.cluster.json");
+  expect_user_error("calibrate --model tiny-mlp --decoder-seq-len 8 --out '" + path + "'",
+                    {"--decoder-seq-len does not apply", "decoder_input_ids"});
+  expect_user_error("plan --model tiny-mlp --gpu cpu --decoder-seq-len 8", {"--decoder-seq-len does not apply"});
+}
+
 TEST(CliCapacityFactor, SetsTheExpertsPlacesAndTheNoteSaysWhatIsDropped) {
   Result r = run("--model mixtral-8x7b --gpus 8");
   ASSERT_EQ(r.status, 0) << r.err;

@@ -30,7 +30,11 @@ Model with_seq_len(const Model& m, int64_t seq_len);
 // The same model with every mixture-of-experts node's capacity_factor set
 // (its capacity derived anew). A model without one is an error.
 Model with_capacity_factor(const Model& m, double capacity_factor);
-// An encoder-decoder model (an input named decoder_input_ids, T5's) with its
+// The input that makes a model encoder-decoder: its decoder's tokens (T5's
+// name, as Hugging Face calls it).
+inline constexpr const char* kDecoderInputIds = "decoder_input_ids";
+
+// An encoder-decoder model (an input named kDecoderInputIds, T5's) with its
 // decoder's token inputs -- decoder_input_ids and the loss's targets -- of
 // `tokens` each (--decoder-seq-len); the encoder's keep theirs.
 Model with_decoder_seq_len(const Model& m, int64_t tokens);
