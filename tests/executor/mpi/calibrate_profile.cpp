@@ -4,14 +4,15 @@
 // multiple of the ranks where the collective shards), its times positive and
 // never falling as the size grows; the simulator prices a collective of a
 // rung's size at the rung's time for this group and keeps the model for
-// another; the ladders survive the profile's JSON. Every rank checks; the
-// failures are summed over the world.
+// another; the ladders survive the profile's JSON. Every rank checks
+// (parity::Checks); the failures are summed over the world.
 #include "dlplan/collective_costs.hpp"
 #include "dlplan/comm_model.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/calibrate.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/device.hpp"
+#include "parity_checks.hpp"
 
 #include <cmath>
 #include <algorithm>
@@ -25,16 +26,9 @@ using namespace dlplan::exec;
 
 namespace {
 
-int g_pass = 0, g_fail = 0, g_rank = 0;
+parity::Checks g_checks;
 
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++g_pass;
-  } else {
-    ++g_fail;
-    std::fprintf(stderr, "FAIL rank %d: %s\n", g_rank, what.c_str());
-  }
-}
+void check(bool ok, const std::string& what) { g_checks.expect(ok, what); }
 
 void test_profile(Communicator& comm) {
   auto backend = make_cpu_backend();
@@ -91,13 +85,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "calibrate_profile: %s\n", e.what());
     return 2;
   }
-  g_rank = c->rank();
   try {
     test_profile(*c);
   } catch (const std::exception& e) {
     c->abort(std::string("calibrate_profile: unexpected exception: ") + e.what());
   }
-  double counts[2] = {static_cast<double>(g_pass), static_cast<double>(g_fail)};
+  double counts[2] = {static_cast<double>(g_checks.passed), static_cast<double>(g_checks.failed)};
   c->all_reduce_doubles(counts, 2);
   if (c->rank() == 0)
     std::printf("calibrate_profile at %d ranks: %.0f passed, %.0f failed (checks summed over ranks)\n", c->size(),
