@@ -1,6 +1,7 @@
 #include "dlplan/collective_costs.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/json_file.hpp"
 
 #include <fmt/format.h>
 
@@ -11,9 +12,7 @@ namespace dlplan {
 namespace {
 
 [[noreturn]] void bad(const std::string& src, const std::string& field, const std::string& what, const nlohmann::json& got) {
-  std::string shown = got.dump();
-  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-  throw Error(fmt::format("{}: collective_costs.{} must be {} (got {})", src, field, what, shown));
+  bad_json_field(src, "collective_costs." + field, what, got);
 }
 
 constexpr Collective kLadderOps[] = {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather,

@@ -49,7 +49,7 @@ std::string json_repr(const nlohmann::json& v) {
 
 [[noreturn]] void bad(const std::string& src, const std::string& field, const std::string& what,
                       const nlohmann::json& got) {
-  throw Error(src + ": " + field + " must be " + what + " (got " + json_repr(got) + ")");
+  bad_json_field(src, field, what, got);
 }
 
 // ---- The field table ------------------------------------------------------

@@ -81,4 +81,11 @@ nlohmann::ordered_json read_ordered_json_file(const std::string& path, std::stri
   return parse_ordered_json_text(read_text(path, what), path);
 }
 
+void bad_json_field(const std::string& source, const std::string& field, const std::string& what,
+                    const nlohmann::json& got) {
+  std::string shown = got.dump();
+  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+  throw Error(source + ": " + field + " must be " + what + " (got " + shown + ")");
+}
+
 }  // namespace dlplan

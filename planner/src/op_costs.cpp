@@ -1,6 +1,7 @@
 #include "dlplan/op_costs.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/json_file.hpp"
 
 #include <fmt/format.h>
 
@@ -11,9 +12,7 @@ namespace dlplan {
 namespace {
 
 [[noreturn]] void bad(const std::string& src, const std::string& field, const std::string& what, const nlohmann::json& got) {
-  std::string shown = got.dump();
-  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-  throw Error(fmt::format("{}: op_costs.{} must be {} (got {})", src, field, what, shown));
+  bad_json_field(src, "op_costs." + field, what, got);
 }
 
 double positive(const nlohmann::json& j, const char* key, const std::string& src, const std::string& at, bool zero_ok) {

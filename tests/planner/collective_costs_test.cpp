@@ -14,6 +14,7 @@
 #include "dlplan/loader.hpp"
 #include "dlplan/simulator.hpp"
 
+#include "cpu_host.hpp"
 #include "error_of.hpp"
 
 #include <fmt/format.h>
@@ -27,12 +28,7 @@ using dlplan::testing::error_of;
 
 namespace {
 
-Cluster host(int ranks) {
-  Cluster c;
-  c.device = find_device("cpu");
-  c.gpus_per_node = ranks;
-  return c;
-}
+Cluster host(int ranks) { return dlplan::testing::cpu_host(ranks); }
 
 // All-reduce: 1 KiB 10 us, 4 KiB 40 us, 16 KiB 50 us (bent, as a host's is);
 // all-gather: 1 KiB 5 us, 4 KiB 20 us.

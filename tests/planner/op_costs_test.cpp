@@ -9,6 +9,7 @@
 #include "dlplan/simulator.hpp"
 #include "dlplan/loader.hpp"
 
+#include "cpu_host.hpp"
 #include "error_of.hpp"
 
 #include <gtest/gtest.h>
@@ -22,12 +23,7 @@ using dlplan::testing::error_of;
 
 namespace {
 
-Cluster host(int ranks) {
-  Cluster c;
-  c.device = find_device("cpu");
-  c.gpus_per_node = ranks;
-  return c;
-}
+Cluster host(int ranks) { return dlplan::testing::cpu_host(ranks); }
 
 TrainingConfig fp32(int64_t micro_batch, Checkpointing ck = Checkpointing::none) {
   TrainingConfig t;

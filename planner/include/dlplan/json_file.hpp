@@ -21,4 +21,9 @@ nlohmann::ordered_json read_ordered_json_file(const std::string& path, std::stri
 nlohmann::json parse_json_text(std::string_view text, const std::string& source);
 nlohmann::ordered_json parse_ordered_json_text(std::string_view text, const std::string& source);
 
+// A field's value refused: throws "SOURCE: FIELD must be WHAT (got VALUE)",
+// the value shown to 60 characters.
+[[noreturn]] void bad_json_field(const std::string& source, const std::string& field, const std::string& what,
+                                 const nlohmann::json& got);
+
 }  // namespace dlplan
