@@ -349,6 +349,7 @@ Model with_decoder_seq_len(const Model& m, int64_t tokens) {
   for (const auto& n : m.nodes)
     if (n.op == OpKind::cross_entropy) decoder_inputs.push_back(m.tensor(n.inputs[1]).name);
   for (const auto& name : decoder_inputs) {
+    if (!ir["inputs"].contains(name)) continue;  // targets computed in the graph, not fed: nothing to resize
     auto& spec = ir["inputs"][name];
     if (spec.contains("shape") && spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = tokens;
   }
