@@ -29,7 +29,7 @@ std::shared_ptr<const Model> Engine::model(const Inputs& in) {
 
 std::shared_ptr<const Model> Engine::model(const std::string& name, const ImportOptions& opt) {
   // ONNX symbolic dimensions take the micro-batch and sequence length, as the CLI does.
-  const std::string key = fmt::format("{}\n{}\n{}", name, opt.seq_len, opt.micro_batch);
+  const std::string key = fmt::format("{}\n{}\n{}\n{}", name, opt.seq_len, opt.micro_batch, to_string(opt.fusion));
   {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;

@@ -89,6 +89,11 @@ OPS = {
     "add": (2, {}),
     "mul": (2, {}),
     "scale": (1, {"shape": _REQUIRED}),
+    "affine": (1, {"scale": 1.0, "shift": 0.0}),
+    "pow": (1, {"exponent": _REQUIRED}),
+    "sqrt": (1, {}),
+    "reciprocal": (1, {}),
+    "reduce_mean": (1, {"keepdims": False}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
     "reshape": (1, {"shape": _REQUIRED}),
@@ -279,6 +284,8 @@ def _plan(ir):
             if tuple(torch.broadcast_shapes(x, tuple(int(d) for d in a["shape"]))) != x:
                 raise ValueError(f"node '{n.name}': shape {a['shape']} does not broadcast to {x}")
             out = x
+        elif op == "reduce_mean":  # over the last per-sample axis
+            out = x[:-1] + (1,) if a["keepdims"] else x[:-1]
         elif op == "flatten":
             out = (_numel(x),)
         elif op == "tokens":
@@ -582,6 +589,16 @@ class IRModule(nn.Module):
             return x * xs[1]
         if op == "scale":
             return x * self._p(n, "weight")
+        if op == "affine":
+            return x * float(a["scale"]) + float(a["shift"])
+        if op == "pow":
+            return torch.pow(x, float(a["exponent"]))
+        if op == "sqrt":
+            return torch.sqrt(x)
+        if op == "reciprocal":
+            return torch.reciprocal(x)
+        if op == "reduce_mean":
+            return x.mean(-1, keepdim=bool(a["keepdims"]))
         if op == "slice":
             return x.narrow(int(a["axis"]) + 1, int(a["start"]), int(a["end"]) - int(a["start"]))
         if op == "reshape":
@@ -856,6 +873,14 @@ def _node_flops(n):
         return out, 2.0 * out
     if op == "scale":
         return out, 2.0 * out
+    if op == "affine":
+        return out, out
+    if op == "pow":
+        return 2.0 * out, 3.0 * out
+    if op in ("sqrt", "reciprocal"):
+        return out, 2.0 * out
+    if op == "reduce_mean":
+        return float(_numel(x)), float(_numel(x))
     if op in ("concat", "transpose", "slice"):
         return out, out
     if op == "attention":

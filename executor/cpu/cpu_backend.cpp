@@ -115,6 +115,11 @@ class CpuBackend final : public Backend {
       case OpKind::add: return add_forward(c);
       case OpKind::mul: return mul_forward(c);
       case OpKind::scale: return scale_forward(c);
+      case OpKind::affine: return affine_forward(c);
+      case OpKind::pow: return pow_forward(c);
+      case OpKind::sqrt: return sqrt_forward(c);
+      case OpKind::reciprocal: return reciprocal_forward(c);
+      case OpKind::reduce_mean: return reduce_mean_forward(c);
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
@@ -156,6 +161,11 @@ class CpuBackend final : public Backend {
       case OpKind::add: return add_backward(c);
       case OpKind::mul: return mul_backward(c);
       case OpKind::scale: return scale_backward(c);
+      case OpKind::affine: return affine_backward(c);
+      case OpKind::pow: return pow_backward(c);
+      case OpKind::sqrt: return sqrt_backward(c);
+      case OpKind::reciprocal: return reciprocal_backward(c);
+      case OpKind::reduce_mean: return reduce_mean_backward(c);
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);

@@ -154,6 +154,18 @@ void scale_backward(OpContext& c);
 void dropout_forward(OpContext& c);
 void dropout_backward(OpContext& c);
 
+// ---- ops_math.cpp: written-out elementwise math (--fusion eager) ---------------
+void affine_forward(OpContext& c);
+void affine_backward(OpContext& c);
+void pow_forward(OpContext& c);
+void pow_backward(OpContext& c);
+void sqrt_forward(OpContext& c);
+void sqrt_backward(OpContext& c);
+void reciprocal_forward(OpContext& c);
+void reciprocal_backward(OpContext& c);
+void reduce_mean_forward(OpContext& c);
+void reduce_mean_backward(OpContext& c);
+
 // ---- ops_shape.cpp -------------------------------------------------------------
 void transpose_forward(OpContext& c);
 void transpose_backward(OpContext& c);

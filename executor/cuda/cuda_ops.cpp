@@ -804,6 +804,11 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
+    case OpKind::affine:
+    case OpKind::pow:
+    case OpKind::sqrt:
+    case OpKind::reciprocal:
+    case OpKind::reduce_mean:
     case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
@@ -845,6 +850,11 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
+    case OpKind::affine:
+    case OpKind::pow:
+    case OpKind::sqrt:
+    case OpKind::reciprocal:
+    case OpKind::reduce_mean:
     case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);

@@ -863,6 +863,22 @@ std::vector<NamedTensor> read_init_tensors(const std::string& path, const Model&
   if (ext != ".onnx" && ext != ".ONNX") return read_safetensors(path);
   ImportOptions opt;
   opt.seq_len = tokens_per_sample(model);  // the file's symbolic sequence axis, as the plan's model has it
+  // The plan does not say which --fusion imported it, and the two name some
+  // parameters differently (an RMSNorm's weight is the fused op's, or the
+  // Mul's): take the import whose names are the model's.
+  auto names_match = [&](const std::vector<ImportedWeight>& ws) {
+    std::set<std::string> names;
+    for (const auto& w : ws) names.insert(w.name);
+    for (const ParamInfo& p : model.params)
+      if (!p.adapter && !names.count(p.name)) return false;
+    return true;
+  };
+  std::vector<ImportedWeight> weights = import_onnx_weights(path, opt, /*with_values=*/false);
+  if (!names_match(weights)) {
+    ImportOptions eager = opt;
+    eager.fusion = FusionMode::eager;
+    if (names_match(import_onnx_weights(path, eager, false))) opt = eager;
+  }
   std::vector<NamedTensor> out;
   for (ImportedWeight& w : import_onnx_weights(path, opt)) out.push_back({w.name, w.shape, std::move(w.values)});
   return out;

@@ -43,6 +43,14 @@
 
 namespace dlplan {
 
+const char* to_string(FusionMode f) { return f == FusionMode::eager ? "eager" : "engine"; }
+
+std::optional<FusionMode> fusion_from_string(const std::string& s) {
+  if (s == "engine") return FusionMode::engine;
+  if (s == "eager") return FusionMode::eager;
+  return std::nullopt;
+}
+
 #ifndef DLPLAN_HAVE_ONNX
 
 bool onnx_supported() { return false; }
@@ -93,13 +101,13 @@ std::optional<std::pair<std::string, std::string>> unit_prefix(const std::string
 
 class Importer {
  public:
-  explicit Importer(Graph& g) : g_(g) {}
+  Importer(Graph& g, FusionMode fusion) : g_(g), fusion_(fusion) {}
 
   const std::map<std::string, WeightRef>& weights() const { return weights_; }
 
   Model run() {
     for (int i = 0; i < g_.g.node_size(); ++i) check_arity(i);
-    fusions_ = find_fusions(g_, &unfused_);
+    fusions_ = find_fusions(g_, fusion_, &unfused_);
     for (size_t i = 0; i < fusions_.size(); ++i) {
       fusion_by_out_[fusions_[i].out] = static_cast<int>(i);
       for (int n : fusions_[i].nodes) fused_node_[n] = static_cast<int>(i);
@@ -557,6 +565,9 @@ class Importer {
         {"HardSigmoid", &Importer::map_hard_sigmoid},
         {"Relu", &Importer::map_activation},
         {"Tanh", &Importer::map_activation},
+        {"Pow", &Importer::map_pow},
+        {"Sqrt", &Importer::map_unary_math},
+        {"Reciprocal", &Importer::map_unary_math},
         {"Sigmoid", &Importer::map_activation},
         {"Gelu", &Importer::map_gelu},
         {"FastGelu", &Importer::map_gelu},
@@ -716,6 +727,19 @@ class Importer {
                 n.name());
   }
 
+  // x^p with a constant exponent p (torch.pow(x, 3.0), x.pow(2))
+  void map_pow(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto p = g_.scalar(n.input(1));
+    if (data.size() != 1 || n.input(0) != data[0] || !p) return unknown(n, i, data);
+    return emit(ir_name_for(n), "pow", {ir_of(data[0], n, i)}, OJson{{"exponent", *p}}, n.output(0), n.name());
+  }
+
+  // Sqrt, Reciprocal
+  void map_unary_math(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const char* irop = n.op_type() == "Sqrt" ? "sqrt" : "reciprocal";
+    return emit(ir_name_for(n), irop, {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0), n.name());
+  }
+
   // Gelu, FastGelu
   void map_gelu(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto& op = n.op_type();
@@ -766,6 +790,27 @@ class Importer {
         return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
                     OJson::object(), n.output(0), n.name());
       return unknown(n, i, data);
+    }
+    // One data operand and a scalar constant: y = scale x + shift (x * c,
+    // x + c, x / c, c - x), or 1 / x. Each keeps nothing but a 0-dim constant
+    // (reciprocal: its output), as PyTorch's arithmetic with a Python number.
+    if (data.size() == 1 && n.input_size() == 2) {
+      const bool data_first = n.input(0) == x;
+      if (const auto c = g_.scalar(n.input(data_first ? 1 : 0)); c && std::isfinite(*c)) {
+        if (op == "Div" && !data_first) {
+          if (*c != 1.0) return unknown(n, i, data);
+          return emit(ir_name_for(n), "reciprocal", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
+        }
+        if (op == "Div" && *c == 0.0) return unknown(n, i, data);
+        double scale = 1.0, shift = 0.0;
+        if (op == "Mul") scale = *c;
+        else if (op == "Div") scale = 1.0 / *c;
+        else if (op == "Add") shift = *c;
+        else if (data_first) shift = -*c;  // x - c
+        else scale = -1.0, shift = *c;     // c - x
+        return emit(ir_name_for(n), "affine", {ir_of(x, n, i)}, OJson{{"scale", scale}, {"shift", shift}}, n.output(0),
+                    n.name());
+      }
     }
     // One data operand and a constant or initializer.
     for (const auto& t : n.input()) {
@@ -857,6 +902,10 @@ class Importer {
       OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
       return emit(ir_name_for(n), "global_avgpool", {ir_of(x, n, i)}, a, n.output(0), n.name());
     }
+    // x.mean(-1): the last axis, a per-sample one (not the batch)
+    if (s && s->size() >= 2 && axes == std::vector<int64_t>{static_cast<int64_t>(s->size()) - 1})
+      return emit(ir_name_for(n), "reduce_mean", {ir_of(x, n, i)}, OJson{{"keepdims", attr_int(n, "keepdims", 1) != 0}},
+                  n.output(0), n.name());
     return unknown(n, i, data);
   }
 
@@ -1114,6 +1163,7 @@ class Importer {
   int64_t folded_channels_ = 0;
   int bn_layers_ = 0;
   int constant_elementwise_ = 0;
+  FusionMode fusion_ = FusionMode::engine;
   bool loss_emitted_ = false;
 
  public:
@@ -1273,7 +1323,10 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
 
   Graph g(model, path);
   g.index();
-  Importer imp(g);
+  Importer imp(g, opt.fusion);
+  if (opt.fusion == FusionMode::eager)
+    imp.pre_note("--fusion eager: math written out in Python (gelu_new's tanh form, RMSNorm) planned op by op, as "
+                 "PyTorch's eager autograd runs it");
   for (auto& n : pre) imp.pre_note(n);
   for (auto& n : inference_notes) imp.pre_note(n);
   try {

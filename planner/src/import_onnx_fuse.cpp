@@ -875,7 +875,8 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
 
 }  // namespace
 
-std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused) {
+std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused) {
+  const bool eager = mode == dlplan::FusionMode::eager;
   std::vector<Fusion> out;
   std::set<int> taken;
   auto take = [&](std::optional<Fusion> f) {
@@ -902,12 +903,12 @@ std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unf
     if (taken.count(i)) continue;
     const auto& op = g.node(i).op_type();
     if (op == "Erf") take(match_gelu_erf(g, i));
-    else if (op == "Tanh") take(match_gelu_tanh(g, i));
+    else if (op == "Tanh" && !eager) take(match_gelu_tanh(g, i));  // its x^3 is a Pow: Python's, not torch's own
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
     else if (op == "Sqrt") {
       auto f = match_layernorm(g, i);
-      take(f ? std::move(f) : match_rmsnorm(g, i));
+      take(f ? std::move(f) : eager ? std::nullopt : match_rmsnorm(g, i));
     }
   }
   return out;

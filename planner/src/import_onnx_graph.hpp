@@ -3,6 +3,8 @@
 // found in it (import_onnx_fuse.cpp).
 #pragma once
 
+#include "dlplan/importers.hpp"
+
 #include <nlohmann/json.hpp>
 #include <onnx/onnx_pb.h>
 
@@ -73,7 +75,9 @@ struct Fusion {
 };
 
 // Softmax nodes that did not match attention go to `unfused` with the reason.
-std::vector<Fusion> find_fusions(const Graph& g, std::map<int, std::string>* unfused = nullptr);
+// Under FusionMode::eager, the patterns PyTorch's eager mode runs op by op
+// (tanh-GELU with a Pow, RMSNorm: both written in Python) are left unfused.
+std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused = nullptr);
 
 // The values of a tensor stored in the file (raw or typed data), as doubles;
 // nothing for external data or an element type not read here.

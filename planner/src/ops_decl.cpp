@@ -360,6 +360,31 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::add:
       d.fwd_flops = static_cast<double>(out_elems);
       break;
+    // Written-out elementwise math (--fusion eager). What each keeps is what
+    // PyTorch 1.13's autograd keeps (derivatives.yaml), checked with a
+    // saved_tensors_hooks pack hook (tests/tools/eager_saved.py):
+    case OpKind::affine:  // x * c keeps only the 0-dim c, x + c nothing
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    case OpKind::pow:  // pow_backward(grad, self, exponent)
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 2.0 * out_elems;
+      d.bwd_flops = 3.0 * out_elems;
+      break;
+    case OpKind::sqrt:        // grad / (2 result)
+    case OpKind::reciprocal:  // -grad result^2
+      d.saved = {keep_output()};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = 2.0 * out_elems;
+      break;
+    case OpKind::reduce_mean:
+      // The backward needs only the input's size, yet PyTorch 1.13's mean.dim
+      // keeps the input itself (the pack hook sees it): the RMSNorm's x^2.
+      d.saved = {keep_input(0)};
+      d.fwd_flops = static_cast<double>(numel(in_shape(0)));
+      d.bwd_flops = static_cast<double>(numel(in_shape(0)));
+      break;
     case OpKind::concat:
       // Keeps nothing (derivatives.yaml: cat's gradient is split by the input sizes);
       // one copy of each element each way.

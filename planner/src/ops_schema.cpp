@@ -69,6 +69,17 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::hardsigmoid, "hardsigmoid", 1, {}},
       {OpKind::hardswish, "hardswish", 1, {}},
       {OpKind::add, "add", 2, {}},
+      // Elementwise math that Python writes out (Hugging Face's NewGELUActivation,
+      // LlamaRMSNorm), planned op by op as PyTorch's eager autograd runs it
+      // (ONNX import with --fusion eager):
+      // scale x + shift, both constants (x * 0.5, x + 1, x / c, c - x)
+      {OpKind::affine, "affine", 1, {{"scale", T::number, 1.0}, {"shift", T::number, 0.0}}},
+      // x^exponent, a constant exponent (torch.pow(x, 3.0), x.pow(2))
+      {OpKind::pow, "pow", 1, {{"exponent", T::number, nullptr}}},
+      {OpKind::sqrt, "sqrt", 1, {}},
+      {OpKind::reciprocal, "reciprocal", 1, {}},
+      // x.mean(-1, keepdim): the mean over the last per-sample axis
+      {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}}},
       {OpKind::mul, "mul", 2, {}},
       // x times a learned tensor of per-sample shape `shape` that broadcasts
       // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale)
@@ -306,6 +317,10 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
   if (n.op == OpKind::linear && n.attrs.has("scale") && !(std::isfinite(n.attrs.number("scale")) && n.attrs.number("scale") != 0))
     fail("attribute 'scale' must be finite and not zero, got {}", n.attrs.number("scale"));
   if (n.op == OpKind::rmsnorm && !std::isfinite(n.attrs.number("offset"))) fail("attribute 'offset' must be finite");
+  if (n.op == OpKind::affine && !(std::isfinite(n.attrs.number("scale")) && std::isfinite(n.attrs.number("shift"))))
+    fail("attributes 'scale' {} and 'shift' {} must be finite", n.attrs.number("scale"), n.attrs.number("shift"));
+  if (n.op == OpKind::pow && !std::isfinite(n.attrs.number("exponent")))
+    fail("attribute 'exponent' must be finite, got {}", n.attrs.number("exponent"));
   if (n.op == OpKind::clip) {
     const double lo = n.attrs.number("min"), hi = n.attrs.number("max");
     if (!(std::isfinite(lo) && std::isfinite(hi) && lo < hi))
@@ -414,10 +429,23 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::clip:
     case OpKind::hardsigmoid:
     case OpKind::hardswish:
+    case OpKind::affine:
+    case OpKind::pow:
+    case OpKind::sqrt:
+    case OpKind::reciprocal:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);
       out.shape = x.shape;
+      break;
+    }
+    case OpKind::reduce_mean: {
+      const bool keep = n.attrs.flag("keepdims");
+      const auto& x = expect_rank(m, n, 0, keep ? 1 : 2, any_rank, keep ? "at least one dimension" : "at least two dimensions (the mean of a sample's one axis is a scalar; give keepdims)", fail);
+      expect_float(x, fail);
+      out.shape = x.shape;
+      if (keep) out.shape.back() = 1;
+      else out.shape.pop_back();
       break;
     }
     case OpKind::add: {

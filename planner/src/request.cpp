@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 namespace dlplan {
@@ -174,7 +175,16 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   const int64_t seq_len = f.seq_len ? positive(f.seq_len, 0, "--seq-len", int64_t{1} << 24) : 0;
   if (f.model.empty()) throw UsageError("--model is required (a zoo name, see `dlplan models`, or a file)");
   // ONNX symbolic dims (batch, sequence) take --micro-batch and --seq-len.
-  r.model = load ? load(f.model, ImportOptions{micro, seq_len}) : load_model(f.model, ImportOptions{micro, seq_len});
+  ImportOptions import{micro, seq_len};
+  if (!f.fusion.empty()) {
+    const auto mode = fusion_from_string(f.fusion);
+    if (!mode) throw UsageError(fmt::format("--fusion must be engine or eager, got '{}'", f.fusion));
+    const auto ext = std::filesystem::path(f.model).extension().string();
+    if (ext != ".onnx" && ext != ".ONNX")
+      throw UsageError(fmt::format("--fusion applies to ONNX files, which are imported; '{}' is not one", f.model));
+    import.fusion = *mode;
+  }
+  r.model = load ? load(f.model, import) : load_model(f.model, import);
   r.model_context = tokens_per_sample(r.model);
   if (seq_len > 0) {
     if (r.model_context == 0)

@@ -178,3 +178,22 @@ TEST(CliOptimizer, TrainingKnobsAreFlagsThatReachThePlan) {
 }
 
 }  // namespace
+
+// --fusion eager plans GPT-2's gelu_new op by op (docs/onnx.md): more
+// activations than the fused default, the same parameters. The flag names
+// its values, and a model that is not imported is refused.
+TEST(CliFusion, EagerPlansWrittenOutMathAndOnlyForOnnxFiles) {
+  const std::string gpt2 = DLPLAN_SOURCE_DIR "/tests/fixtures/exports/tiny-gpt2-opset17.onnx";
+  Result probe = run("--model '" + gpt2 + "' --gpu cpu --seq-len 64");
+  if (probe.status != 0 && contains(probe.err, "without ONNX support")) GTEST_SKIP() << "built without ONNX support";
+  const auto engine = planning("--model '" + gpt2 + "' --gpu cpu --seq-len 64 --precision fp32");
+  const auto eager = planning("--model '" + gpt2 + "' --gpu cpu --seq-len 64 --precision fp32 --fusion eager");
+  ASSERT_FALSE(engine["strategies"].empty());
+  ASSERT_FALSE(eager["strategies"].empty());
+  EXPECT_GT(eager["strategies"][0]["memory_max"]["activations"].get<int64_t>(),
+            engine["strategies"][0]["memory_max"]["activations"].get<int64_t>());
+  EXPECT_EQ(eager["model"]["params"], 541184);
+  EXPECT_EQ(engine["model"]["params"], 541184);  // PyTorch's count (reference.json)
+  expect_usage_error("--model '" + gpt2 + "' --gpu cpu --fusion none", {"--fusion must be engine or eager", "'none'"});
+  expect_usage_error("--model gpt2 --fusion eager", {"--fusion applies to ONNX files", "'gpt2'"});
+}

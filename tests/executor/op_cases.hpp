@@ -29,6 +29,7 @@ enum class Gen {
   away_one,  // |x| >= 0.2 and ||x| - 1| >= 0.2 (kinks at -1 and 1: clip to [-1, 1])
   away_three,  // N(0, 2.5) with ||x| - 3| >= 0.2 (kinks at -3 and 3: hardsigmoid, hardswish)
   distinct,  // a shuffled grid 0.05 apart (max pooling: no near-ties)
+  positive,  // 0.5 + |N(0, 1)| (sqrt, reciprocal, a fractional power)
 };
 
 struct OpCase {
@@ -149,6 +150,15 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("clip_hardtanh", arr({3, 4}), Json{{"op", "clip"}, {"min", -1.0}, {"max", 1.0}}, Gen::away_one));
   v.push_back(unary("hardsigmoid", arr({3, 4}), Json{{"op", "hardsigmoid"}}, Gen::away_three));
   v.push_back(unary("hardswish", arr({3, 4}), Json{{"op", "hardswish"}}, Gen::away_three));
+  // Written-out math (--fusion eager): gelu_new's pieces and LlamaRMSNorm's
+  v.push_back(unary("affine", arr({3, 4}), Json{{"op", "affine"}, {"scale", -0.75}, {"shift", 0.5}}));
+  v.push_back(unary("pow_cube", arr({3, 4}), Json{{"op", "pow"}, {"exponent", 3.0}}));
+  v.push_back(unary("pow_square", arr({3, 4}), Json{{"op", "pow"}, {"exponent", 2.0}}));
+  v.push_back(unary("pow_fractional", arr({3, 4}), Json{{"op", "pow"}, {"exponent", -1.5}}, Gen::positive));
+  v.push_back(unary("sqrt", arr({3, 4}), Json{{"op", "sqrt"}}, Gen::positive));
+  v.push_back(unary("reciprocal", arr({3, 4}), Json{{"op", "reciprocal"}}, Gen::positive));
+  v.push_back(unary("reduce_mean_keepdims", arr({3, 5}), Json{{"op", "reduce_mean"}, {"keepdims", true}}));
+  v.push_back(unary("reduce_mean", arr({2, 3, 5}), Json{{"op", "reduce_mean"}}));
   {  // a squeeze-and-excitation scale: x [3, 2, 2] * s [3, 1, 1], and the operands the other way round
     OpCase c;
     c.name = "mul_broadcast";
@@ -385,6 +395,7 @@ inline void fill(Tensor& t, Gen gen, std::mt19937& rng, float scale = 1.0f) {
     float x = nd(rng) * scale;
     if (gen == Gen::away || gen == Gen::away_one) x = (x < 0 ? -1.0f : 1.0f) * (0.2f + std::fabs(x));
     if (gen == Gen::away_one && std::fabs(std::fabs(x) - 1.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;
+    if (gen == Gen::positive) x = 0.5f + std::fabs(x);
     if (gen == Gen::away_three) {
       x *= 2.5f;
       if (std::fabs(std::fabs(x) - 3.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;

@@ -35,10 +35,11 @@ namespace {
 
 std::string exported(const std::string& file) { return DLPLAN_SOURCE_DIR "/tests/fixtures/exports/" + file; }
 
-PlanDocument fp32_plan(const std::string& path) {
+PlanDocument fp32_plan(const std::string& path, FusionMode fusion = FusionMode::engine) {
   PlanRequest req;
   ImportOptions o;
   o.seq_len = 64;  // the transformers' symbolic sequence (make_exports.py's); the CNNs have none
+  o.fusion = fusion;
   req.model = import_onnx(path, o);
   req.cluster.device = find_device("cpu");
   req.training.precision = Precision::fp32;
@@ -50,9 +51,7 @@ PlanDocument fp32_plan(const std::string& path) {
 
 class RealExportTrains : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(RealExportTrains, TwoStepsFromTheFilesPlan) {
-  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
-  PlanDocument plan = fp32_plan(exported(GetParam()));
+void two_steps_as_planned(const PlanDocument& plan, const char* file) {
   auto comm = make_single_communicator();
   auto backend = make_cpu_backend();
   TrainOptions opt;
@@ -66,14 +65,43 @@ TEST_P(RealExportTrains, TwoStepsFromTheFilesPlan) {
   const Node& loss = plan.model.nodes.back();
   ASSERT_EQ(loss.op, OpKind::cross_entropy);
   const auto classes = static_cast<double>(plan.model.tensor(loss.inputs[0]).shape.back());
-  EXPECT_NEAR(first, std::log(classes), 1.5) << GetParam();
+  EXPECT_NEAR(first, std::log(classes), 1.5) << file;
   // What the engine allocated is what the planner walked, byte for byte.
   const StepWalk w = walk_step(plan.model, plan.cluster, plan.training);
-  EXPECT_EQ(t.allocator().peak(), w.peak) << GetParam();
+  EXPECT_EQ(t.allocator().peak(), w.peak) << file;
   for (Category cat : kAllCategories)
     EXPECT_EQ(t.allocator().at_peak()[static_cast<size_t>(cat)], w.at_peak[static_cast<size_t>(cat)])
-        << GetParam() << " " << to_string(cat);
+        << file << " " << to_string(cat);
 }
+
+TEST_P(RealExportTrains, TwoStepsFromTheFilesPlan) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  two_steps_as_planned(fp32_plan(exported(GetParam())), GetParam());
+}
+
+// --fusion eager: gelu_new and RMSNorm op by op (affine, pow, tanh, mul,
+// reduce_mean, sqrt, reciprocal), as PyTorch's eager autograd runs them; the
+// same two steps, the loss near ln of the vocabulary, memory as planned.
+class RealExportTrainsEager : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RealExportTrainsEager, TwoStepsFromTheFilesPlan) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const PlanDocument plan = fp32_plan(exported(GetParam()), FusionMode::eager);
+  int written_out = 0;
+  for (const Node& n : plan.model.nodes) written_out += n.op == OpKind::pow || n.op == OpKind::reduce_mean;
+  EXPECT_GT(written_out, 0) << GetParam() << ": nothing was left unfused";
+  two_steps_as_planned(plan, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrainsEager,
+                         ::testing::Values("tiny-gpt2-opset17.onnx", "tiny-llama-opset17.onnx",
+                                           "tiny-mistral-opset17.onnx"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           s = s.substr(0, s.find("-opset"));
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                          ::testing::Values("resnet18-opset17.onnx", "mobilenet_v2-opset17.onnx",
@@ -145,6 +173,16 @@ TEST(RealExportRefusal, TheGpuEngineNamesBERTsTokenTypeRow) {
   const auto why = gpu_engine_lacks(import_onnx(exported("tiny-bert-opset17.onnx"), o));
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("adds one row of its table at every position (BERT's token types)"), std::string::npos) << *why;
+}
+
+TEST(RealExportRefusal, TheGpuEngineNamesTheWrittenOutMath) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 64;
+  o.fusion = FusionMode::eager;
+  const auto why = gpu_engine_lacks(import_onnx(exported("tiny-gpt2-opset17.onnx"), o));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("(written-out math, imported with --fusion eager)"), std::string::npos) << *why;
 }
 
 TEST(RealExportRefusal, TheGpuEngineNamesConvNeXtsTranspose) {

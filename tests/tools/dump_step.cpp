@@ -2,7 +2,7 @@
 // framework to replay (tests/tools/torch_parity.py compares it with PyTorch).
 //
 //   dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash]
-//             [--seq-len T] [--init FILE] [--capacity-factor F]
+//             [--seq-len T] [--init FILE] [--capacity-factor F] [--fusion engine|eager]
 //
 // MODEL is a zoo name, an IR file or an ONNX file (--seq-len: its symbolic
 // sequence axis). --init starts from a file's weights as `dlplan train
@@ -53,7 +53,7 @@ namespace {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "dump_step: " << why << "\n"
             << "usage: dump_step MODEL OUTDIR [--micro-batch B] [--lr LR] [--seed S] [--attention math|flash] "
-               "[--seq-len T] [--init FILE] [--capacity-factor F]\n";
+               "[--seq-len T] [--init FILE] [--capacity-factor F] [--fusion engine|eager]\n";
   std::exit(2);
 }
 
@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   std::string attention = "math", init;
   int64_t seq_len = 0;
   double capacity_factor = 0;  // 0: the model's
+  FusionMode fusion = FusionMode::engine;  // ONNX files (ImportOptions::fusion)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -116,6 +117,11 @@ int main(int argc, char** argv) {
     else if (a == "--seq-len") seq_len = std::stoll(value());
     else if (a == "--init") init = value();
     else if (a == "--capacity-factor") capacity_factor = std::stod(value());
+    else if (a == "--fusion") {
+      const auto f = fusion_from_string(value());
+      if (!f) usage("--fusion must be engine or eager");
+      fusion = *f;
+    }
     else if (a.rfind("--", 0) == 0) usage("unknown option " + a);
     else pos.push_back(a);
   }
@@ -129,6 +135,7 @@ int main(int argc, char** argv) {
     PlanRequest req;
     ImportOptions import;
     import.seq_len = seq_len;
+    import.fusion = fusion;
     req.model = load_model(pos[0], import);
     if (capacity_factor > 0) req.model = with_capacity_factor(req.model, capacity_factor);
     req.cluster.device = find_device("cpu");

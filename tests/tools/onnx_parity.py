@@ -63,7 +63,8 @@ BATCH = 2
 
 def dump(args, name, lr, d):
     path = os.path.join(args.source_dir, "tests/fixtures/exports/weights", f"{name}-opset17.onnx")
-    cmd = [args.dump_step, path, d, "--micro-batch", str(BATCH), "--lr", repr(lr), "--init", path]
+    cmd = [args.dump_step, path, d, "--micro-batch", str(BATCH), "--lr", repr(lr), "--init", path,
+           "--fusion", args.fusion]
     if args.models[name][1] == "tokens":
         cmd += ["--seq-len", str(args.wm.SEQ)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
@@ -214,7 +215,7 @@ def run(args, name):
     ok_c, text_c = check(name, mapping, dl_step, dl_grad, torch_step(model, inputs, kind, LR_STEP, victim),
                          torch_step(model, inputs, kind, LR_GRAD, victim))
     fused = sorted({f"{mapping[n][0]}{mapping[n][1]}" for n, _, _ in dl_step[0] if "[" in mapping[n][1]})
-    print(f"{name}: {len(mapping)} parameters matched by value"
+    print(f"{name} (--fusion {args.fusion}): {len(mapping)} parameters matched by value"
           + (f" (row blocks: {', '.join(fused)})" if fused else "") + f"; {text} -> {'ok' if ok else 'MISMATCH'}")
     print(f"    control (x1.01 on {victim}): {text_c} -> {'fails as it must' if not ok_c else 'PASSED (blind)'}")
     return ok and not ok_c
@@ -226,6 +227,8 @@ def main():
     ap.add_argument("--source-dir", default=".")
     ap.add_argument("--work", default="/tmp/onnx_parity")
     ap.add_argument("--model", action="append", help="only these (file stems)")
+    ap.add_argument("--fusion", default="engine", choices=["engine", "eager"],
+                    help="dlplan's import: eager plans gelu_new op by op (affine, pow, tanh, mul)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(args.source_dir, "tests/fixtures/exports/weights"))
     import weighted_models as wm

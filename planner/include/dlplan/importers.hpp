@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,24 @@ namespace dlplan {
 // takes seq_len (0: unset, and a symbolic non-batch dimension is an error).
 // A Hugging Face config keeps its own context length (max_position_embeddings);
 // the CLI's --seq-len then applies through with_seq_len like for any model.
+//
+// fusion (ONNX): which written-out patterns become one fused op.
+//  - engine: every pattern dlplan's engines have a fused op for; the plan is
+//    what dlplan's engine keeps for backward.
+//  - eager: only patterns that PyTorch's eager mode runs as one op too (torch's
+//    exporter decomposed them: attention's pieces, LayerNorm below opset 17,
+//    erf-GELU, Hardswish). Math written out in Python (Hugging Face's
+//    NewGELUActivation, LlamaRMSNorm) stays op by op, so that the plan keeps
+//    what PyTorch's eager autograd keeps for such a model (docs/onnx.md).
+enum class FusionMode { engine, eager };
+const char* to_string(FusionMode f);
+// "engine" or "eager"; nullopt for anything else.
+std::optional<FusionMode> fusion_from_string(const std::string& s);
+
 struct ImportOptions {
   int64_t micro_batch = 1;
   int64_t seq_len = 0;
+  FusionMode fusion = FusionMode::engine;
 };
 
 // True when dlplan was built with ONNX (libonnx-dev); otherwise import_onnx

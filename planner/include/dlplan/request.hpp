@@ -30,6 +30,7 @@ struct RequestFlags {
   std::optional<int64_t> global_batch, grad_accum, seq_len;
   std::optional<int64_t> decoder_seq_len;  // an encoder-decoder model's decoder tokens (with_decoder_seq_len)
   std::optional<double> capacity_factor;  // every moe node's (with_capacity_factor)
+  std::string fusion;                    // ONNX files: "engine" (default) or "eager" (ImportOptions::fusion)
   std::string precision;                 // "" : bf16-mixed where the device has bf16, else fp16-mixed (cpu: fp32)
   std::string optimizer = "adamw", checkpointing = "none", attention = "math", syncbn = "auto";
   std::string strategy;                  // "" : recommend

@@ -1,0 +1,129 @@
+// Written-out elementwise math, planned op by op as PyTorch's eager autograd
+// runs it (ONNX import with --fusion eager; docs/onnx.md): affine, pow, sqrt,
+// reciprocal and the mean over the last axis. Each reads in backward only what
+// its declaration keeps (ops_decl.cpp): pow its input, sqrt and reciprocal
+// their output; affine and reduce_mean nothing but sizes.
+#include "cpu/ops.hpp"
+#include "cpu/parallel.hpp"
+
+#include <cmath>
+
+namespace dlplan::exec::cpu {
+namespace {
+
+int64_t total(const OpContext& c) { return c.batch * numel(in_shape(c, 0)); }
+
+float number(const OpContext& c, const char* key) { return static_cast<float>(c.node->attrs.number(key)); }
+
+}  // namespace
+
+// ---- affine: y = scale x + shift;  dx = scale dy --------------------------------
+
+void affine_forward(OpContext& c) {
+  const float a = number(c, "scale"), b = number(c, "shift");
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = a * x[i] + b;
+  });
+}
+
+void affine_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float a = number(c, "scale");
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += a * dy[i];
+  });
+}
+
+// ---- pow: y = x^p;  dx = p x^(p-1) dy (PyTorch's pow_backward; 0 where p = 0) ----
+
+void pow_forward(OpContext& c) {
+  const float p = number(c, "exponent");
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements() / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = std::pow(x[i], p);
+  });
+}
+
+void pow_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float p = number(c, "exponent");
+  if (p == 0.0f) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements() / 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * p * std::pow(x[i], p - 1.0f);
+  });
+}
+
+// ---- sqrt: dx = dy / (2 y);  reciprocal: y = 1 / x, dx = -dy y^2 -------------------
+
+void sqrt_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = std::sqrt(x[i]);
+  });
+}
+
+void sqrt_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* y = c.out.f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] / (2.0f * y[i]);
+  });
+}
+
+void reciprocal_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = 1.0f / x[i];
+  });
+}
+
+void reciprocal_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* y = c.out.f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] -= dy[i] * y[i] * y[i];
+  });
+}
+
+// ---- reduce_mean over the last axis: y[r] = sum_j x[r, j] / D;  dx[r, j] = dy[r] / D ----
+
+void reduce_mean_forward(OpContext& c) {
+  const int64_t D = in_shape(c, 0).back(), rows = total(c) / D;
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(rows, grain_elements() / D + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      double sum = 0;  // in double: a row of 4096 fp32 terms loses digits otherwise
+      for (int64_t j = 0; j < D; ++j) sum += x[r * D + j];
+      y[r] = static_cast<float>(sum / static_cast<double>(D));
+    }
+  });
+}
+
+void reduce_mean_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const int64_t D = in_shape(c, 0).back(), rows = total(c) / D;
+  const float inv = 1.0f / static_cast<float>(D);
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(rows, grain_elements() / D + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t j = 0; j < D; ++j) dx[r * D + j] += dy[r] * inv;
+  });
+}
+
+}  // namespace dlplan::exec::cpu

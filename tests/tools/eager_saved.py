@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""What PyTorch's eager autograd keeps for the ops `--fusion eager` plans one
+by one (docs/onnx.md), against the rule planner/src/ops_decl.cpp declares for
+each: "input", "output" or "nothing" (a 0-dim constant at most).
+
+Each op runs once on a [4, 8] float32 tensor that requires grad, under a
+saved_tensors_hooks pack hook; the storages it packs are compared with the
+input's and the output's. Exit 77 (skip) without torch.
+
+    /usr/bin/python3 tests/tools/eager_saved.py
+"""
+import sys
+
+try:
+    import torch
+except ImportError as e:
+    print(f"SKIP: {sys.executable} cannot import torch ({e}); Debian: apt-get install python3-torch")
+    sys.exit(77)
+
+# IR op: (what PyTorch runs for it, the rule ops_decl.cpp declares)
+CASES = {
+    "affine (x * c)": (lambda x: x * 0.5, "nothing"),
+    "affine (x + c)": (lambda x: x + 1.0, "nothing"),
+    "affine (x / c)": (lambda x: x / 3.0, "nothing"),
+    "affine (c - x)": (lambda x: 1.0 - x, "nothing"),
+    "pow (x^3)": (lambda x: torch.pow(x, 3.0), "input"),
+    "pow (x^2)": (lambda x: x.pow(2), "input"),
+    "sqrt": (lambda x: torch.sqrt(x), "output"),
+    "reciprocal": (lambda x: torch.reciprocal(x), "output"),
+    "reduce_mean (keepdims)": (lambda x: x.mean(-1, keepdim=True), "input"),
+    "reduce_mean": (lambda x: x.mean(-1), "input"),
+    "tanh": (lambda x: torch.tanh(x), "output"),
+}
+
+
+def storage_ptr(t):
+    return t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
+
+
+def kept(fn):
+    x = (torch.rand(4, 8) + 0.5).requires_grad_()
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = fn(x)
+    found = set()
+    for t in packed:
+        if t.dim() == 0:
+            continue  # a wrapped Python number
+        ptr = storage_ptr(t)
+        if ptr == storage_ptr(x):
+            found.add("input")
+        elif ptr == storage_ptr(y):
+            found.add("output")
+        else:
+            found.add("other")
+    return "+".join(sorted(found)) or "nothing"
+
+
+def main():
+    ok = True
+    print(f"PyTorch {torch.__version__}")
+    for name, (fn, rule) in CASES.items():
+        got = kept(fn)
+        ok = ok and got == rule
+        print(f"{name:24s} PyTorch keeps {got:8s} dlplan declares {rule:8s} {'ok' if got == rule else 'MISMATCH'}")
+    print("all match" if ok else "MISMATCH")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
