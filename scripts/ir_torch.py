@@ -88,7 +88,7 @@ OPS = {
     "hardswish": (1, {}),
     "add": (2, {}),
     "mul": (2, {}),
-    "scale": (1, {"shape": _REQUIRED}),
+    "scale": (1, {"shape": _REQUIRED, "offset": 0.0}),
     "affine": (1, {"scale": 1.0, "shift": 0.0}),
     "pow": (1, {"exponent": _REQUIRED}),
     "sqrt": (1, {}),
@@ -588,7 +588,8 @@ class IRModule(nn.Module):
         if op == "mul":
             return x * xs[1]
         if op == "scale":
-            return x * self._p(n, "weight")
+            w = self._p(n, "weight")
+            return x * (w + float(a["offset"]) if float(a["offset"]) else w)
         if op == "affine":
             return x * float(a["scale"]) + float(a["shift"])
         if op == "pow":

@@ -340,9 +340,10 @@ void scale_forward(OpContext& c) {
   const int64_t per = numel(x_shape);
   const float* x = c.in[0].f();
   const float* g = c.params[0].f();
+  const auto off = static_cast<float>(c.node->attrs.number("offset"));
   float* y = c.out.f();
   for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < per; ++i) y[s * per + i] = x[s * per + i] * g[g_at[static_cast<size_t>(i)]];
+    for (int64_t i = 0; i < per; ++i) y[s * per + i] = x[s * per + i] * (g[g_at[static_cast<size_t>(i)]] + off);
 }
 
 void scale_backward(OpContext& c) {
@@ -354,11 +355,12 @@ void scale_backward(OpContext& c) {
   float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
   float* dg = grad_or_null(c.dparams[0]);
   const float* x = dg ? c.in[0].f() : nullptr;  // kept only when gamma trains
+  const auto off = static_cast<float>(c.node->attrs.number("offset"));
   for (int64_t s = 0; s < c.batch; ++s)
     for (int64_t i = 0; i < per; ++i) {
       const int64_t e = s * per + i;
       const auto k = static_cast<size_t>(g_at[static_cast<size_t>(i)]);
-      if (dx) dx[e] += dy[e] * g[k];
+      if (dx) dx[e] += dy[e] * (g[k] + off);
       if (dg) dg[k] += dy[e] * x[e];
     }
 }

@@ -52,6 +52,7 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::relative_position_bias:  // (HF T5 draws it N(0, d_model^-1/2))
       return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)
     case OpKind::rmsnorm:  // scale w + offset starts at 1: HF GemmaRMSNorm (offset 1) initialises w to 0
+    case OpKind::scale:    // (a written-out GemmaRMSNorm's weight)
       return n.attrs.number("offset") == 1.0 ? Init::zeros : Init::ones;
     default: return suffix == "weight" ? Init::ones : Init::zeros;  // norms: weight 1, bias 0
   }

@@ -159,7 +159,7 @@ std::optional<std::string> detect_type(const Json& j) {
   return std::nullopt;
 }
 
-zoo::Json gpt2(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+zoo::Json gpt2(const Fields& f, const std::string& name, std::vector<std::string>& notes, bool eager) {
   zoo::GptConfig c;
   c.name = name;
   c.layers = f.layers("n_layer");
@@ -179,10 +179,11 @@ zoo::Json gpt2(const Fields& f, const std::string& name, std::vector<std::string
     notes.push_back(fmt::format("activation_function '{}' planned as GELU (tanh); cost is the same", act));
   if (f.number("layer_norm_epsilon", 1e-5) != 1e-5) notes.push_back("layer_norm_epsilon other than 1e-5 is not recorded (no effect on the plan)");
   if (c.hidden % c.heads != 0) f.fail(fmt::format("n_embd {} must divide by n_head {}", c.hidden, c.heads));
+  c.eager = eager;
   return zoo::build_gpt(c);
 }
 
-zoo::Json llama(const Fields& f, const std::string& name, const std::string& type, std::vector<std::string>& notes) {
+zoo::Json llama(const Fields& f, const std::string& name, const std::string& type, std::vector<std::string>& notes, bool eager) {
   zoo::LlamaConfig c;
   c.name = name;
   c.layers = f.layers("num_hidden_layers");
@@ -239,10 +240,11 @@ zoo::Json llama(const Fields& f, const std::string& name, const std::string& typ
     notes.push_back(fmt::format("sliding_window {} ignored: attention memory and FLOPs are planned as full causal attention (an upper bound)",
                                 f.integer("sliding_window")));
   if (f.has("rope_scaling")) notes.push_back("rope_scaling ignored (no effect on memory or FLOPs)");
+  c.eager = eager;
   return zoo::build_llama(c);
 }
 
-zoo::Json phi(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+zoo::Json phi(const Fields& f, const std::string& name, std::vector<std::string>& notes, bool eager) {
   zoo::PhiConfig c;
   c.name = name;
   c.layers = f.layers("num_hidden_layers");
@@ -275,6 +277,7 @@ zoo::Json phi(const Fields& f, const std::string& name, std::vector<std::string>
   if (!in_range || rot < 2 || rot % 2 != 0)
     f.fail(fmt::format("partial_rotary_factor {} x head_dim {} must give an even number of rotary dims, at least 2",
                        c.partial_rotary, c.hidden / c.heads));
+  c.eager = eager;
   return zoo::build_phi(c);
 }
 
@@ -310,7 +313,7 @@ zoo::Json bert(const Fields& f, const std::string& name, std::vector<std::string
   return zoo::build_bert(c);
 }
 
-zoo::Json t5(const Fields& f, const std::string& name, std::vector<std::string>& notes) {
+zoo::Json t5(const Fields& f, const std::string& name, std::vector<std::string>& notes, bool eager) {
   zoo::T5Config c;
   c.name = name;
   c.layers = f.layers("num_layers");
@@ -340,6 +343,7 @@ zoo::Json t5(const Fields& f, const std::string& name, std::vector<std::string>&
                        c.buckets, c.max_distance));
   notes.push_back(fmt::format("T5ForConditionalGeneration: encoder and decoder of {} tokens (n_positions; --seq-len and "
                               "--decoder-seq-len set them)", c.enc_len));
+  c.eager = eager;
   return zoo::build_t5(c);
 }
 
@@ -380,7 +384,7 @@ bool is_hf_config(const nlohmann::json& doc) {
 }
 
 nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::string& src, std::vector<std::string>* notes_out,
-                                       const ImportOptions& /*opt*/) {
+                                       const ImportOptions& opt) {
   if (!j.is_object()) throw Error(fmt::format("{}: a Hugging Face config must be a JSON object", src));
   auto type = detect_type(j);
   const auto supported = hf_supported_model_types();
@@ -393,11 +397,19 @@ nlohmann::ordered_json hf_config_to_ir(const nlohmann::json& j, const std::strin
   const auto name = model_name(j, src, *type);
   zoo::Json ir;
   try {
-    if (*type == "gpt2") ir = gpt2(f, name, notes);
-    else if (*type == "llama" || *type == "mistral" || *type == "mixtral" || *type == "qwen2" || *type == "gemma") ir = llama(f, name, *type, notes);
-    else if (*type == "phi") ir = phi(f, name, notes);
+    // --fusion eager: the math transformers writes in Python (RMSNorm,
+    // gelu_new) op by op, as PyTorch's eager mode runs it.
+    const bool eager = opt.fusion == FusionMode::eager;
+    if (eager)
+      notes.push_back(*type == "bert" || *type == "vit"
+                          ? "--fusion eager: nothing to unfuse (this family's GELU and LayerNorm are one PyTorch op each)"
+                          : "--fusion eager: RMSNorm and gelu_new planned op by op, as PyTorch's eager autograd runs "
+                            "transformers' Python");
+    if (*type == "gpt2") ir = gpt2(f, name, notes, eager);
+    else if (*type == "llama" || *type == "mistral" || *type == "mixtral" || *type == "qwen2" || *type == "gemma") ir = llama(f, name, *type, notes, eager);
+    else if (*type == "phi") ir = phi(f, name, notes, eager);
     else if (*type == "bert") ir = bert(f, name, notes);
-    else if (*type == "t5") ir = t5(f, name, notes);
+    else if (*type == "t5") ir = t5(f, name, notes, eager);
     else ir = vit(f, name, notes);
   } catch (const std::invalid_argument& e) {  // a zoo builder's own check
     throw Error(fmt::format("{}: {}", src, e.what()));

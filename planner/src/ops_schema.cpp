@@ -82,8 +82,10 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}}},
       {OpKind::mul, "mul", 2, {}},
       // x times a learned tensor of per-sample shape `shape` that broadcasts
-      // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale)
-      {OpKind::scale, "scale", 1, {{"shape", T::int_list, nullptr}}},
+      // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale), plus
+      // `offset`: x (w + offset), w starting at 0 when offset is 1 (a written-
+      // out GemmaRMSNorm's weight, as rmsnorm's offset)
+      {OpKind::scale, "scale", 1, {{"shape", T::int_list, nullptr}, {"offset", T::number, 0.0}}},
       // torch.cat along a per-sample axis (0: channels of [C, H, W]); DenseNet, SqueezeNet
       {OpKind::concat, "concat", kVariadic, {{"axis", T::integer, 0}}},
       // x.permute(perm) over the per-sample axes (ConvNeXt's [C, H, W] ->
@@ -316,7 +318,8 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
   if (n.op == OpKind::embedding && !std::isfinite(n.attrs.number("scale"))) fail("attribute 'scale' must be finite");
   if (n.op == OpKind::linear && n.attrs.has("scale") && !(std::isfinite(n.attrs.number("scale")) && n.attrs.number("scale") != 0))
     fail("attribute 'scale' must be finite and not zero, got {}", n.attrs.number("scale"));
-  if (n.op == OpKind::rmsnorm && !std::isfinite(n.attrs.number("offset"))) fail("attribute 'offset' must be finite");
+  if ((n.op == OpKind::rmsnorm || n.op == OpKind::scale) && !std::isfinite(n.attrs.number("offset")))
+    fail("attribute 'offset' must be finite");
   if (n.op == OpKind::affine && !(std::isfinite(n.attrs.number("scale")) && std::isfinite(n.attrs.number("shift"))))
     fail("attributes 'scale' {} and 'shift' {} must be finite", n.attrs.number("scale"), n.attrs.number("shift"));
   if (n.op == OpKind::pow && !std::isfinite(n.attrs.number("exponent")))

@@ -5,6 +5,7 @@
 
 #include "dlplan/fine_tuning.hpp"
 #include "dlplan/importers.hpp"
+#include "dlplan/json_file.hpp"
 #include "dlplan/limits.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/ops.hpp"
@@ -180,8 +181,12 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
     const auto mode = fusion_from_string(f.fusion);
     if (!mode) throw UsageError(fmt::format("--fusion must be engine or eager, got '{}'", f.fusion));
     const auto ext = std::filesystem::path(f.model).extension().string();
-    if (ext != ".onnx" && ext != ".ONNX")
-      throw UsageError(fmt::format("--fusion applies to ONNX files, which are imported; '{}' is not one", f.model));
+    const bool imported = ext == ".onnx" || ext == ".ONNX" ||
+                          (ext == ".json" && std::filesystem::exists(f.model) &&
+                           is_hf_config(read_json_file(f.model, "model file")));
+    if (!imported)
+      throw UsageError(fmt::format("--fusion applies to the files dlplan imports (ONNX, a Hugging Face config.json); "
+                                   "'{}' is not one", f.model));
     import.fusion = *mode;
   }
   r.model = load ? load(f.model, import) : load_model(f.model, import);

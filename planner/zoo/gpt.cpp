@@ -23,7 +23,7 @@ std::string gpt_block(IrBuilder& b, const GptConfig& c, int i, const std::string
   const auto mid = b.add(p + ".add_1", "add", {x, h});
   h = b.add(p + ".ln_2", "layernorm", {mid});
   h = b.add(p + ".mlp.c_fc", "linear", {h}, Json{{"out", mlp}});
-  h = b.add(p + ".mlp.act", "gelu", {h}, Json{{"approximate", "tanh"}});
+  h = b.gelu_new(p + ".mlp.act", h, c.eager);
   h = b.add(p + ".mlp.c_proj", "linear", {h}, Json{{"out", c.hidden}});
   h = b.dropout(p + ".mlp.dropout", h, c.dropout);
   return b.add(p + ".add_2", "add", {mid, h});

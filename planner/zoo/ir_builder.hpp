@@ -38,6 +38,42 @@ class IrBuilder {
     return p > 0.0 ? add(name, "dropout", {x}, Json{{"p", p}}) : x;
   }
 
+  // RMSNorm of x [.., dim]: x rsqrt(mean(x^2) + eps) (w + offset). Fused, one
+  // rmsnorm node; eager, the ops PyTorch's eager mode runs for Hugging Face's
+  // LlamaRMSNorm / T5LayerNorm (pow, mean, + eps, rsqrt as x^-1/2, mul, and
+  // the weight as a scale node named `name`, so that it is `name.weight`
+  // either way). Returns the output's name.
+  std::string rmsnorm(const std::string& name, const std::string& x, int dim, double eps, double offset, bool eager) {
+    if (!eager) {
+      Json a{{"eps", eps}};
+      if (offset != 0.0) a["offset"] = offset;
+      return add(name, "rmsnorm", {x}, a);
+    }
+    auto h = add(name + ".pow", "pow", {x}, Json{{"exponent", 2.0}});
+    h = add(name + ".mean", "reduce_mean", {h}, Json{{"keepdims", true}});
+    h = add(name + ".add_eps", "affine", {h}, Json{{"shift", eps}});
+    h = add(name + ".rsqrt", "pow", {h}, Json{{"exponent", -0.5}});
+    h = add(name + ".mul", "mul", {x, h});
+    Json w{{"shape", Json::array({dim})}};
+    if (offset != 0.0) w["offset"] = offset;
+    return add(name, "scale", {h}, w);
+  }
+
+  // GELU's tanh form. Fused, one gelu node; eager, Hugging Face's
+  // NewGELUActivation as PyTorch runs it: 0.5 x (1 + tanh(sqrt(2/pi) (x +
+  // 0.044715 x^3))), 8 ops, the last named `name`.
+  std::string gelu_new(const std::string& name, const std::string& x, bool eager) {
+    if (!eager) return add(name, "gelu", {x}, Json{{"approximate", "tanh"}});
+    const auto half = add(name + ".half", "affine", {x}, Json{{"scale", 0.5}});
+    auto h = add(name + ".cube", "pow", {x}, Json{{"exponent", 3.0}});
+    h = add(name + ".cube_scaled", "affine", {h}, Json{{"scale", 0.044715}});
+    h = add(name + ".inner", "add", {x, h});
+    h = add(name + ".inner_scaled", "affine", {h}, Json{{"scale", 0.7978845608028654}});  // sqrt(2 / pi)
+    h = add(name + ".tanh", "tanh", {h});
+    h = add(name + ".one_plus", "affine", {h}, Json{{"shift", 1.0}});
+    return add(name, "mul", {half, h});
+  }
+
   Json finish() { return std::move(ir_); }
 
  private:

@@ -26,14 +26,12 @@ Json attention_attrs(const LlamaConfig& c) {
 std::string llama_block(IrBuilder& b, const LlamaConfig& c, int i, const std::string& x) {
   const std::string p = "layers." + std::to_string(i);
   b.unit(p);
-  Json norm{{"eps", c.rms_eps}};
-  if (c.norm_offset != 0.0) norm["offset"] = c.norm_offset;
   const Json up{{"out", c.intermediate}, {"bias", false}};
 
-  auto h = b.add(p + ".input_layernorm", "rmsnorm", {x}, norm);
+  auto h = b.rmsnorm(p + ".input_layernorm", x, c.hidden, c.rms_eps, c.norm_offset, c.eager);
   h = b.add(p + ".self_attn", "attention", {h}, attention_attrs(c));
   const auto mid = b.add(p + ".add_1", "add", {x, h});
-  h = b.add(p + ".post_attention_layernorm", "rmsnorm", {mid}, norm);
+  h = b.rmsnorm(p + ".post_attention_layernorm", mid, c.hidden, c.rms_eps, c.norm_offset, c.eager);
   if (c.experts > 0) {  // MixtralSparseMoeBlock
     // Dropless: a factor of experts / top_k gives every expert room for
     // every token of a sample, whatever the sequence length.
@@ -76,9 +74,7 @@ Json build_llama(const LlamaConfig& c) {
   auto x = b.add("embed_tokens", "embedding", {"tokens"}, embed);
   for (int i = 0; i < c.layers; ++i) x = llama_block(b, c, i, x);
   b.unit("");
-  Json final_norm{{"eps", c.rms_eps}};
-  if (c.norm_offset != 0.0) final_norm["offset"] = c.norm_offset;
-  x = b.add("norm", "rmsnorm", {x}, final_norm);
+  x = b.rmsnorm("norm", x, c.hidden, c.rms_eps, c.norm_offset, c.eager);
   Json head{{"out", c.vocab}, {"bias", false}};
   if (c.tie_head) head["tie"] = "embed_tokens";
   x = b.add("lm_head", "linear", {x}, head);

@@ -27,7 +27,7 @@ std::string phi_block(IrBuilder& b, const PhiConfig& c, int i, const std::string
   auto a = b.add(p + ".self_attn", "attention", {h}, attn);
   a = b.dropout(p + ".resid_dropout_attn", a, c.dropout);
   auto f = b.add(p + ".mlp.fc1", "linear", {h}, Json{{"out", c.intermediate}});
-  f = b.add(p + ".mlp.act", "gelu", {f}, Json{{"approximate", "tanh"}});
+  f = b.gelu_new(p + ".mlp.act", f, c.eager);
   f = b.add(p + ".mlp.fc2", "linear", {f}, Json{{"out", c.hidden}});
   f = b.dropout(p + ".resid_dropout_mlp", f, c.dropout);
   const auto both = b.add(p + ".add_branches", "add", {a, f});

@@ -31,13 +31,14 @@ Json attention_attrs(const T5Config& c) {
 // The feed-forward's activation node.
 std::string activation(IrBuilder& b, const T5Config& c, const std::string& name, const std::string& x) {
   if (c.act == "relu" || c.act == "silu") return b.add(name, c.act, {x});
-  return b.add(name, "gelu", {x}, Json{{"approximate", c.act == "gelu_tanh" ? "tanh" : "none"}});
+  if (c.act == "gelu_tanh") return b.gelu_new(name, x, c.eager);  // HF's gelu_new
+  return b.add(name, "gelu", {x});
 }
 
 // T5LayerFF: x + dropout(wo(dropout(act(wi(h))))) (T5DenseActDense), or
 // gated, x + dropout(wo(dropout(act(wi_0 h) * wi_1 h))) (T5DenseGatedActDense).
 std::string feed_forward(IrBuilder& b, const T5Config& c, const std::string& p, const std::string& x) {
-  const auto h = b.add(p + ".layer_norm", "rmsnorm", {x}, Json{{"eps", c.eps}});
+  const auto h = b.rmsnorm(p + ".layer_norm", x, c.d_model, c.eps, 0.0, c.eager);
   const std::string d = p + ".DenseReluDense";
   std::string f;
   if (c.gated) {
@@ -58,7 +59,7 @@ std::string feed_forward(IrBuilder& b, const T5Config& c, const std::string& p, 
 // A pre-norm attention sublayer: x + dropout(attention(layer_norm(x), extra...)).
 std::string attention_layer(IrBuilder& b, const T5Config& c, const std::string& p, const std::string& module,
                             const std::string& x, std::vector<std::string> extra, Json attrs) {
-  const auto h = b.add(p + ".layer_norm", "rmsnorm", {x}, Json{{"eps", c.eps}});
+  const auto h = b.rmsnorm(p + ".layer_norm", x, c.d_model, c.eps, 0.0, c.eager);
   std::vector<std::string> in{h};
   in.insert(in.end(), extra.begin(), extra.end());
   auto a = b.add(p + "." + module, "attention", in, attrs);
@@ -98,7 +99,7 @@ Json build_t5(const T5Config& c) {
     x = feed_forward(b, c, p + ".layer.1", x);
   }
   b.unit("");
-  x = b.add("encoder.final_layer_norm", "rmsnorm", {x}, Json{{"eps", c.eps}});
+  x = b.rmsnorm("encoder.final_layer_norm", x, c.d_model, c.eps, 0.0, c.eager);
   const std::string memory = b.dropout("encoder.final_dropout", x, c.dropout);
 
   // Decoder: the shared table again (one parameter, as transformers' shared
@@ -126,7 +127,7 @@ Json build_t5(const T5Config& c) {
     y = feed_forward(b, c, p + ".layer.2", y);
   }
   b.unit("");
-  y = b.add("decoder.final_layer_norm", "rmsnorm", {y}, Json{{"eps", c.eps}});
+  y = b.rmsnorm("decoder.final_layer_norm", y, c.d_model, c.eps, 0.0, c.eager);
   y = b.dropout("decoder.final_dropout", y, c.dropout);
   Json head{{"out", c.vocab}, {"bias", false}};
   if (c.tie_head) {  // T5ForConditionalGeneration: sequence_output * model_dim**-0.5 before the tied lm_head

@@ -195,5 +195,14 @@ TEST(CliFusion, EagerPlansWrittenOutMathAndOnlyForOnnxFiles) {
   EXPECT_EQ(eager["model"]["params"], 541184);
   EXPECT_EQ(engine["model"]["params"], 541184);  // PyTorch's count (reference.json)
   expect_usage_error("--model '" + gpt2 + "' --gpu cpu --fusion none", {"--fusion must be engine or eager", "'none'"});
-  expect_usage_error("--model gpt2 --fusion eager", {"--fusion applies to ONNX files", "'gpt2'"});
+  expect_usage_error("--model gpt2 --fusion eager", {"--fusion applies to the files dlplan imports", "'gpt2'"});
+  const std::string ir = DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-se.json";
+  expect_usage_error("--model '" + ir + "' --gpu cpu --fusion eager", {"--fusion applies", "tiny-se.json"});
+  // A Hugging Face config is imported too: Phi's gelu_new op by op.
+  const std::string phi = DLPLAN_SOURCE_DIR "/tests/fixtures/hf/tiny-phi.json";
+  const auto fused = planning("--model '" + phi + "' --gpu cpu --precision fp32");
+  const auto unfused = planning("--model '" + phi + "' --gpu cpu --precision fp32 --fusion eager");
+  EXPECT_GT(unfused["strategies"][0]["memory_max"]["activations"].get<int64_t>(),
+            fused["strategies"][0]["memory_max"]["activations"].get<int64_t>());
+  EXPECT_EQ(unfused["model"]["params"], fused["model"]["params"]);
 }

@@ -6,6 +6,8 @@
 #include "knob_grid.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/importers.hpp"
+#include "dlplan/step_walk.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,9 +21,12 @@ namespace {
 
 std::string hf(const std::string& name) { return std::string(DLPLAN_SOURCE_DIR) + "/tests/fixtures/hf/" + name + ".json"; }
 
-PlanDocument fp32_plan(const std::string& model, int64_t micro_batch, double lr) {
+PlanDocument fp32_plan(const std::string& model, int64_t micro_batch, double lr,
+                       FusionMode fusion = FusionMode::engine) {
   PlanRequest req;
-  req.model = load_model(model);
+  ImportOptions import;
+  import.fusion = fusion;
+  req.model = load_model(model, import);
   req.cluster.device = find_device("cpu");
   req.training.precision = Precision::fp32;
   req.training.micro_batch = micro_batch;
@@ -71,6 +76,43 @@ INSTANTIATE_TEST_SUITE_P(Transformers, HfFamily,
                          ::testing::Values("tiny-qwen2", "tiny-gemma", "tiny-phi", "tiny-mixtral", "tiny-t5-gated"),
                          [](const auto& info) {
                            std::string s = std::string(info.param).substr(5);  // "t5-gated": gtest names take no '-'
+                           for (auto& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
+
+// --fusion eager: RMSNorm, T5LayerNorm and gelu_new op by op (pow, affine,
+// reduce_mean, mul, scale, tanh). Each family trains on them, its loss going
+// down as under the fused ops, and the engine allocates what the plan walks,
+// at the peak and in every category. (tools.hf_parity_eager: the step equals
+// transformers'.)
+class HfFamilyEager : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfFamilyEager, TrainsAndMeasuresAsPlanned) {
+  const bool t5 = std::string(GetParam()).find("t5") != std::string::npos;
+  const PlanDocument plan = fp32_plan(hf(GetParam()), 4, t5 ? 0.03 : 3e-3, FusionMode::eager);
+  int pows = 0;
+  for (const Node& n : plan.model.nodes) pows += n.op == OpKind::pow;
+  EXPECT_GT(pows, 0) << GetParam() << ": nothing was planned op by op";
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  TrainOptions opt;
+  opt.steps = 10;
+  Trainer t(plan, *comm, *backend, opt);
+  std::vector<double> loss;
+  for (int s = 0; s < opt.steps; ++s) loss.push_back(t.step().loss);
+  EXPECT_LT(loss.back(), loss.front()) << GetParam();
+  const StepWalk w = walk_step(plan.model, plan.cluster, plan.training);
+  EXPECT_EQ(t.allocator().peak(), w.peak) << GetParam();
+  for (Category cat : kAllCategories)
+    EXPECT_EQ(t.allocator().at_peak()[static_cast<size_t>(cat)], w.at_peak[static_cast<size_t>(cat)])
+        << GetParam() << " " << to_string(cat);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, HfFamilyEager,
+                         ::testing::Values("tiny-qwen2", "tiny-gemma", "tiny-phi", "tiny-mixtral", "tiny-t5-gated"),
+                         [](const auto& info) {
+                           std::string s = std::string(info.param).substr(5);
                            for (auto& c : s)
                              if (c == '-') c = '_';
                            return s;

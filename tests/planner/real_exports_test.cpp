@@ -532,23 +532,33 @@ TEST(RealExports, GPT2sConv1DFoldsTheBatchIntoRowsAndTheHeadIsTied) {
 // The full GPT-2 export plans what dlplan's own gpt2 (built from Hugging
 // Face's configuration, planner/zoo/gpt.cpp, not from the file) plans, byte
 // for byte: parameters, and every category at the peak and at its maximum.
+// Under --fusion eager both sides build gelu_new op by op, the file from its
+// ONNX nodes and the Hugging Face config (tests/fixtures/hf/gpt2.json) from
+// zoo/ir_builder.hpp's expansion; they plan the same bytes too.
 TEST(RealExports, GPT2PlansAsTheZoosGPT2) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
-  ImportOptions o;
-  o.seq_len = 256;
-  const Model m = import_onnx(exports_dir() + "gpt2-opset17.onnx", o);
-  const Model zoo = with_seq_len(parse_model(zoo::zoo_model("gpt2").value(), "gpt2"), 256);
-  EXPECT_EQ(m.parameter_count(), zoo.parameter_count());
-  Cluster c;
-  c.device = find_device("h100-80g");
-  TrainingConfig t;
-  t.precision = Precision::fp32;
-  t.micro_batch = 2;
-  const StepWalk got = walk_step(m, c, t), want = walk_step(zoo, c, t);
-  EXPECT_EQ(got.peak, want.peak);
-  for (Category cat : kAllCategories) {
-    EXPECT_EQ(got.at_peak[static_cast<size_t>(cat)], want.at_peak[static_cast<size_t>(cat)]) << to_string(cat);
-    EXPECT_EQ(got.max_each[static_cast<size_t>(cat)], want.max_each[static_cast<size_t>(cat)]) << to_string(cat);
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    ImportOptions o;
+    o.seq_len = 256;
+    o.fusion = fusion;
+    const Model m = import_onnx(exports_dir() + "gpt2-opset17.onnx", o);
+    const Model zoo = fusion == FusionMode::engine
+                          ? with_seq_len(parse_model(zoo::zoo_model("gpt2").value(), "gpt2"), 256)
+                          : with_seq_len(load_model(DLPLAN_SOURCE_DIR "/tests/fixtures/hf/gpt2.json", o), 256);
+    EXPECT_EQ(m.parameter_count(), zoo.parameter_count());
+    Cluster c;
+    c.device = find_device("h100-80g");
+    TrainingConfig t;
+    t.precision = Precision::fp32;
+    t.micro_batch = 2;
+    const StepWalk got = walk_step(m, c, t), want = walk_step(zoo, c, t);
+    EXPECT_EQ(got.peak, want.peak) << to_string(fusion);
+    for (Category cat : kAllCategories) {
+      EXPECT_EQ(got.at_peak[static_cast<size_t>(cat)], want.at_peak[static_cast<size_t>(cat)])
+          << to_string(cat) << " " << to_string(fusion);
+      EXPECT_EQ(got.max_each[static_cast<size_t>(cat)], want.max_each[static_cast<size_t>(cat)])
+          << to_string(cat) << " " << to_string(fusion);
+    }
   }
 }
 

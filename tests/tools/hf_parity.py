@@ -115,7 +115,8 @@ def run(name, args):
     dropless = []
     if config.model_type == "mixtral":
         dropless = ["--capacity-factor", str(config.num_local_experts / config.num_experts_per_tok)]
-    r = subprocess.run([args.dump_step, cfg_path, d, "--micro-batch", "2", "--lr", "1000"] + dropless, stdout=subprocess.PIPE,
+    r = subprocess.run([args.dump_step, cfg_path, d, "--micro-batch", "2", "--lr", "1000", "--fusion", args.fusion]
+                       + dropless, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, universal_newlines=True)
     if r.returncode != 0:
         print(f"{name}: dump_step failed (rc {r.returncode}):\n{r.stdout}")
@@ -133,7 +134,8 @@ def run(name, args):
     table = "shared.weight" if config.model_type == "t5" else "model.embed_tokens.weight"
     loss_p, g_p = hf_step(config, names, before, inputs, perturb=table)
     ok_p, loss_rel_p, worst_p = compare(names, loss_p, g_p, loss_d, g_d)
-    print(f"{name} ({type(config).__name__}, transformers {transformers.__version__}): {len(names)} parameters, "
+    print(f"{name} ({type(config).__name__}, transformers {transformers.__version__}, --fusion {args.fusion}): "
+          f"{len(names)} parameters, "
           f"loss dlplan {loss_d:.7f} transformers {loss_t:.7f} (rel {loss_rel:.1e}), worst gradient rel L2 "
           f"{worst[1]:.1e} ({worst[0]}) -> {'ok' if ok else 'MISMATCH'}; control (embedding x1.01): loss rel "
           f"{loss_rel_p:.1e}, worst {worst_p[1]:.1e} -> {'fails as it must' if not ok_p else 'PASSED (blind)'}")
@@ -146,6 +148,8 @@ def main():
     ap.add_argument("--source-dir", default=".")
     ap.add_argument("--work", default="/tmp/hf_parity")
     ap.add_argument("--model", action="append", choices=FAMILIES)
+    ap.add_argument("--fusion", default="engine", choices=["engine", "eager"],
+                    help="dlplan's import: eager builds RMSNorm and gelu_new op by op, as transformers' Python")
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = [run(m, args) for m in args.model or FAMILIES]

@@ -28,6 +28,7 @@ struct GptConfig {
   double dropout = 0.1;    // embedding, attention-probability and residual dropout
   bool tie_head = true;    // lm_head shares wte's weight
   bool fused_loss = false; // cross_entropy keeps logits + lse, not fp32 probabilities (flash-attn's fused loss)
+  bool eager = false;      // gelu_new op by op, as PyTorch's eager mode runs HF's Python (--fusion eager)
 };
 Json build_gpt(const GptConfig& c);
 
@@ -59,6 +60,7 @@ struct LlamaConfig {
   int experts = 0;
   int top_k = 2;
   double capacity_factor = 1.25;
+  bool eager = false;  // RMSNorm op by op, as PyTorch's eager mode runs HF's Python (--fusion eager)
 };
 Json build_llama(const LlamaConfig& c);
 
@@ -82,6 +84,7 @@ struct PhiConfig {
   double embd_dropout = 0.0;     // embd_pdrop, after the embedding
   double attn_dropout = 0.0;     // attention_dropout, on the probabilities
   bool tie_head = false;
+  bool eager = false;            // gelu_new op by op (--fusion eager)
 };
 Json build_phi(const PhiConfig& c);
 
@@ -113,6 +116,7 @@ struct T5Config {
   bool tie_head = false;     // tie_word_embeddings
   double dropout = 0.1;      // dropout_rate: embeddings, attention probabilities, every residual branch
   double eps = 1e-6;         // layer_norm_epsilon
+  bool eager = false;        // T5LayerNorm and gelu_new op by op (--fusion eager)
 };
 Json build_t5(const T5Config& c);
 
