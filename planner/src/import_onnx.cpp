@@ -165,6 +165,7 @@ class Importer {
       const auto& in = n.input(k);
       if (in.empty() || g_.is_const(in)) continue;
       if (op == "MatMul" && k == 1 && g_.matmul_weight(in)) continue;  // Transpose(W): a weight, not data
+      if (op == "Mul" && g_.offset_weight(in)) continue;                 // 1 + w: a weight (Gemma's RMSNorm)
       out.push_back(in);
     }
     return out;
@@ -812,6 +813,15 @@ class Importer {
                     n.name());
       }
     }
+    // x (w + c), w learned: a scale with offset c (GemmaRMSNorm's 1 + w, unfused)
+    if (op == "Mul" && data.size() == 1)
+      for (const auto& t : n.input())
+        if (const auto ow = t == x ? std::nullopt : g_.offset_weight(t))
+          if (auto gamma = learned_scale(ow->first, x)) {
+            emit(ir_name_for(n), "scale", {ir_of(x, n, i)}, OJson{{"shape", *gamma}, {"offset", ow->second}},
+                 n.output(0), n.name());
+            return weigh("weight", WeightRef{ow->first});
+          }
     // One data operand and a constant or initializer.
     for (const auto& t : n.input()) {
       if (!g_.is_init(t)) continue;

@@ -7,10 +7,12 @@
 // this file computes it, turns the node into a Constant holding it, and runs
 // shape inference again, until nothing more folds.
 //
-// Only integer and boolean arithmetic on values that do not depend on a
-// graph input is folded, plus float tensors built from attributes (masks);
-// a node reading a float initializer (a parameter: an embedding table, a
-// class token) is left for the importer to plan.
+// Only values that do not depend on a graph input are folded: integer and
+// boolean arithmetic, float tensors built from attributes (masks), and float
+// constants torch named "onnx::..." (Gemma's inv_freq, from which RoPE's cos
+// and sin are computed: MatMul, Transpose, Cos, Sin). A node reading a float
+// initializer named after a module (a parameter or buffer: an embedding
+// table, a class token) is left for the importer to plan.
 #include "dlplan/error.hpp"
 #include "dlplan/ir.hpp"
 #include "import_onnx_graph.hpp"
@@ -230,7 +232,8 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   static const std::map<std::string, size_t> kArity = {
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
-      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}};
+      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
+      {"Transpose", 1}, {"MatMul", 2}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -353,6 +356,79 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     for (auto at : broadcast_offsets(*shape, in[0]->shape)) c.v.push_back(in[0]->v[static_cast<size_t>(at)]);
     return c;
   }
+  if (op == "Transpose") {  // RoPE's freqs.transpose(1, 2)
+    const Dims& from = in[0]->shape;
+    const auto rank = static_cast<int64_t>(from.size());
+    std::vector<int64_t> perm;
+    for (const auto& a : n.attribute())
+      if (a.name() == "perm") perm.assign(a.ints().begin(), a.ints().end());
+    if (perm.empty())
+      for (int64_t k = rank; k-- > 0;) perm.push_back(k);
+    if (static_cast<int64_t>(perm.size()) != rank) return std::nullopt;
+    Dims shape(from.size());
+    std::vector<int64_t> stride(from.size(), 1);  // the input's row-major strides
+    for (int64_t d = rank - 1; d > 0; --d) stride[static_cast<size_t>(d - 1)] = stride[static_cast<size_t>(d)] * from[static_cast<size_t>(d)];
+    for (int64_t d = 0; d < rank; ++d) {
+      if (perm[static_cast<size_t>(d)] < 0 || perm[static_cast<size_t>(d)] >= rank) return std::nullopt;
+      shape[static_cast<size_t>(d)] = from[static_cast<size_t>(perm[static_cast<size_t>(d)])];
+    }
+    Const c{shape, std::vector<double>(static_cast<size_t>(count(shape))), in[0]->type};
+    for (int64_t i = 0, n_out = count(shape); i < n_out; ++i) {
+      int64_t rest = i, at = 0;
+      for (int64_t d = rank; d-- > 0;) {
+        const int64_t idx = rest % shape[static_cast<size_t>(d)];
+        rest /= shape[static_cast<size_t>(d)];
+        at += idx * stride[static_cast<size_t>(perm[static_cast<size_t>(d)])];
+      }
+      c.v[static_cast<size_t>(i)] = in[0]->v[static_cast<size_t>(at)];
+    }
+    return c;
+  }
+  if (op == "MatMul") {  // [.., M, K] x [.., K, N], equal leading dims (RoPE's inv_freq x positions)
+    const Dims &a = in[0]->shape, &b = in[1]->shape;
+    if (a.size() < 2 || a.size() != b.size() || a[a.size() - 1] != b[b.size() - 2]) return std::nullopt;
+    if (!std::equal(a.begin(), a.end() - 2, b.begin())) return std::nullopt;
+    const int64_t M = a[a.size() - 2], K = a.back(), N = b.back();
+    Dims shape(a.begin(), a.end() - 1);
+    shape.push_back(N);
+    if (count(shape) > kMaxFoldedElements || count(a) > kMaxFoldedElements || count(b) > kMaxFoldedElements)
+      return std::nullopt;
+    const int64_t batches = count(shape) / std::max<int64_t>(M * N, 1);
+    Const c{shape, std::vector<double>(static_cast<size_t>(count(shape)), 0.0), in[0]->type};
+    for (int64_t r = 0; r < batches; ++r)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double sum = 0;
+          for (int64_t k = 0; k < K; ++k)
+            sum += in[0]->v[static_cast<size_t>((r * M + i) * K + k)] * in[1]->v[static_cast<size_t>((r * K + k) * N + j)];
+          c.v[static_cast<size_t>((r * M + i) * N + j)] = to_type(sum, in[0]->type);
+        }
+    return c;
+  }
+  if (op == "Tile") {  // tensor.repeat: axis d repeated repeats[d] times (Gemma's causal mask, per batch)
+    const auto reps = ints_of(in[1]);
+    const Dims& from = in[0]->shape;
+    if (reps.size() != from.size()) return std::nullopt;
+    Dims shape = from;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (reps[d] < 0 || (reps[d] > 0 && shape[d] > kMaxFoldedElements / reps[d])) return std::nullopt;
+      shape[d] *= reps[d];
+    }
+    if (count(shape) > kMaxFoldedElements) return std::nullopt;
+    Const c{shape, {}, in[0]->type};
+    c.v.resize(static_cast<size_t>(count(shape)));
+    for (int64_t i = 0, n_out = count(shape); i < n_out; ++i) {
+      int64_t rest = i, at = 0, stride = 1;  // the source element: each index modulo the input's extent
+      for (size_t d = shape.size(); d-- > 0;) {
+        const int64_t idx = rest % shape[d];
+        rest /= shape[d];
+        at += (idx % from[d]) * stride;
+        stride *= from[d];
+      }
+      c.v[static_cast<size_t>(i)] = in[0]->v[static_cast<size_t>(at)];
+    }
+    return c;
+  }
   if (op == "Add") return binary([](double a, double b) { return a + b; }, t0);
   if (op == "Sub") return binary([](double a, double b) { return a - b; }, t0);
   if (op == "Mul") return binary([](double a, double b) { return a * b; }, t0);
@@ -385,6 +461,8 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   if (op == "Floor") return unary([](double a) { return std::floor(a); });
   if (op == "Ceil") return unary([](double a) { return std::ceil(a); });
   if (op == "Sqrt") return unary([](double a) { return std::sqrt(a); });
+  if (op == "Cos") return unary([](double a) { return std::cos(a); });
+  if (op == "Sin") return unary([](double a) { return std::sin(a); });
   return std::nullopt;
 }
 
@@ -474,7 +552,10 @@ class Folder {
     const onnx::TensorProto* tp = nullptr;
     if (auto it = g.inits.find(t); it != g.inits.end()) {
       tp = it->second;
-      if (!is_integral(tp->data_type())) return &param_;
+      // torch names its own constants "onnx::..." and every parameter and
+      // buffer by its module path: a float "onnx::" initializer is a constant
+      // (Gemma's inv_freq, from which RoPE's cos and sin are computed).
+      if (!is_integral(tp->data_type()) && t.rfind("onnx::", 0) != 0) return &param_;
     } else if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant") {
       for (const auto& a : g.node(p).attribute()) {
         if (a.name() == "value") tp = &a.t();

@@ -156,6 +156,7 @@ bool is_plumbing(const std::string& op) {
 struct Rotary {
   std::string x;
   std::optional<double> theta;
+  std::optional<int64_t> dim;  // partial rotary (Phi): the leading dims of each head that rotate
 };
 
 std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
@@ -174,7 +175,7 @@ std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
     if (hi < 0 || lo < 0 || g.node(hi).op_type() != "Slice" || g.node(lo).op_type() != "Slice" ||
         g.node(hi).input(0) != *x || g.node(lo).input(0) != *x)
       continue;
-    Rotary r{*x, std::nullopt};
+    Rotary r{*x, std::nullopt, std::nullopt};
     // cos [.., T, d]: cos(t / theta^(2i/d)) for i < d/2, repeated; position 1, i = 1
     // gives theta = (1 / acos(cos[1][1]))^(d/2).
     const std::string cos = other_operand(g.node(a), *x);
@@ -223,6 +224,27 @@ std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, in
     if (rotary) *rotary = r;
     return trace_to_projection(g, r->x, depth + 1, rotary);
   }
+  // Partial rotary (Phi): cat(rotate(x[..., :r]), x[..., r:]) along the last
+  // axis, both parts sliced from the same x; the path goes on from x.
+  if (n.op_type() == "Concat" && n.input_size() == 2) {
+    const int a = g.producer_of(n.input(0)), b = g.producer_of(n.input(1));
+    if (a >= 0 && b >= 0 && g.node(b).op_type() == "Slice") {
+      if (auto r = rotary_at(g, g.node(a))) {
+        const int s = g.producer_of(r->x);
+        const std::string& x = g.node(b).input(0);
+        const auto xs = g.shape(x), rs = g.shape(r->x), ps = g.shape(n.input(1));
+        const int64_t axis = attr_int(n, "axis", 0);
+        if (s >= 0 && g.node(s).op_type() == "Slice" && g.node(s).input(0) == x && xs && rs && ps && !xs->empty() &&
+            rs->size() == xs->size() && ps->size() == xs->size() &&
+            (axis == -1 || axis == static_cast<int64_t>(xs->size()) - 1) && rs->back() > 0 &&
+            rs->back() + ps->back() == xs->back()) {
+          r->dim = rs->back();
+          if (rotary) *rotary = r;
+          return trace_to_projection(g, x, depth + 1, rotary);
+        }
+      }
+    }
+  }
   // repeat_kv: grouped KV heads broadcast to the query heads
   if (n.op_type() == "Expand" && n.input_size() == 2 && g.is_const(n.input(1)))
     return trace_to_projection(g, n.input(0), depth + 1, rotary);
@@ -260,6 +282,28 @@ bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::strin
     const auto& n = g.node(p);
     if (n.op_type() == "Shape" || n.op_type() == "Size") continue;
     for (const auto& in : n.input())
+      if (!in.empty()) work.push_back(in);
+  }
+  return false;
+}
+
+// Whether `t` is computed from a learned tensor: a float initializer named
+// after a module (torch names its own constants "onnx::..."), as Swin's
+// relative position bias table, gathered and added to the scores.
+bool reads_parameter(const Graph& g, const std::string& t) {
+  std::vector<std::string> work{t};
+  std::set<std::string> seen;
+  while (!work.empty()) {
+    const std::string cur = work.back();
+    work.pop_back();
+    if (!seen.insert(cur).second) continue;
+    if (g.is_init(cur)) {
+      if (g.dtype(cur) == onnx::TensorProto::FLOAT && cur.rfind("onnx::", 0) != 0) return true;
+      continue;
+    }
+    const int p = g.producer_of(cur);
+    if (p < 0) continue;
+    for (const auto& in : g.node(p).input())
       if (!in.empty()) work.push_back(in);
   }
   return false;
@@ -518,10 +562,16 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     return std::nullopt;
   }
   const int64_t kv = k_out / hd;
-  const bool bias = pq->bias && pk->bias && pvp->bias && po->bias;
-  const bool any_bias = pq->bias || pk->bias || pvp->bias || po->bias;
-  const int64_t expect = D * (heads + 2 * kv) * hd + heads * hd * D + (bias ? (heads + 2 * kv) * hd + D : 0);
-  if (po->in_f != heads * hd || po->out_f != D || (bias == any_bias && expect != params)) {
+  // Biases on q, k and v together, and on the output projection apart from
+  // them (Qwen2: q, k and v only).
+  const bool qkv_bias = pq->bias && pk->bias && pvp->bias, out_bias = po->bias;
+  if (!qkv_bias && (pq->bias || pk->bias || pvp->bias)) {
+    why = "some of the q, k and v projections have a bias and some do not";
+    return std::nullopt;
+  }
+  const int64_t expect = D * (heads + 2 * kv) * hd + heads * hd * D + (qkv_bias ? (heads + 2 * kv) * hd : 0) +
+                         (out_bias ? D : 0);
+  if (po->in_f != heads * hd || po->out_f != D || expect != params) {
     why = fmt::format("projection sizes do not form attention over width {} ({} heads of {})", D, heads, hd);
     return std::nullopt;
   }
@@ -542,6 +592,10 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   bool causal = false;
   std::vector<std::string> input_masks;
   for (const auto& [m, use] : s.masks) {
+    if (reads_parameter(g, m)) {  // its parameters would vanish into the fused op
+      why = "a learned tensor is added to the scores (a relative position bias table)";
+      return std::nullopt;
+    }
     std::set<std::string> seen;
     if (reads_graph_input(g, m, seen)) input_masks.push_back(m);
     else if (classify_mask(g, m, use) != MaskKind::none) causal = true;  // a window is planned as causal
@@ -554,8 +608,13 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     why = "only one of q and k is rotated";
     return std::nullopt;
   }
+  if (rq && rq->dim != rk->dim) {
+    why = "q and k rotate different parts of their heads";
+    return std::nullopt;
+  }
   if (rq) {
     f.attrs["rope"] = true;
+    if (rq->dim && *rq->dim != hd) f.attrs["rotary_dim"] = *rq->dim;
     // Rounded to 4 significant digits: the table is float32, and the angle's
     // error grows by the power d/2 (10000 comes back as 10000.1 at d = 32).
     if (rq->theta && std::isfinite(*rq->theta) && *rq->theta > 1) {
@@ -563,7 +622,11 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
       f.attrs["rope_theta"] = std::round(*rq->theta / mag) * mag;
     }
   }
-  f.attrs["bias"] = bias;
+  f.attrs["bias"] = qkv_bias && out_bias;
+  if (qkv_bias != out_bias) {
+    f.attrs["qkv_bias"] = qkv_bias;
+    f.attrs["out_bias"] = out_bias;
+  }
   // Where each projection's values are; a fused QKV weight [q | k | v] gives
   // each its rows, in that order (GPT-2's c_attn, split three ways).
   auto weights_of = [&](const char* name, const Proj& p, int64_t begin, int64_t end) {
@@ -571,7 +634,7 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
     w.begin = b.begin = begin;
     w.end = b.end = end;
     f.weights.emplace_back(std::string(name) + ".weight", w);
-    if (bias) f.weights.emplace_back(std::string(name) + ".bias", b);
+    if (std::string(name) == "o" ? out_bias : qkv_bias) f.weights.emplace_back(std::string(name) + ".bias", b);
   };
   std::string parts_note;
   if (fused_qkv) {
@@ -593,10 +656,7 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   }
   weights_of("o", *po, 0, -1);
   if (dropout > 0.0) f.attrs["dropout"] = std::round(dropout * 1e6) / 1e6;  // float32 in the file
-  if (bias != any_bias)
-    f.note = fmt::format("attention '{}': some projections have biases and some do not; planned without biases "
-                         "({} bias parameters not counted)", f.name, params - expect);
-  else if (!input_masks.empty())
+  if (!input_masks.empty())
     f.note = fmt::format("attention '{}': padding mask from a model input ignored (no effect on memory)", f.name);
   if (rq && !f.attrs.contains("rope_theta"))
     f.note += std::string(f.note.empty() ? "" : "; ") +
@@ -657,7 +717,25 @@ std::optional<Fusion> match_gelu_erf(const Graph& g, int erf) {
   return f;
 }
 
-std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh) {
+// x^3 as the GELU's tanh form writes it: Pow(x, 3) (Python: Hugging Face's
+// gelu_new) or x * (x * x) (torch's own export of F.gelu(approximate="tanh")).
+// The nodes, and whether it is the Python form; nothing for another tensor.
+std::optional<std::pair<std::vector<int>, bool>> cube_of(const Graph& g, const std::string& cube, const std::string& x) {
+  const int p = g.producer_of(cube);
+  if (p < 0) return std::nullopt;
+  const auto& n = g.node(p);
+  if (n.op_type() == "Pow" && n.input(0) == x) return std::make_pair(std::vector<int>{p}, true);
+  if (n.op_type() != "Mul" || n.input_size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    const int sq = g.producer_of(n.input(1 - k));
+    if (n.input(k) == x && sq >= 0 && g.node(sq).op_type() == "Mul" && g.node(sq).input_size() == 2 &&
+        g.node(sq).input(0) == x && g.node(sq).input(1) == x)
+      return std::make_pair(std::vector<int>{sq, p}, false);
+  }
+  return std::nullopt;
+}
+
+std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh, bool eager) {
   const auto& t = g.node(tanh);
   int p1 = g.producer_of(t.input(0));  // * sqrt(2/pi)
   if (p1 < 0 || g.node(p1).op_type() != "Mul") return std::nullopt;
@@ -671,9 +749,11 @@ std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh) {
     if (p3 < 0 || g.node(p3).op_type() != "Mul") continue;
     auto cube = data_operand(g, g.node(p3));
     if (!cube) continue;
-    int p4 = g.producer_of(*cube);
-    if (p4 < 0 || g.node(p4).op_type() != "Pow" || g.node(p4).input(0) != x) continue;
-    std::vector<int> nodes{p4, p3, p2, p1, tanh};
+    const auto c = cube_of(g, *cube, x);
+    if (!c) continue;
+    if (c->second && eager) return std::nullopt;  // written in Python: op by op under --fusion eager
+    std::vector<int> nodes = c->first;
+    nodes.insert(nodes.end(), {p3, p2, p1, tanh});
     auto out = gelu_tail(g, x, t.output(0), nodes);
     if (!out) return std::nullopt;
     Fusion f;
@@ -857,7 +937,12 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   }
   const auto w = sole_consumer(g, normed, "Mul");
   if (!w) return std::nullopt;
-  const std::string p = other_operand(g.node(*w), normed);
+  std::string p = other_operand(g.node(*w), normed);
+  double offset = 0;
+  if (const auto ow = p.empty() || g.is_init(p) ? std::nullopt : g.offset_weight(p)) {  // Gemma: x (1 + w)
+    nodes.push_back(g.producer_of(p));
+    std::tie(p, offset) = *ow;
+  }
   const auto ps = !p.empty() && g.is_init(p) ? g.shape(p) : std::nullopt;
   if (!ps || *ps != Dims{xs->back()}) return std::nullopt;
   nodes.push_back(*w);
@@ -869,6 +954,7 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   f.unit_source = sq.name();
   f.name = sq.name().empty() ? "rmsnorm" : common_prefix({sq.name()}) + ".rmsnorm";
   f.attrs["eps"] = msq->eps;
+  if (offset != 0) f.attrs["offset"] = offset;
   f.weights.emplace_back("weight", WeightRef{p});
   return f;
 }
@@ -903,7 +989,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     if (taken.count(i)) continue;
     const auto& op = g.node(i).op_type();
     if (op == "Erf") take(match_gelu_erf(g, i));
-    else if (op == "Tanh" && !eager) take(match_gelu_tanh(g, i));  // its x^3 is a Pow: Python's, not torch's own
+    else if (op == "Tanh") take(match_gelu_tanh(g, i, eager));
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
     else if (op == "Sqrt") {

@@ -1,4 +1,4 @@
-// All 26 real torch.onnx.export files that import (tests/fixtures/exports,
+// All 30 real torch.onnx.export files that import (tests/fixtures/exports,
 // docs/onnx.md) train on the CPU engine: the plan dlplan makes of the file runs
 // two steps, the first step's loss is that of a freshly initialized
 // 1000-class classifier, near ln 1000, and the engine's measured memory is the
@@ -49,6 +49,15 @@ PlanDocument fp32_plan(const std::string& path, FusionMode fusion = FusionMode::
   return plan_from_json(nlohmann::json(plan_json(p, *p.chosen())), path);
 }
 
+// "tiny-gpt2-opset17.onnx" -> tiny_gpt2 (gtest names take no '-'); "_opset13" kept.
+std::string file_test_name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string s = info.param;
+  s = s.substr(0, s.find("-opset"));
+  std::replace(s.begin(), s.end(), '-', '_');
+  if (std::string(info.param).find("opset13") != std::string::npos) s += "_opset13";
+  return s;
+}
+
 class RealExportTrains : public ::testing::TestWithParam<const char*> {};
 
 void two_steps_as_planned(const PlanDocument& plan, const char* file) {
@@ -95,13 +104,9 @@ TEST_P(RealExportTrainsEager, TwoStepsFromTheFilesPlan) {
 
 INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrainsEager,
                          ::testing::Values("tiny-gpt2-opset17.onnx", "tiny-llama-opset17.onnx",
-                                           "tiny-mistral-opset17.onnx"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           s = s.substr(0, s.find("-opset"));
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                                           "tiny-mistral-opset17.onnx", "tiny-qwen2-opset17.onnx",
+                                           "tiny-phi-opset17.onnx", "tiny-gemma-opset17.onnx"),
+                         file_test_name);
 
 INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                          ::testing::Values("resnet18-opset17.onnx", "mobilenet_v2-opset17.onnx",
@@ -116,14 +121,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "mobilenet_v3_small-opset17.onnx", "efficientnet_b0-opset17.onnx",
                                            "convnext_tiny-opset17.onnx", "vit_b_16-opset17.onnx",
                                            "vit_b_16-opset13.onnx", "tiny-bert-opset17.onnx",
-                                           "bert-base-uncased-opset17.onnx", "gpt2-opset17.onnx"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           s = s.substr(0, s.find("-opset"));
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           if (std::string(info.param).find("opset13") != std::string::npos) s += "_opset13";
-                           return s;
-                         });
+                                           "bert-base-uncased-opset17.onnx", "gpt2-opset17.onnx",
+                                           "tiny-qwen2-opset17.onnx", "tiny-phi-opset17.onnx",
+                                           "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx"),
+                         file_test_name);
 
 // An op the importer does not know is planned as `opaque` (its memory
 // counted); no engine can run its math, so the trainer refuses the plan on

@@ -160,13 +160,16 @@ def torch_step(model, inputs, kind, lr, perturb=None):
     loss.backward()
     grads = {n: p.grad.detach().double().clone() for n, p in model.named_parameters()}
     after = {n: p.detach().double() - lr * grads[n] for n, p in model.named_parameters()}
+    # The buffers the model had before the step (Gemma's rotary inv_freq is
+    # made by its first forward: not state, and not in dlplan's buffers).
     bufs = [b.detach().reshape(-1).double().clone() for n, b in model.named_buffers()
-            if not n.endswith("num_batches_tracked")]
+            if not n.endswith("num_batches_tracked") and n in bufs0]
     with torch.no_grad():  # leave the model as it was
         for n, p in model.named_parameters():
             p.copy_(saved[n])
         for n, b in model.named_buffers():
-            b.copy_(bufs0[n])
+            if n in bufs0:
+                b.copy_(bufs0[n])
     return float(loss), grads, after, (torch.cat(bufs) if bufs else None)
 
 
