@@ -365,13 +365,15 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     if (perm.empty())
       for (int64_t k = rank; k-- > 0;) perm.push_back(k);
     if (static_cast<int64_t>(perm.size()) != rank) return std::nullopt;
+    std::vector<bool> seen(perm.size(), false);  // a permutation: each axis once (a file may say anything)
+    for (int64_t a : perm) {
+      if (a < 0 || a >= rank || seen[static_cast<size_t>(a)]) return std::nullopt;
+      seen[static_cast<size_t>(a)] = true;
+    }
     Dims shape(from.size());
     std::vector<int64_t> stride(from.size(), 1);  // the input's row-major strides
     for (int64_t d = rank - 1; d > 0; --d) stride[static_cast<size_t>(d - 1)] = stride[static_cast<size_t>(d)] * from[static_cast<size_t>(d)];
-    for (int64_t d = 0; d < rank; ++d) {
-      if (perm[static_cast<size_t>(d)] < 0 || perm[static_cast<size_t>(d)] >= rank) return std::nullopt;
-      shape[static_cast<size_t>(d)] = from[static_cast<size_t>(perm[static_cast<size_t>(d)])];
-    }
+    for (int64_t d = 0; d < rank; ++d) shape[static_cast<size_t>(d)] = from[static_cast<size_t>(perm[static_cast<size_t>(d)])];
     Const c{shape, std::vector<double>(static_cast<size_t>(count(shape))), in[0]->type};
     for (int64_t i = 0, n_out = count(shape); i < n_out; ++i) {
       int64_t rest = i, at = 0;
