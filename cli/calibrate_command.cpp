@@ -8,6 +8,7 @@
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/op_costs.hpp"
+#include "dlplan/request.hpp"
 
 #include <fmt/format.h>
 
@@ -17,7 +18,7 @@ namespace dlplan::cli {
 
 Runner add_calibrate_command(CLI::App& app) {
   struct Flags {
-    std::string device = "cpu", out, model;
+    std::string device = "cpu", out, model, fusion;
     int64_t micro_batch = 1, seq_len = 0, decoder_seq_len = 0;
   };
   auto f = std::make_shared<Flags>();
@@ -36,6 +37,8 @@ Runner add_calibrate_command(CLI::App& app) {
                  "Encoder-decoder models (T5): the decoder's tokens per sample, as `dlplan plan --decoder-seq-len` "
                  "(default: --seq-len, else the model's)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--fusion", f->fusion,
+                 "ONNX files and Hugging Face configs: engine (default) or eager, as `dlplan plan --fusion` imports them");
   return [f]() {
     auto comm = exec::make_communicator(nullptr, nullptr);
     const bool root = comm->rank() == 0;
@@ -46,10 +49,15 @@ Runner add_calibrate_command(CLI::App& app) {
     std::unique_ptr<Model> model;
     try {
       if (!f->model.empty()) {
-        model = std::make_unique<Model>(load_model(f->model, ImportOptions{f->micro_batch, f->seq_len}));
+        ImportOptions import{f->micro_batch, f->seq_len};
+        import.fusion = parse_fusion(f->fusion, f->model);
+        model = std::make_unique<Model>(load_model(f->model, import));
         if (f->seq_len > 0) *model = with_seq_len(*model, f->seq_len);
         if (f->decoder_seq_len > 0) *model = with_decoder_seq_len(*model, f->decoder_seq_len);
       }
+    } catch (const UsageError& e) {  // a flag's value, as plan's usage errors
+      if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
+      return 2;
     } catch (const Error& e) {
       if (root) fmt::print(stderr, "dlplan: error: {}\n", e.what());
       return 1;

@@ -166,6 +166,20 @@ void parse_micro_batch(const std::string& text, RequestFlags& f) {
   f.micro_batch = v;
 }
 
+FusionMode parse_fusion(const std::string& fusion, const std::string& model) {
+  if (fusion.empty()) return FusionMode::engine;
+  const auto mode = fusion_from_string(fusion);
+  if (!mode) throw UsageError(fmt::format("--fusion must be engine or eager, got '{}'", fusion));
+  const auto ext = std::filesystem::path(model).extension().string();
+  const bool imported = ext == ".onnx" || ext == ".ONNX" ||
+                        (ext == ".json" && std::filesystem::exists(model) &&
+                         is_hf_config(read_json_file(model, "model file")));
+  if (!imported)
+    throw UsageError(fmt::format("--fusion applies to the files dlplan imports (ONNX, a Hugging Face config.json); "
+                                 "'{}' is not one", model));
+  return *mode;
+}
+
 PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   PlanRequest r;
   r.cluster = make_cluster(f, &r.cluster_source);
@@ -177,18 +191,7 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   if (f.model.empty()) throw UsageError("--model is required (a zoo name, see `dlplan models`, or a file)");
   // ONNX symbolic dims (batch, sequence) take --micro-batch and --seq-len.
   ImportOptions import{micro, seq_len};
-  if (!f.fusion.empty()) {
-    const auto mode = fusion_from_string(f.fusion);
-    if (!mode) throw UsageError(fmt::format("--fusion must be engine or eager, got '{}'", f.fusion));
-    const auto ext = std::filesystem::path(f.model).extension().string();
-    const bool imported = ext == ".onnx" || ext == ".ONNX" ||
-                          (ext == ".json" && std::filesystem::exists(f.model) &&
-                           is_hf_config(read_json_file(f.model, "model file")));
-    if (!imported)
-      throw UsageError(fmt::format("--fusion applies to the files dlplan imports (ONNX, a Hugging Face config.json); "
-                                   "'{}' is not one", f.model));
-    import.fusion = *mode;
-  }
+  import.fusion = parse_fusion(f.fusion, f.model);
   r.model = load ? load(f.model, import) : load_model(f.model, import);
   r.model_context = tokens_per_sample(r.model);
   if (seq_len > 0) {

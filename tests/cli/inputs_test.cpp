@@ -205,4 +205,9 @@ TEST(CliFusion, EagerPlansWrittenOutMathAndOnlyForOnnxFiles) {
   EXPECT_GT(unfused["strategies"][0]["memory_max"]["activations"].get<int64_t>(),
             fused["strategies"][0]["memory_max"]["activations"].get<int64_t>());
   EXPECT_EQ(unfused["model"]["params"], fused["model"]["params"]);
+  // calibrate imports the model as plan does, and refuses the same values.
+  const std::string out = temp_path("fusion.cluster.json");
+  expect_usage_error("calibrate --model gpt2 --fusion eager --out '" + out + "'", {"--fusion applies", "'gpt2'"});
+  expect_usage_error("calibrate --model '" + phi + "' --fusion fused --out '" + out + "'",
+                     {"--fusion must be engine or eager"});
 }

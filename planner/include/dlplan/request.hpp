@@ -58,6 +58,11 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load = {});
 // describes only the device (then --gpus / --nodes shape the cluster).
 std::optional<std::pair<int, int>> cluster_file_topology(const std::string& path);
 
+// "--fusion": "engine" or "eager" for a model dlplan imports (an ONNX file, a
+// Hugging Face config.json); "" is the default, engine. Throws UsageError for
+// another value, or for a model that is not imported (a zoo name, IR JSON).
+FusionMode parse_fusion(const std::string& fusion, const std::string& model);
+
 // "--micro-batch": a positive integer or "max". Throws UsageError.
 void parse_micro_batch(const std::string& text, RequestFlags& f);
 
