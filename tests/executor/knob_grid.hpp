@@ -14,6 +14,7 @@
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/device.hpp"
 #include "dlplan/exec/trainer.hpp"
+#include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -165,12 +166,13 @@ inline std::vector<Config> full_grid() {
 // The plan of a configuration for `world` ranks on the cpu device (whose
 // allocations are rounded to `granularity` bytes when it is not 0); with
 // fused_loss, the model's cross_entropy is the fused one (keeps logits + lse);
-// a `model` file or zoo name replaces the model factor's level.
+// a `model` file or zoo name replaces the model factor's level, imported
+// with `import` (an ONNX file's sequence, --fusion).
 inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0, bool fused_loss = false,
-                            const std::string& model = "") {
+                            const std::string& model = "", const ImportOptions& import = {}) {
   const auto& L = levels();
   PlanRequest req;
-  req.model = load_model(model.empty() ? L[kModel][k[kModel]] : model);
+  req.model = load_model(model.empty() ? L[kModel][k[kModel]] : model, import);
   if (fused_loss)
     for (Node& n : req.model.nodes)
       if (n.op == OpKind::cross_entropy) n.attrs.values["fused"] = true;
@@ -235,8 +237,9 @@ class RoundingHostMemory final : public MemoryResource {
 };
 
 inline Outcome run_config(const Config& k, Communicator& comm, Backend& backend, int steps = 3,
-                          int64_t granularity = 0, bool fused_loss = false, const std::string& model = "") {
-  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss, model);
+                          int64_t granularity = 0, bool fused_loss = false, const std::string& model = "",
+                          const ImportOptions& import = {}) {
+  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss, model, import);
   TrainOptions opt;
   opt.steps = steps;
   Trainer t(plan, comm, backend, opt,

@@ -12,6 +12,8 @@
 // BERT's token-type row, their loss near ln of the vocabulary. The CUDA
 // engine runs none of the CNN ops named above yet, nor BERT's token-type
 // row: the trainer refuses them there, naming the node.
+#include "knob_grid.hpp"
+
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/communicator.hpp"
@@ -125,6 +127,29 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-qwen2-opset17.onnx", "tiny-phi-opset17.onnx",
                                            "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx"),
                          file_test_name);
+
+// The ONNX RMSNorm under --fusion eager (pow, reduce_mean, affine, sqrt,
+// reciprocal, mul, scale) under every single knob change a plan carries:
+// precision, checkpointing's recompute, the strategies, accumulation,
+// offload. The engine allocates what the plan walks in each.
+TEST(RealExportEagerKnobs, TinyLlamaMeasuresAsPlannedUnderEveryKnob) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  ImportOptions import;
+  import.seq_len = 64;
+  import.fusion = FusionMode::eager;
+  int runs = 0;
+  for (const auto& k : knobs::single_knob_changes()) {
+    if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
+    const knobs::Outcome o =
+        knobs::run_config(k, *comm, *backend, 2, 0, false, exported("tiny-llama-opset17.onnx"), import);
+    EXPECT_TRUE(o.equal()) << knobs::describe(k) << ": " << knobs::mismatch(o);
+    EXPECT_TRUE(std::isfinite(o.loss)) << knobs::describe(k);
+    ++runs;
+  }
+  EXPECT_GE(runs, 15);
+}
 
 // An op the importer does not know is planned as `opaque` (its memory
 // counted); no engine can run its math, so the trainer refuses the plan on
