@@ -873,14 +873,14 @@ std::vector<NamedTensor> read_init_tensors(const std::string& path, const Model&
       if (!p.adapter && !names.count(p.name)) return false;
     return true;
   };
-  std::vector<ImportedWeight> weights = import_onnx_weights(path, opt, /*with_values=*/false);
-  if (!names_match(weights)) {
+  std::vector<ImportedWeight> weights = import_onnx_weights(path, opt);
+  if (!names_match(weights)) {  // read again only for a plan the default did not make
     ImportOptions eager = opt;
     eager.fusion = FusionMode::eager;
-    if (names_match(import_onnx_weights(path, eager, false))) opt = eager;
+    if (auto other = import_onnx_weights(path, eager); names_match(other)) weights = std::move(other);
   }
   std::vector<NamedTensor> out;
-  for (ImportedWeight& w : import_onnx_weights(path, opt)) out.push_back({w.name, w.shape, std::move(w.values)});
+  for (ImportedWeight& w : weights) out.push_back({w.name, w.shape, std::move(w.values)});
   return out;
 }
 
