@@ -15,88 +15,67 @@ int64_t total(const OpContext& c) { return c.batch * numel(in_shape(c, 0)); }
 
 float number(const OpContext& c, const char* key) { return static_cast<float>(c.node->attrs.number(key)); }
 
-}  // namespace
-
-// ---- affine: y = scale x + shift;  dx = scale dy --------------------------------
-
-void affine_forward(OpContext& c) {
-  const float a = number(c, "scale"), b = number(c, "shift");
+// y[i] = f(x[i]) over the whole batch.
+template <typename F>
+void map_elements(OpContext& c, int64_t grain, F f) {
   const float* x = c.in[0].f();
   float* y = c.out.f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = a * x[i] + b;
+  parallel_for(total(c), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = f(x[i]);
   });
+}
+
+// dx[i] += dy[i] * slope(i), where the input wants a gradient; slope reads
+// what the op kept (its input or its output) at element i.
+template <typename F>
+void accumulate_input_grad(OpContext& c, int64_t grain, F slope) {
+  if (!c.din[0].defined()) return;
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * slope(i);
+  });
+}
+
+}  // namespace
+
+// affine: y = scale x + shift;  dx = scale dy
+void affine_forward(OpContext& c) {
+  const float a = number(c, "scale"), b = number(c, "shift");
+  map_elements(c, grain_elements(), [=](float x) { return a * x + b; });
 }
 
 void affine_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
   const float a = number(c, "scale");
-  const float* dy = c.dout.f();
-  float* dx = c.din[0].f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] += a * dy[i];
-  });
+  accumulate_input_grad(c, grain_elements(), [=](int64_t) { return a; });
 }
 
-// ---- pow: y = x^p;  dx = p x^(p-1) dy (PyTorch's pow_backward; 0 where p = 0) ----
-
+// pow: y = x^p;  dx = p x^(p-1) dy (PyTorch's pow_backward; 0 where p = 0)
 void pow_forward(OpContext& c) {
   const float p = number(c, "exponent");
-  const float* x = c.in[0].f();
-  float* y = c.out.f();
-  parallel_for(total(c), grain_elements() / 4, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = std::pow(x[i], p);
-  });
+  map_elements(c, grain_elements() / 4, [=](float x) { return std::pow(x, p); });
 }
 
 void pow_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
   const float p = number(c, "exponent");
   if (p == 0.0f) return;
-  const float* x = c.in[0].f();
-  const float* dy = c.dout.f();
-  float* dx = c.din[0].f();
-  parallel_for(total(c), grain_elements() / 4, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * p * std::pow(x[i], p - 1.0f);
-  });
+  const float* x = c.din[0].defined() ? c.in[0].f() : nullptr;
+  accumulate_input_grad(c, grain_elements() / 4, [=](int64_t i) { return p * std::pow(x[i], p - 1.0f); });
 }
 
-// ---- sqrt: dx = dy / (2 y);  reciprocal: y = 1 / x, dx = -dy y^2 -------------------
-
-void sqrt_forward(OpContext& c) {
-  const float* x = c.in[0].f();
-  float* y = c.out.f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = std::sqrt(x[i]);
-  });
-}
+// sqrt: dx = dy / (2 y);  reciprocal: y = 1 / x, dx = -dy y^2 (both from the output)
+void sqrt_forward(OpContext& c) { map_elements(c, grain_elements(), [](float x) { return std::sqrt(x); }); }
 
 void sqrt_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
   const float* y = c.out.f();
-  const float* dy = c.dout.f();
-  float* dx = c.din[0].f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] / (2.0f * y[i]);
-  });
+  accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return 0.5f / y[i]; });
 }
 
-void reciprocal_forward(OpContext& c) {
-  const float* x = c.in[0].f();
-  float* y = c.out.f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = 1.0f / x[i];
-  });
-}
+void reciprocal_forward(OpContext& c) { map_elements(c, grain_elements(), [](float x) { return 1.0f / x; }); }
 
 void reciprocal_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
   const float* y = c.out.f();
-  const float* dy = c.dout.f();
-  float* dx = c.din[0].f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dx[i] -= dy[i] * y[i] * y[i];
-  });
+  accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return -y[i] * y[i]; });
 }
 
 // ---- reduce_mean over the last axis: y[r] = sum_j x[r, j] / D;  dx[r, j] = dy[r] / D ----
