@@ -1,8 +1,9 @@
 // Written-out elementwise math, planned op by op as PyTorch's eager autograd
 // runs it (ONNX import with --fusion eager; docs/onnx.md): affine, pow, sqrt,
-// reciprocal and the mean over the last axis. Each reads in backward only what
-// its declaration keeps (ops_decl.cpp): pow its input, sqrt and reciprocal
-// their output; affine and reduce_mean nothing but sizes.
+// reciprocal and the mean over the last axis. Backward reads pow's input and
+// sqrt's and reciprocal's output, which their declarations keep (ops_decl.cpp);
+// affine and reduce_mean read nothing but sizes (reduce_mean's declaration
+// still keeps its input, as PyTorch 1.13's mean does).
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
 

@@ -359,7 +359,7 @@ class Importer {
   // a module parameter (its own constants are 'onnx::...'), which broadcasts to
   // x without growing it. Nothing when it is not one.
   std::optional<Dims> learned_scale(const std::string& t, const std::string& x) const {
-    if (!is_float(g_.dtype(t)) || t.rfind("onnx::", 0) == 0) return std::nullopt;
+    if (!g_.is_learned(t)) return std::nullopt;
     const auto full = g_.shape(x);
     Dims gamma = *g_.shape(t);
     if (!full || full->size() < 2) return std::nullopt;

@@ -554,10 +554,9 @@ class Folder {
     const onnx::TensorProto* tp = nullptr;
     if (auto it = g.inits.find(t); it != g.inits.end()) {
       tp = it->second;
-      // torch names its own constants "onnx::..." and every parameter and
-      // buffer by its module path: a float "onnx::" initializer is a constant
+      // A float "onnx::" initializer is torch's constant, not a parameter
       // (Gemma's inv_freq, from which RoPE's cos and sin are computed).
-      if (!is_integral(tp->data_type()) && t.rfind("onnx::", 0) != 0) return &param_;
+      if (!is_integral(tp->data_type()) && g.is_learned(t)) return &param_;
     } else if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant") {
       for (const auto& a : g.node(p).attribute()) {
         if (a.name() == "value") tp = &a.t();

@@ -266,9 +266,13 @@ std::optional<Proj> trace_to_projection(const Graph& g, const std::string& t, in
   return std::nullopt;
 }
 
-// Whether `t` reads a graph input by value (not only through Shape / Size).
-// (A search with its own stack: a graph may be a chain of many thousand nodes.)
-bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::string>& seen) {
+// Whether a value `t` is computed from reaches a source for which
+// `is_source(name)` holds: a graph input or an initializer, walking back
+// through producers. Shape and Size read only their input's size and are not
+// followed. (A search with its own stack: a graph may be a chain of many
+// thousand nodes.)
+template <typename Source>
+bool computed_from(const Graph& g, const std::string& t, std::set<std::string>& seen, Source is_source) {
   std::vector<std::string> work{t};
   while (!work.empty()) {
     const std::string cur = work.back();
@@ -276,7 +280,7 @@ bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::strin
     if (!seen.insert(cur).second) continue;
     const int p = g.producer_of(cur);
     if (p < 0) {
-      if (!g.is_init(cur) && std::find(g.inputs.begin(), g.inputs.end(), cur) != g.inputs.end()) return true;
+      if (is_source(cur)) return true;
       continue;
     }
     const auto& n = g.node(p);
@@ -287,26 +291,18 @@ bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::strin
   return false;
 }
 
-// Whether `t` is computed from a learned tensor: a float initializer named
-// after a module (torch names its own constants "onnx::..."), as Swin's
+// Whether `t` reads a graph input by value.
+bool reads_graph_input(const Graph& g, const std::string& t, std::set<std::string>& seen) {
+  return computed_from(g, t, seen, [&](const std::string& s) {
+    return !g.is_init(s) && std::find(g.inputs.begin(), g.inputs.end(), s) != g.inputs.end();
+  });
+}
+
+// Whether `t` is computed from a learned tensor (Graph::is_learned), as Swin's
 // relative position bias table, gathered and added to the scores.
 bool reads_parameter(const Graph& g, const std::string& t) {
-  std::vector<std::string> work{t};
   std::set<std::string> seen;
-  while (!work.empty()) {
-    const std::string cur = work.back();
-    work.pop_back();
-    if (!seen.insert(cur).second) continue;
-    if (g.is_init(cur)) {
-      if (g.dtype(cur) == onnx::TensorProto::FLOAT && cur.rfind("onnx::", 0) != 0) return true;
-      continue;
-    }
-    const int p = g.producer_of(cur);
-    if (p < 0) continue;
-    for (const auto& in : g.node(p).input())
-      if (!in.empty()) work.push_back(in);
-  }
-  return false;
+  return computed_from(g, t, seen, [&](const std::string& s) { return g.is_learned(s); });
 }
 
 // How a mask meets the scores: added to them, or a Where that keeps the

@@ -154,6 +154,10 @@ WeightRef Graph::matmul_weight_ref(const std::string& t) const {
   return WeightRef{node(producer_of(t)).input(0), false};  // Transpose(W [out, in])
 }
 
+bool Graph::is_learned(const std::string& t) const {
+  return is_init(t) && is_float(dtype(t)) && t.rfind("onnx::", 0) != 0;
+}
+
 std::optional<std::pair<std::string, double>> Graph::offset_weight(const std::string& t) const {
   const int p = producer_of(t);
   if (p < 0 || node(p).op_type() != "Add" || node(p).input_size() != 2) return std::nullopt;
@@ -161,8 +165,7 @@ std::optional<std::pair<std::string, double>> Graph::offset_weight(const std::st
     const std::string& w = node(p).input(k);
     const auto c = scalar(node(p).input(1 - k));
     const auto s = shape(w);
-    if (is_init(w) && w.rfind("onnx::", 0) != 0 && c && s && !s->empty() && dtype(w) == onnx::TensorProto::FLOAT)
-      return std::make_pair(w, *c);
+    if (is_learned(w) && c && s && !s->empty()) return std::make_pair(w, *c);
   }
   return std::nullopt;
 }

@@ -48,6 +48,9 @@ struct Graph {
   // (torch's opset-13 export of nn.Linear) Transpose(W [out, in]). Its
   // [in, out], or nothing when `t` is an activation.
   std::optional<std::pair<int64_t, int64_t>> matmul_weight(const std::string& t) const;
+  // A learned tensor: a float initializer torch named after a module (a
+  // parameter or buffer); torch names its own constants "onnx::...".
+  bool is_learned(const std::string& t) const;
   // A learned tensor plus a scalar constant, w + c (GemmaRMSNorm's
   // 1 + weight): the initializer's name and c, or nothing.
   std::optional<std::pair<std::string, double>> offset_weight(const std::string& t) const;

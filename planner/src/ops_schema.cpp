@@ -444,7 +444,9 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     }
     case OpKind::reduce_mean: {
       const bool keep = n.attrs.flag("keepdims");
-      const auto& x = expect_rank(m, n, 0, keep ? 1 : 2, any_rank, keep ? "at least one dimension" : "at least two dimensions (the mean of a sample's one axis is a scalar; give keepdims)", fail);
+      const char* want = keep ? "at least one dimension"
+                              : "at least two dimensions (the mean of a sample's one axis is a scalar; give keepdims)";
+      const auto& x = expect_rank(m, n, 0, keep ? 1 : 2, any_rank, want, fail);
       expect_float(x, fail);
       out.shape = x.shape;
       if (keep) out.shape.back() = 1;
