@@ -105,7 +105,7 @@ OPS = {
     "relative_position_bias": (1, {"heads": _REQUIRED, "buckets": 32, "max_distance": 128, "bidirectional": True}),
     "moe": (1, {"experts": _REQUIRED, "top_k": 2, "hidden": _REQUIRED, "capacity_factor": 1.25,
                 "capacity": _DERIVED, "normalize": True}),
-    "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL}),
+    "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL, "eager": _NULL}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {"keepdims": _NULL}),
     "flatten": (1, {}),

@@ -185,13 +185,16 @@ void conv2d_backward(OpContext& c) {
 
 // ---- maxpool2d -----------------------------------------------------------------
 // x: [b, C, H, W] -> out: [b, C, OH, OW]; padding counts as -inf (PyTorch).
-// Saves argmax (i32, the flat h*W + w of the winner in its plane).
+// Saves argmax, the flat h*W + w of the winner in its plane: int32, or under
+// the `eager` attribute int64 as PyTorch keeps it (the input is then kept as
+// well, by the step program: ops_decl.cpp).
 
 namespace {
 
 // One output of a window that may reach into the padding: the general form.
 // Windows are visited in row-major order and a NaN wins (PyTorch's rule).
-void maxpool_window(const ConvGeom& g, const float* x, int64_t oh, int64_t ow, float& best_out, int32_t& arg_out) {
+template <typename Index>
+void maxpool_window(const ConvGeom& g, const float* x, int64_t oh, int64_t ow, float& best_out, Index& arg_out) {
   float best = -std::numeric_limits<float>::infinity();
   int64_t arg = -1;
   for (int64_t ki = 0; ki < g.kh; ++ki) {
@@ -208,7 +211,7 @@ void maxpool_window(const ConvGeom& g, const float* x, int64_t oh, int64_t ow, f
     }
   }
   best_out = best;
-  arg_out = static_cast<int32_t>(arg);
+  arg_out = static_cast<Index>(arg);
 }
 
 // The outputs [lo, hi) of row oh, whose windows lie inside the plane: each
@@ -216,13 +219,14 @@ void maxpool_window(const ConvGeom& g, const float* x, int64_t oh, int64_t ow, f
 // instead of a branch. A branch on "v > best" mispredicts on most inputs;
 // the branchy loop made ResNet-18's max pool (8 x 64 x 112 x 112 in) take
 // 14.7 ms on 2 threads, its single largest op. Same order, same winner.
+template <typename Index>
 void maxpool_interior_row(const ConvGeom& g, const float* __restrict x, int64_t oh, int64_t lo, int64_t hi,
-                          float* __restrict y, int32_t* __restrict am) {
+                          float* __restrict y, Index* __restrict am) {
   const int64_t ih0 = oh * g.sh - g.ph;
   for (int64_t ow = lo; ow < hi; ++ow) {
     const int64_t at = ih0 * g.W + ow * g.sw - g.pw;
     y[ow] = x[at];
-    am[ow] = static_cast<int32_t>(at);
+    am[ow] = static_cast<Index>(at);
   }
   for (int64_t ki = 0; ki < g.kh; ++ki)
     for (int64_t kj = 0; kj < g.kw; ++kj) {
@@ -233,16 +237,14 @@ void maxpool_interior_row(const ConvGeom& g, const float* __restrict x, int64_t 
         const float v = x[at];
         const bool take = v > y[ow] || v != v;  // NaN propagates, as in PyTorch
         y[ow] = take ? v : y[ow];
-        am[ow] = take ? static_cast<int32_t>(at) : am[ow];
+        am[ow] = take ? static_cast<Index>(at) : am[ow];
       }
     }
 }
 
-}  // namespace
-
-void maxpool2d_forward(OpContext& c) {
+template <typename Index>
+void maxpool2d_forward_as(OpContext& c, Index* am_all) {
   const ConvGeom g = geometry(c);
-  Tensor argmax = alloc_saved(c, batched(c.batch, out_shape(c)), DType::i32, "argmax");
   const int64_t planes = c.batch * g.C;
   // The outputs whose windows lie inside the plane's columns: iw0 = ow sw - pw
   // >= 0 and iw0 + kw <= W.
@@ -252,10 +254,10 @@ void maxpool2d_forward(OpContext& c) {
     for (int64_t pl = pl_begin; pl < pl_end; ++pl) {
       const float* x = c.in[0].f() + pl * g.H * g.W;
       float* y = c.out.f() + pl * g.P();
-      int32_t* am = argmax.i() + pl * g.P();
+      Index* am = am_all + pl * g.P();
       for (int64_t oh = 0; oh < g.OH; ++oh) {
         float* yr = y + oh * g.OW;
-        int32_t* ar = am + oh * g.OW;
+        Index* ar = am + oh * g.OW;
         const int64_t ih0 = oh * g.sh - g.ph;
         const bool rows_inside = ih0 >= 0 && ih0 + g.kh <= g.H;
         const int64_t lo = rows_inside ? ow_lo : g.OW, hi = rows_inside ? ow_hi : g.OW;
@@ -265,14 +267,12 @@ void maxpool2d_forward(OpContext& c) {
       }
     }
   });
-  c.saved.push_back(std::move(argmax));
 }
 
-void maxpool2d_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
+template <typename Index>
+void maxpool2d_backward_as(OpContext& c, const Index* am) {
   const ConvGeom g = geometry(c);
   const int64_t planes = c.batch * g.C;
-  const int32_t* am = c.saved[0].i();
   parallel_for(planes, grain_elements() / g.P() + 1, [&](int64_t pl_begin, int64_t pl_end) {
     for (int64_t pl = pl_begin; pl < pl_end; ++pl) {  // a plane's winners lie in its own input plane
       float* dx = c.din[0].f() + pl * g.H * g.W;
@@ -280,6 +280,31 @@ void maxpool2d_backward(OpContext& c) {
       for (int64_t p = 0; p < g.P(); ++p) dx[am[pl * g.P() + p]] += dy[p];
     }
   });
+}
+
+bool torch_indices(const OpContext& c) { return c.node->attrs.has("eager") && c.node->attrs.flag("eager"); }
+
+}  // namespace
+
+void maxpool2d_forward(OpContext& c) {
+  const Shape shape = batched(c.batch, out_shape(c));
+  if (torch_indices(c)) {
+    Tensor argmax = alloc_saved_bytes(c, numel(shape) * static_cast<int64_t>(sizeof(int64_t)), "argmax");
+    maxpool2d_forward_as(c, static_cast<int64_t*>(argmax.data()));
+    c.saved.push_back(std::move(argmax));
+  } else {
+    Tensor argmax = alloc_saved(c, shape, DType::i32, "argmax");
+    maxpool2d_forward_as(c, argmax.i());
+    c.saved.push_back(std::move(argmax));
+  }
+}
+
+void maxpool2d_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  if (torch_indices(c))
+    maxpool2d_backward_as(c, static_cast<const int64_t*>(c.saved[0].data()));
+  else
+    maxpool2d_backward_as(c, c.saved[0].i());
 }
 
 // ---- avgpool2d -----------------------------------------------------------------

@@ -96,6 +96,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::clip)
       return fmt::format("node '{}' is a clip (ReLU6, Hardtanh), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);
+    if (n.op == OpKind::maxpool2d && n.attrs.has("eager") && n.attrs.flag("eager"))
+      return fmt::format("node '{}' max-pools keeping PyTorch's int64 indices and its input (--fusion eager), which the "
+                         "CPU engine trains and the CUDA engine does not yet", n.name);
     if (n.op == OpKind::maxpool2d && n.attrs.has("ceil_mode") && n.attrs.flag("ceil_mode"))
       return fmt::format("node '{}' max-pools with ceil_mode (SqueezeNet), which the CPU engine trains and the CUDA "
                          "engine does not yet", n.name);

@@ -892,6 +892,7 @@ class Importer {
     if (ceil && op == "AveragePool") fail(fmt::format("{}: ceil_mode 1 is supported for MaxPool only", label(n, i)));
     auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
     if (ceil) a["ceil_mode"] = true;
+    if (op == "MaxPool" && fusion_ == FusionMode::eager) a["eager"] = true;  // PyTorch's saved tensors
     if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0))
       notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
     return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(first_data(n, i, data), n, i)}, a,

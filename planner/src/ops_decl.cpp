@@ -425,7 +425,10 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     case OpKind::maxpool2d: {
       const auto k = n.attrs.pair("kernel");
-      d.saved = {keep_own("argmax", out_elems, Elem::i32)};
+      if (n.attrs.has("eager") && n.attrs.flag("eager"))
+        d.saved = {keep_input(0), keep_own("argmax", out_elems, Elem::i64)};
+      else
+        d.saved = {keep_own("argmax", out_elems, Elem::i32)};
       d.fwd_flops = static_cast<double>(out_elems) * k[0] * k[1];
       d.bwd_flops = static_cast<double>(out_elems);
       break;

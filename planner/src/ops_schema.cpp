@@ -131,10 +131,14 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::moe, "moe", 1,
        {{"experts", T::integer, nullptr}, {"top_k", T::integer, 2}, {"hidden", T::integer, nullptr},
         {"capacity_factor", T::number, 1.25}, {"capacity", T::integer, kDerived}, {"normalize", T::boolean, true}}},
-      // ceil_mode (absent: false): PyTorch's, rounding the output size up (SqueezeNet)
+      // ceil_mode (absent: false): PyTorch's, rounding the output size up (SqueezeNet).
+      // eager (absent: false): keep what PyTorch's max_pool2d_with_indices keeps
+      // for backward (derivatives.yaml: self and the int64 indices), as
+      // --fusion eager plans an imported graph; else only int32 indices, as
+      // dlplan's engines need.
       {OpKind::maxpool2d, "maxpool2d", 1,
        {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0},
-        {"ceil_mode", T::boolean, kDerived}}},
+        {"ceil_mode", T::boolean, kDerived}, {"eager", T::boolean, kDerived}}},
       {OpKind::avgpool2d, "avgpool2d", 1,
        {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
       // keepdims (absent: false): [C, 1, 1] instead of [C], as a squeeze-and-

@@ -207,7 +207,7 @@ class Emitter {
   const Node& node(int i) const { return m_.nodes[static_cast<size_t>(i)]; }
   bool checkpointed(int i) const { return dlplan::checkpointed(node(i), cfg_); }
   bool is_model_input(int t) const { return m_.tensor(t).producer < 0; }
-  int64_t elem_bytes(Elem e) const { return e == Elem::compute ? act_ : e == Elem::u8 ? 1 : 4; }
+  int64_t elem_bytes(Elem e) const { return dlplan::elem_bytes(e, act_); }
   int64_t tensor_bytes(int t) const {
     const auto& ti = m_.tensor(t);
     if (ti.producer >= 0 && node(ti.producer).op == OpKind::cross_entropy) return 4;  // the loss: one fp32 scalar

@@ -268,7 +268,7 @@ void expect_close_half(const std::string& what, const Tensor& cuda_t, const Tens
   EXPECT_GT(rel_l2(g, off, &unused), kHalfTol) << what << " (control)";
 }
 
-int64_t decl_bytes(Elem e) { return e == Elem::u8 ? 1 : e == Elem::compute ? 2 : 4; }
+int64_t decl_bytes(Elem e) { return elem_bytes(e, 2); }
 
 // One op case under a mixed precision whose storage dtype is `half` (bf16 or
 // f16): GPU against CPU, and the GPU's allocations against the declaration.

@@ -225,6 +225,10 @@ inline std::vector<OpCase> op_cases() {
   // SqueezeNet's 3x3 stride-2 pooling with ceil_mode: 7 -> 3 rows, 6 -> 3 columns (the last window half outside)
   v.push_back(unary("maxpool2d_ceil", arr({2, 7, 6}),
                     Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, Gen::distinct));
+  // --fusion eager's max pool: PyTorch's int64 indices, and the input kept
+  v.push_back(unary("maxpool2d_eager", arr({2, 7, 6}),
+                    Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"ceil_mode", true}, {"eager", true}},
+                    Gen::distinct));
   v.push_back(unary("global_avgpool_keepdims", arr({3, 4, 5}), Json{{"op", "global_avgpool"}, {"keepdims", true}}));
   for (const char* op : {"add", "mul"}) {
     OpCase c;

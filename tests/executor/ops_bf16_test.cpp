@@ -249,7 +249,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpBf16, ::testing::Combine(::testing::ValuesIn(op_
 
 // What each op allocates under bf16: its own saved tensors and temporaries at
 // the declaration's size with 2-byte compute elements.
-int64_t bf16_bytes(Elem e) { return e == Elem::u8 ? 1 : e == Elem::compute ? 2 : 4; }
+int64_t bf16_bytes(Elem e) { return elem_bytes(e, 2); }
 
 class OpBf16Allocations : public ::testing::TestWithParam<HalfCase> {};
 

@@ -15,7 +15,7 @@ namespace {
 
 constexpr int64_t kBatch = 3;
 
-int64_t elem_bytes(Elem e) { return e == Elem::u8 ? 1 : 4; }  // fp32 compute
+int64_t elem_bytes(Elem e) { return dlplan::elem_bytes(e, 4); }  // fp32 compute
 
 int64_t live(const Allocator& a) { return dlplan::total(a.current()); }
 

@@ -91,15 +91,18 @@ TEST_P(RealExportTrains, TwoStepsFromTheFilesPlan) {
 }
 
 // --fusion eager: gelu_new and RMSNorm op by op (affine, pow, tanh, mul,
-// reduce_mean, sqrt, reciprocal), as PyTorch's eager autograd runs them; the
-// same two steps, the loss near ln of the vocabulary, memory as planned.
+// reduce_mean, sqrt, reciprocal), as PyTorch's eager autograd runs them, and
+// max pools keeping PyTorch's int64 indices and their input; the same two
+// steps, the loss near ln of the classes, memory as planned.
 class RealExportTrainsEager : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(RealExportTrainsEager, TwoStepsFromTheFilesPlan) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const PlanDocument plan = fp32_plan(exported(GetParam()), FusionMode::eager);
   int written_out = 0;
-  for (const Node& n : plan.model.nodes) written_out += n.op == OpKind::pow || n.op == OpKind::reduce_mean;
+  for (const Node& n : plan.model.nodes)
+    written_out += n.op == OpKind::pow || n.op == OpKind::reduce_mean ||
+                   (n.op == OpKind::maxpool2d && n.attrs.has("eager") && n.attrs.flag("eager"));
   EXPECT_GT(written_out, 0) << GetParam() << ": nothing was left unfused";
   two_steps_as_planned(plan, GetParam());
 }
@@ -107,7 +110,8 @@ TEST_P(RealExportTrainsEager, TwoStepsFromTheFilesPlan) {
 INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrainsEager,
                          ::testing::Values("tiny-gpt2-opset17.onnx", "tiny-llama-opset17.onnx",
                                            "tiny-mistral-opset17.onnx", "tiny-qwen2-opset17.onnx",
-                                           "tiny-phi-opset17.onnx", "tiny-gemma-opset17.onnx"),
+                                           "tiny-phi-opset17.onnx", "tiny-gemma-opset17.onnx",
+                                           "squeezenet1_1-opset17.onnx", "resnet18-opset17.onnx"),
                          file_test_name);
 
 INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,

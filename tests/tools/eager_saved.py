@@ -3,9 +3,11 @@
 by one (docs/onnx.md), against the rule planner/src/ops_decl.cpp declares for
 each: "input", "output" or "nothing" (a 0-dim constant at most).
 
-Each op runs once on a [4, 8] float32 tensor that requires grad, under a
-saved_tensors_hooks pack hook; the storages it packs are compared with the
-input's and the output's. Exit 77 (skip) without torch.
+Each op runs once on a [4, 8] float32 tensor ([1, 2, 7, 7] for pooling) that
+requires grad, under a saved_tensors_hooks pack hook; the storages it packs
+are compared with the input's and the output's, and any other one is named by
+its dtype and size ("int64 [out]": int64, as many elements as the output).
+Exit 77 (skip) without torch.
 
     /usr/bin/python3 tests/tools/eager_saved.py
 """
@@ -30,6 +32,9 @@ CASES = {
     "reduce_mean (keepdims)": (lambda x: x.mean(-1, keepdim=True), "input"),
     "reduce_mean": (lambda x: x.mean(-1), "input"),
     "tanh": (lambda x: torch.tanh(x), "output"),
+    # maxpool2d {eager: true}; the engines' own rule keeps int32 indices only
+    "maxpool2d (eager)": (lambda x: torch.nn.functional.max_pool2d(x, 3, 2, ceil_mode=True),
+                          "input+int64 [out]", (1, 2, 7, 7)),
 }
 
 
@@ -37,8 +42,8 @@ def storage_ptr(t):
     return t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
 
 
-def kept(fn):
-    x = (torch.rand(4, 8) + 0.5).requires_grad_()
+def kept(fn, shape=(4, 8)):
+    x = (torch.rand(*shape) + 0.5).requires_grad_()
     packed = []
 
     def pack(t):
@@ -56,18 +61,20 @@ def kept(fn):
             found.add("input")
         elif ptr == storage_ptr(y):
             found.add("output")
+        elif t.numel() == y.numel():
+            found.add(f"{str(t.dtype).replace('torch.', '')} [out]")
         else:
-            found.add("other")
+            found.add(f"{str(t.dtype).replace('torch.', '')} [{t.numel()}]")
     return "+".join(sorted(found)) or "nothing"
 
 
 def main():
     ok = True
     print(f"PyTorch {torch.__version__}")
-    for name, (fn, rule) in CASES.items():
-        got = kept(fn)
+    for name, (fn, rule, *shape) in CASES.items():
+        got = kept(fn, *shape)
         ok = ok and got == rule
-        print(f"{name:24s} PyTorch keeps {got:8s} dlplan declares {rule:8s} {'ok' if got == rule else 'MISMATCH'}")
+        print(f"{name:24s} PyTorch keeps {got:18s} dlplan declares {rule:18s} {'ok' if got == rule else 'MISMATCH'}")
     print("all match" if ok else "MISMATCH")
     return 0 if ok else 1
 

@@ -8,14 +8,27 @@
 
 #include "dlplan/ir.hpp"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace dlplan {
 
 // Element types of declared tensors. `compute` is the activation dtype of the
-// plan: bf16 under bf16-mixed, f32 under fp32.
-enum class Elem { compute, f32, i32, u8 };
+// plan: bf16 under bf16-mixed, f32 under fp32. i64: PyTorch's indices (max
+// pooling under --fusion eager).
+enum class Elem { compute, f32, i32, i64, u8 };
+// Bytes of one element, `compute_bytes` being the plan's activation dtype's.
+inline int64_t elem_bytes(Elem e, int64_t compute_bytes) {
+  switch (e) {
+    case Elem::compute: return compute_bytes;
+    case Elem::u8: return 1;
+    case Elem::i64: return 8;
+    case Elem::f32:
+    case Elem::i32: return 4;
+  }
+  return 4;
+}
 
 // A tensor the op keeps for backward.
 //   input:  the op's input `input` (shared: counted once however many ops keep it)
