@@ -24,8 +24,15 @@ std::vector<int> sweep_gpu_counts() {
 }
 
 std::shared_ptr<const Model> Engine::model(const Inputs& in) {
-  return model(in.model, ImportOptions{std::max<int64_t>(in.micro_batch, 1), std::max<int64_t>(in.seq_len, 0)});
+  ImportOptions opt{std::max<int64_t>(in.micro_batch, 1), std::max<int64_t>(in.seq_len, 0)};
+  opt.fusion = parse_fusion(fusion_flag(in), in.model);
+  return model(in.model, opt);
 }
+
+// The window's fusion as `dlplan plan --fusion` would take it: only for a
+// file dlplan imports (for a zoo model or an IR JSON the control is off and
+// the flag would be refused).
+std::string Engine::fusion_flag(const Inputs& in) { return imports_model(in.model) ? in.fusion : std::string(); }
 
 std::shared_ptr<const Model> Engine::model(const std::string& name, const ImportOptions& opt) {
   // ONNX symbolic dimensions take the micro-batch and sequence length, as the CLI does.
@@ -56,6 +63,7 @@ RequestFlags Engine::flags(const Inputs& in) {
   f.optimizer = in.optimizer;
   f.checkpointing = in.checkpointing;
   f.attention = in.attention;
+  f.fusion = fusion_flag(in);
   f.syncbn = in.syncbn;
   if (in.forced) f.strategy = to_string(*in.forced);
   f.bucket_mb = in.bucket_mb;
@@ -89,6 +97,7 @@ Results Engine::compute(const Inputs& in) {
   const auto& p = res.planning;
   res.capacity_bytes = device_capacity(p.request.cluster);
   res.tokens_per_sample = tokens_per_sample(p.request.model);
+  res.imported = imports_model(in.model);
   if (const StrategyResult* c = p.chosen()) res.recommended = static_cast<int>(c - p.results.data());
   res.shown = res.recommended >= 0 ? res.recommended : static_cast<int>(p.results.size()) - 1;
   for (size_t i = 0; in.show && i < p.results.size(); ++i)

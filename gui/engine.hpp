@@ -40,6 +40,7 @@ struct Inputs {
   std::string optimizer = "adamw";
   std::string checkpointing = "none";
   std::string attention = "math";
+  std::string fusion = "engine";     // --fusion (engine, eager); read for the files dlplan imports only
   std::string syncbn = "auto";
   double bucket_mb = 25.0;           // DDP / ZeRO-1 gradient buckets, MiB
   int prefetch = 1;                  // ZeRO-3 units gathered ahead
@@ -68,6 +69,7 @@ struct Results {
   std::vector<LiveTensor> peak_tensors; // of the shown row, largest first (Inputs::explain)
   int64_t capacity_bytes = 0;           // device_capacity(cluster)
   int64_t tokens_per_sample = 0;        // > 0: the model takes token inputs (seq-len applies)
+  bool imported = false;                // an ONNX file or HF config: --fusion applies
   double plan_ms = 0, simulate_ms = 0;  // where the time went
 };
 
@@ -95,13 +97,16 @@ std::vector<int> sweep_gpu_counts();
 class Engine {
  public:
   // The model named by inputs (zoo name or file), cached by (name, seq_len,
-  // micro_batch for ONNX symbolic dims). Throws dlplan::Error naming the file
-  // and node.
+  // micro_batch for ONNX symbolic dims, fusion). Throws dlplan::Error naming
+  // the file and node.
   std::shared_ptr<const Model> model(const Inputs& in);
   std::shared_ptr<const Model> model(const std::string& name, const ImportOptions& opt);
   // The request `dlplan plan` would build from the same flags (build_request).
   PlanRequest request(const Inputs& in);
   static RequestFlags flags(const Inputs& in);
+  // --fusion as the request takes it: inputs.fusion for a file dlplan
+  // imports, "" (the default) for anything else.
+  static std::string fusion_flag(const Inputs& in);
   // plan (every strategy) + the shown row's tensors at the peak and simulation.
   Results compute(const Inputs& in);
   // The sweep over GPU counts with everything else as in `in`. With a global

@@ -51,6 +51,7 @@ void describe(QCommandLineParser& p) {
   opt("lr", "Peak learning rate written into a saved plan (default 3e-4)", "LR");
   opt("checkpointing", "none or units", "C");
   opt("attention", "math or flash", "A");
+  opt("fusion", "An imported file (ONNX, Hugging Face config.json): engine (fused, default) or eager (PyTorch's eager ops)", "F");
   opt("syncbn", "auto, on or off", "S");
   opt("strategy", "Force one strategy: ddp, zero1, zero2, zero3, hsdp2, hsdp3", "S");
   opt("bucket-mb", "DDP / ZeRO-1 gradient bucket size, MiB (default 25)", "MB");
@@ -108,6 +109,10 @@ Inputs parse(const QCommandLineParser& p) {
   if (p.isSet("lr")) in.lr = real("lr");
   if (p.isSet("checkpointing")) in.checkpointing = str("checkpointing");
   if (p.isSet("attention")) in.attention = str("attention");
+  if (p.isSet("fusion")) {
+    in.fusion = str("fusion");
+    parse_fusion(in.fusion, in.model);  // refused as `dlplan plan` refuses it: a bad value, a zoo model
+  }
   if (p.isSet("syncbn")) in.syncbn = str("syncbn");
   if (p.isSet("bucket-mb")) in.bucket_mb = real("bucket-mb");
   if (p.isSet("prefetch")) in.prefetch = static_cast<int>(num("prefetch"));

@@ -229,6 +229,8 @@ QWidget* MainWindow::buildInputs() {
   optimizer_ = combo({QStringLiteral("adamw"), QStringLiteral("sgd"), QStringLiteral("sgd-momentum")}, box);
   checkpointing_ = combo({QStringLiteral("none"), QStringLiteral("units")}, box);
   attention_ = combo({QStringLiteral("math"), QStringLiteral("flash")}, box);
+  fusion_ = combo({QStringLiteral("engine"), QStringLiteral("eager")}, box);
+  fusion_->setObjectName(QStringLiteral("fusion"));
   syncbn_ = combo({QStringLiteral("auto"), QStringLiteral("on"), QStringLiteral("off")}, box);
   QStringList strategies{tr("recommend")};
   for (Strategy s : kAllStrategies) strategies << QString::fromStdString(to_string(s));
@@ -237,6 +239,7 @@ QWidget* MainWindow::buildInputs() {
   f->addRow(tr("Optimizer"), optimizer_);
   f->addRow(tr("Checkpointing"), checkpointing_);
   f->addRow(tr("Attention"), attention_);
+  f->addRow(tr("Fusion"), fusion_);
   f->addRow(tr("SyncBN"), syncbn_);
   f->addRow(tr("Strategy"), strategy_);
   bucketMb_ = new QDoubleSpinBox(box);
@@ -287,7 +290,8 @@ QWidget* MainWindow::buildInputs() {
     connect(e, &QLineEdit::editingFinished, this, &MainWindow::inputsEdited);
   f->addRow(tr("Learning rate"), lr_);
 
-  for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, syncbn_, strategy_, offload_})
+  for (QComboBox* c : {gpuCombo_, batchMode_, precision_, optimizer_, checkpointing_, attention_, fusion_, syncbn_, strategy_,
+                        offload_})
     connect(c, &QComboBox::currentIndexChanged, this, &MainWindow::inputsEdited);
   for (QSpinBox* s : {nodes_, gpusPerNode_, batch_, gradAccum_, seqLen_, prefetch_, shardGroup_, lora_})
     connect(s, &QSpinBox::valueChanged, this, &MainWindow::inputsEdited);
@@ -344,6 +348,7 @@ void MainWindow::fillControls(const Inputs& in) {
   setComboText(optimizer_, qs(in.optimizer));
   setComboText(checkpointing_, qs(in.checkpointing));
   setComboText(attention_, qs(in.attention));
+  setComboText(fusion_, qs(in.fusion));
   setComboText(syncbn_, qs(in.syncbn));
   setComboText(offload_, qs(in.offload));
   freeze_->setText(qs(in.freeze));
@@ -380,6 +385,7 @@ void MainWindow::readControls() {
   in.optimizer = optimizer_->currentText().toStdString();
   in.checkpointing = checkpointing_->currentText().toStdString();
   in.attention = attention_->currentText().toStdString();
+  in.fusion = fusion_->currentText().toStdString();
   in.syncbn = syncbn_->currentText().toStdString();
   in.offload = offload_->currentText().toStdString();
   in.freeze = freeze_->text().toStdString();
@@ -451,6 +457,10 @@ void MainWindow::showResults(quint64 generation) {
   strategyModel_.setResults(r);
   filling_ = false;
   seqLen_->setEnabled(r->tokens_per_sample > 0);
+  fusion_->setEnabled(r->imported);
+  fusion_->setToolTip(r->imported ? tr("engine: the file planned as dlplan's engine fuses it; eager: the math its Python "
+                                       "writes out planned op by op, keeping what PyTorch's eager autograd keeps (--fusion)")
+                                  : tr("--fusion applies to the files dlplan imports (ONNX, a Hugging Face config.json)"));
   seqLen_->setToolTip(r->tokens_per_sample > 0 ? tr("tokens per sample: %1").arg(r->tokens_per_sample)
                                                : tr("this model takes no token inputs"));
   updateSelection();
@@ -466,11 +476,12 @@ void MainWindow::showResults(quint64 generation) {
                      .arg(qs(format_bytes(static_cast<double>(r->capacity_bytes))))
                      .arg(t.micro_batch * t.grad_accum * req.cluster.world()).arg(t.micro_batch).arg(t.grad_accum);
   if (tokens > 0) html += tr("; seq-len %1").arg(tokens) + (tokens == req.model_context ? tr(" (the model's context)") : QString());
-  html += tr("; %1, %2 lr %3, bucket %4 MiB, prefetch %5<br>")
+  html += tr("; %1, %2 lr %3, bucket %4 MiB, prefetch %5%6<br>")
               .arg(qs(to_string(t.precision)), qs(to_string(t.optimizer.kind)))
               .arg(t.optimizer.lr)
               .arg(t.bucket_mb)
-              .arg(t.prefetch);
+              .arg(t.prefetch)
+              .arg(r->imported ? tr(", fusion %1").arg(qs(r->inputs.fusion)) : QString());
   if (t.fine_tuning.active())
     html += tr("Fine-tuning: %1<br>").arg(qs(describe(t.fine_tuning, req.model)).toHtmlEscaped());
   html += recommendationText().toHtmlEscaped().replace(QLatin1Char('\n'), QStringLiteral("<br>"));

@@ -109,7 +109,7 @@ class MainWindow : public QMainWindow {
   QSpinBox *lora_ = nullptr;                               // --lora (0: none)
   QDoubleSpinBox *loraAlpha_ = nullptr;                    // --lora-alpha (0: alpha = rank)
   QComboBox *modelCombo_ = nullptr, *gpuCombo_ = nullptr, *batchMode_ = nullptr, *precision_ = nullptr,
-            *optimizer_ = nullptr, *checkpointing_ = nullptr, *attention_ = nullptr, *syncbn_ = nullptr,
+            *optimizer_ = nullptr, *checkpointing_ = nullptr, *attention_ = nullptr, *fusion_ = nullptr, *syncbn_ = nullptr,
             *strategy_ = nullptr;
   QSpinBox *nodes_ = nullptr, *gpusPerNode_ = nullptr, *batch_ = nullptr, *gradAccum_ = nullptr, *seqLen_ = nullptr,
            *prefetch_ = nullptr, *shardGroup_ = nullptr, *steps_ = nullptr;

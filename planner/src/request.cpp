@@ -166,15 +166,17 @@ void parse_micro_batch(const std::string& text, RequestFlags& f) {
   f.micro_batch = v;
 }
 
+bool imports_model(const std::string& model) {
+  const auto ext = std::filesystem::path(model).extension().string();
+  return ext == ".onnx" || ext == ".ONNX" ||
+         (ext == ".json" && std::filesystem::exists(model) && is_hf_config(read_json_file(model, "model file")));
+}
+
 FusionMode parse_fusion(const std::string& fusion, const std::string& model) {
   if (fusion.empty()) return FusionMode::engine;
   const auto mode = fusion_from_string(fusion);
   if (!mode) throw UsageError(fmt::format("--fusion must be engine or eager, got '{}'", fusion));
-  const auto ext = std::filesystem::path(model).extension().string();
-  const bool imported = ext == ".onnx" || ext == ".ONNX" ||
-                        (ext == ".json" && std::filesystem::exists(model) &&
-                         is_hf_config(read_json_file(model, "model file")));
-  if (!imported)
+  if (!imports_model(model))
     throw UsageError(fmt::format("--fusion applies to the files dlplan imports (ONNX, a Hugging Face config.json); "
                                  "'{}' is not one", model));
   return *mode;

@@ -44,7 +44,7 @@ class StartupTest : public QObject {
     QVERIFY2(!r.crashed, qPrintable(r.err));
     QCOMPARE(r.exitCode, 0);
     QVERIFY2(r.out.contains(QStringLiteral("Usage: ")), qPrintable(r.out));
-    for (const char* flag : {"--model", "--grad-accum", "--bucket-mb", "--prefetch", "--lr"})
+    for (const char* flag : {"--model", "--grad-accum", "--bucket-mb", "--prefetch", "--lr", "--fusion"})
       QVERIFY2(r.out.contains(QString::fromLatin1(flag)), flag);
   }
 
@@ -65,6 +65,13 @@ class StartupTest : public QObject {
                                  << QStringLiteral("--lr");
     QTest::newRow("bad strategy") << QStringList{QStringLiteral("--strategy"), QStringLiteral("zero9")}
                                   << QStringLiteral("zero9");
+    QTest::newRow("fusion of a zoo model") << QStringList{QStringLiteral("--model"), QStringLiteral("gpt2"),
+                                                          QStringLiteral("--fusion"), QStringLiteral("eager")}
+                                           << QStringLiteral("--fusion");
+    QTest::newRow("bad fusion") << QStringList{QStringLiteral("--model"),
+                                               QStringLiteral(DLPLAN_SOURCE_DIR "/tests/fixtures/hf/tiny-gemma.json"),
+                                               QStringLiteral("--fusion"), QStringLiteral("lazy")}
+                                << QStringLiteral("lazy");
   }
 
   void badFlagsAreUsageErrors() {

@@ -5,6 +5,7 @@
 // export as PNG and SVG.
 #include "main_window.hpp"
 
+#include <QComboBox>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -63,6 +64,7 @@ class TableTest : public QObject {
   void tableEqualsCliJson_data();
   void tableEqualsCliJson();
   void savedPlanEqualsCliOut();
+  void fusionControlFollowsTheModel();
   void chartsFillAndExport();
 
  private:
@@ -122,6 +124,8 @@ void TableTest::tableEqualsCliJson_data() {
   QTest::newRow("gpt2 8 gpus lora 8 on q,v,mlp") << QStringList{"--model", "gpt2", "--gpus", "8", "--micro-batch", "4", "--lora",
                                                                  "8", "--lora-targets", "q,v,*.mlp.*", "--lora-alpha", "16"};
   QTest::newRow("gpt2 4 gpus freeze embeddings and h.0") << QStringList{"--model", "gpt2", "--gpus", "4", "--freeze", "wte,wpe,h.0.*"};
+  QTest::newRow("HF tiny-gemma --fusion eager")
+      << QStringList{"--model", DLPLAN_SOURCE_DIR "/tests/fixtures/hf/tiny-gemma.json", "--gpus", "4", "--fusion", "eager"};
   QTest::newRow("llama2-7b 2 gpus mb16: nothing fits") << QStringList{"--model", "llama2-7b", "--gpus", "2", "--micro-batch", "16"};
 }
 
@@ -145,6 +149,7 @@ void TableTest::tableEqualsCliJson() {
   if (!flag("--precision").isEmpty()) in.precision = flag("--precision").toStdString();
   if (!flag("--optimizer").isEmpty()) in.optimizer = flag("--optimizer").toStdString();
   if (!flag("--syncbn").isEmpty()) in.syncbn = flag("--syncbn").toStdString();
+  if (!flag("--fusion").isEmpty()) in.fusion = flag("--fusion").toStdString();
   in.freeze = flag("--freeze").toStdString();
   if (!flag("--lora").isEmpty()) in.lora = flag("--lora").toLongLong();
   in.lora_targets = flag("--lora-targets").toStdString();
@@ -178,6 +183,34 @@ void TableTest::tableEqualsCliJson() {
   const QJsonValue rec = cli.value("recommendation").toObject().value("strategy");
   if (rec.isNull()) QCOMPARE(m.recommendedRow(), -1);
   else QCOMPARE(m.data(m.index(m.recommendedRow(), 0), kRawRole).toString(), rec.toString());
+}
+
+// The fusion control is on for a file dlplan imports and off for a zoo
+// model; switched to eager through the control, a Hugging Face Gemma config
+// plans its RMSNorm op by op, which keeps more activations (the control:
+// the switch reached the planner).
+void TableTest::fusionControlFollowsTheModel() {
+  auto* fusion = w_.findChild<QComboBox*>(QStringLiteral("fusion"));
+  QVERIFY(fusion);
+  Inputs in;
+  in.model = DLPLAN_SOURCE_DIR "/tests/fixtures/hf/tiny-gemma.json";
+  in.gpus_per_node = 4;
+  w_.setInputs(in);
+  QVERIFY(waitForResults(w_));
+  QVERIFY(fusion->isEnabled());
+  QCOMPARE(fusion->currentText(), QStringLiteral("engine"));
+  const qint64 engine = cell(w_.strategyModel(), 0, StrategyTableModel::Activations);
+  fusion->setCurrentText(QStringLiteral("eager"));
+  QCOMPARE(w_.inputs().fusion, std::string("eager"));
+  QVERIFY(waitForResults(w_));
+  QVERIFY(cell(w_.strategyModel(), 0, StrategyTableModel::Activations) > engine);
+
+  in = w_.inputs();
+  in.model = "gpt2";  // a zoo model: the window keeps its choice but the request carries none
+  w_.setInputs(in);
+  QVERIFY(waitForResults(w_));
+  QVERIFY(!fusion->isEnabled());
+  QVERIFY(w_.hasResults());
 }
 
 void TableTest::savedPlanEqualsCliOut() {

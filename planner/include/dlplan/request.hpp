@@ -58,6 +58,11 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load = {});
 // describes only the device (then --gpus / --nodes shape the cluster).
 std::optional<std::pair<int, int>> cluster_file_topology(const std::string& path);
 
+// A model file dlplan imports: an ONNX file, or a Hugging Face config.json
+// (false for a zoo name, an IR JSON, a file that does not exist). Throws
+// Error for a .json file that cannot be read or parsed.
+bool imports_model(const std::string& model);
+
 // "--fusion": "engine" or "eager" for a model dlplan imports (an ONNX file, a
 // Hugging Face config.json); "" is the default, engine. Throws UsageError for
 // another value, or for a model that is not imported (a zoo name, IR JSON).
