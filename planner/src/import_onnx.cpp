@@ -451,11 +451,15 @@ class Importer {
   void alias(const onnx::NodeProto& n, int i, const std::string& from) { ir_[n.output(0)] = ir_of(from, n, i); }
 
   // Why the attention patterns nearby did not match: an unsupported op is
-  // often plumbing inside an attention block that was not recognised.
+  // often plumbing inside an attention block that was not recognised. The
+  // first two misses, and how many more (MaxViT has 22 alike).
   std::string attention_hint() const {
+    constexpr size_t kShown = 2;
     std::string hint;
+    size_t k = 0;
     for (const auto& [sm, why] : unfused_)
-      hint += fmt::format("; attention not recognised at {}: {}", label(g_.node(sm), sm), why);
+      if (k++ < kShown) hint += fmt::format("; attention not recognised at {}: {}", label(g_.node(sm), sm), why);
+    if (unfused_.size() > kShown) hint += fmt::format("; and at {} more Softmax nodes", unfused_.size() - kShown);
     return hint;
   }
 
