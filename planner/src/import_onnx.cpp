@@ -1270,6 +1270,28 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
 
 }  // namespace
 
+// Weights shared between layers (ALBERT applies one layer's initializers at
+// every depth) are one initializer read by two IR parameters. The IR gives
+// every node parameters of its own, so such a file would be planned and
+// trained with the weights counted twice: refused, naming both. (A tied
+// head reads its embedding's table through `tie`, not a parameter of its
+// own, and parts of one fused initializer are disjoint ranges.)
+void refuse_shared_weights(const std::string& path, const std::map<std::string, WeightRef>& weights) {
+  std::map<std::string, std::vector<std::pair<const std::string*, const WeightRef*>>> by_init;
+  for (const auto& [param, ref] : weights) by_init[ref.init].push_back({&param, &ref});
+  for (const auto& [init, readers] : by_init)
+    for (size_t a = 0; a < readers.size(); ++a)
+      for (size_t b = a + 1; b < readers.size(); ++b) {
+        const WeightRef &x = *readers[a].second, &y = *readers[b].second;
+        const bool whole = x.end < 0 || y.end < 0;
+        if (whole || (x.begin < y.end && y.begin < x.end))
+          throw Error(fmt::format("{}: initializer '{}' holds the weights of both '{}' and '{}' (one layer's weights "
+                                  "applied at several depths, as ALBERT does); dlplan gives every node parameters of "
+                                  "its own, so it would count and train them twice",
+                                  path, init, *readers[a].first, *readers[b].first));
+      }
+}
+
 // import_onnx, and with `weights` the values of every parameter read from
 // the file's initializers.
 Model import_file(const std::string& path, const ImportOptions& opt, std::vector<ImportedWeight>* weights,
@@ -1346,6 +1368,7 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
   for (auto& n : inference_notes) imp.pre_note(n);
   try {
     Model m = imp.run();
+    refuse_shared_weights(path, imp.weights());
     if (weights)
       for (const ParamInfo& p : m.params) {
         const auto ref = imp.weights().find(p.name);
