@@ -88,6 +88,8 @@ OPS = {
     "hardswish": (1, {}),
     "add": (2, {}),
     "mul": (2, {}),
+    "matmul": (2, {}),
+    "softmax": (1, {}),
     "scale": (1, {"shape": _REQUIRED, "offset": 0.0}),
     "affine": (1, {"scale": 1.0, "shift": 0.0}),
     "pow": (1, {"exponent": _REQUIRED}),
@@ -266,6 +268,11 @@ def _plan(ir):
             out = tuple(sum(s[ax] for s in n.in_shapes) if d == ax else x[d] for d in range(len(x)))
         elif op == "mul":  # NumPy broadcasting of the per-sample shapes
             out = tuple(torch.broadcast_shapes(x, n.in_shapes[1]))
+        elif op == "matmul":  # [..., M, K] x [..., K, N], the leading dims broadcast
+            y = n.in_shapes[1]
+            if len(x) < 2 or len(y) < 2 or x[-1] != y[-2]:
+                raise ValueError(f"node '{n.name}': {x} and {y} do not multiply")
+            out = tuple(torch.broadcast_shapes(x[:-2], y[:-2])) + (x[-2], y[-1])
         elif op == "transpose":
             perm = [int(p) for p in a["perm"]]
             if sorted(perm) != list(range(len(x))):
@@ -587,6 +594,10 @@ class IRModule(nn.Module):
             return x + xs[1]
         if op == "mul":
             return x * xs[1]
+        if op == "matmul":
+            return torch.matmul(x, xs[1])
+        if op == "softmax":
+            return torch.softmax(x, dim=-1)
         if op == "scale":
             w = self._p(n, "weight")
             return x * (w + float(a["offset"]) if float(a["offset"]) else w)
@@ -872,6 +883,11 @@ def _node_flops(n):
         return out, 0.0
     if op == "mul":
         return out, 2.0 * out
+    if op == "matmul":
+        f = 2.0 * out * x[-1]
+        return f, 2 * f
+    if op == "softmax":
+        return 5.0 * out, 4.0 * out
     if op == "scale":
         return out, 2.0 * out
     if op == "affine":

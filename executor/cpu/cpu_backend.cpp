@@ -120,6 +120,8 @@ class CpuBackend final : public Backend {
       case OpKind::sqrt: return sqrt_forward(c);
       case OpKind::reciprocal: return reciprocal_forward(c);
       case OpKind::reduce_mean: return reduce_mean_forward(c);
+      case OpKind::matmul: return matmul_forward(c);
+      case OpKind::softmax: return softmax_forward(c);
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
@@ -166,6 +168,8 @@ class CpuBackend final : public Backend {
       case OpKind::sqrt: return sqrt_backward(c);
       case OpKind::reciprocal: return reciprocal_backward(c);
       case OpKind::reduce_mean: return reduce_mean_backward(c);
+      case OpKind::matmul: return matmul_backward(c);
+      case OpKind::softmax: return softmax_backward(c);
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);

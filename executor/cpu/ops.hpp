@@ -166,6 +166,12 @@ void reciprocal_backward(OpContext& c);
 void reduce_mean_forward(OpContext& c);
 void reduce_mean_backward(OpContext& c);
 
+// ---- ops_matmul.cpp: two activations' product, softmax (outside attention) ------
+void matmul_forward(OpContext& c);
+void matmul_backward(OpContext& c);
+void softmax_forward(OpContext& c);
+void softmax_backward(OpContext& c);
+
 // ---- ops_shape.cpp -------------------------------------------------------------
 void transpose_forward(OpContext& c);
 void transpose_backward(OpContext& c);

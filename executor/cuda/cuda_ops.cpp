@@ -809,6 +809,8 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::reduce_mean:
+    case OpKind::matmul:
+    case OpKind::softmax:
     case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
@@ -855,6 +857,8 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::reduce_mean:
+    case OpKind::matmul:
+    case OpKind::softmax:
     case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);

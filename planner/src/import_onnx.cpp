@@ -469,7 +469,7 @@ class Importer {
   // kept for backward (the conservative choice), and named in the notes. No
   // engine trains it. Refused, naming the node, when the output shape is not
   // known or the op has no data input to depend on.
-  void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+  void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data, bool keep_inputs = true) {
     const auto key = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
     if (data.empty())
       fail(fmt::format("{}: op '{}' is not supported and has no data input to plan through", label(n, i), key));
@@ -511,7 +511,12 @@ class Importer {
       }
     std::vector<std::string> ins;
     for (const auto& t : data) ins.push_back(ir_of(t, n, i));
-    emit(ir_name_for(n), "opaque", ins, OJson{{"shape", ps}, {"source", key}}, n.output(0), n.name());
+    OJson a{{"shape", ps}, {"source", key}};
+    if (!keep_inputs) {
+      a["keep_inputs"] = false;
+      u.keeping_nothing += 1;
+    }
+    emit(ir_name_for(n), "opaque", ins, a, n.output(0), n.name());
   }
 
   // The inputs and outputs the fusions and mappings index, checked for every
@@ -572,6 +577,8 @@ class Importer {
         {"Tanh", &Importer::map_activation},
         {"Pow", &Importer::map_pow},
         {"Sqrt", &Importer::map_unary_math},
+        {"Softmax", &Importer::map_softmax},
+        {"Neg", &Importer::map_neg},
         {"Reciprocal", &Importer::map_unary_math},
         {"Sigmoid", &Importer::map_activation},
         {"Gelu", &Importer::map_gelu},
@@ -643,8 +650,39 @@ class Importer {
     }
     if (const auto w = g_.matmul_weight(n.input(1)); w && !g_.is_init(n.input(0)))
       return map_linear(n, i, n.input(0), w->second, false);
-    return unknown(n, i,
-                   data);  // two activations outside a recognised attention: opaque (it keeps both, as matmul does)
+    // Two activations outside a recognised attention: the generic matmul,
+    // where their per-sample shapes multiply to the output's (else opaque).
+    const Dims a = per_sample(n.input(0)), b = per_sample(n.input(1)), y = per_sample(n.output(0));
+    if (data.size() == 2 && a.size() >= 2 && b.size() >= 2 && a.back() == b[b.size() - 2]) {
+      auto batch = broadcast_shape(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
+      if (batch) {
+        batch->push_back(a[a.size() - 2]);
+        batch->push_back(b.back());
+      }
+      if (batch && *batch == Shape(y.begin(), y.end()))
+        return emit(ir_name_for(n), "matmul", {ir_of(n.input(0), n, i), ir_of(n.input(1), n, i)}, OJson::object(),
+                    n.output(0), n.name());
+    }
+    return unknown(n, i, data);
+  }
+
+  // Softmax over the last axis outside a recognised attention: the generic
+  // softmax (another axis: opaque). The axis is read where the file states
+  // it (torch always does); absent, opset 13 means the last axis and older
+  // opsets axis 1, the last only of a 2-D input.
+  void map_softmax(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const auto s = g_.shape(n.input(0));
+    const int64_t rank = s ? static_cast<int64_t>(s->size()) : 0;
+    const int64_t axis = attr_int(n, "axis", rank == 2 ? 1 : -2);  // -2: not known to be the last
+    if (data.size() == 1 && rank >= 2 && (axis == -1 || axis == rank - 1))
+      return emit(ir_name_for(n), "softmax", {ir_of(n.input(0), n, i)}, OJson::object(), n.output(0), n.name());
+    return unknown(n, i, data);
+  }
+
+  // Neg: -x, an affine with scale -1 (rotate_half in Falcon's and GPT-NeoX's RoPE)
+  void map_neg(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    return emit(ir_name_for(n), "affine", {ir_of(first_data(n, i, data), n, i)}, OJson{{"scale", -1.0}, {"shift", 0.0}},
+                n.output(0), n.name());
   }
 
   void map_conv(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
@@ -845,6 +883,21 @@ class Importer {
       if (c > 1 && is_float(g_.dtype(t)))
         uncounted_params_.push_back(fmt::format("{} ({} elements, operand of {})", t, c, label(n, i)));
     }
+    // A constant tensor whose values the importer knows (a mask of zeros, a
+    // RoPE cos table evaluated at import): a no-op only where it is neutral
+    // (adding zeros, multiplying by ones); anything else changes the math,
+    // which the IR cannot carry, so the op is planned as opaque and no engine
+    // trains it, instead of training a model without it.
+    if (data.size() == 1)
+      for (const auto& t : n.input())
+        if (t != x)
+          if (const auto v = g_.values(t)) {
+            const double neutral = op == "Add" || op == "Sub" ? 0.0 : 1.0;
+            const bool divides_it = op == "Div" && n.input(0) == t, subtracts_it = op == "Sub" && n.input(0) == t;
+            if (divides_it || subtracts_it ||
+                std::any_of(v->begin(), v->end(), [&](double e) { return e != neutral; }))
+              return unknown(n, i, data, /*keep_inputs=*/op == "Mul" || op == "Div");  // add's gradient needs neither
+          }
     constant_elementwise_ += 1;
     return alias(n, i, x);
   }
@@ -1119,9 +1172,14 @@ class Importer {
     Model m = parse_model(nlohmann::json(ir), g_.src);
 
     for (const auto& [op, u] : unknown_) {
+      const std::string kept =
+          u.keeping_nothing == 0 ? "every input kept for backward"
+          : u.keeping_nothing == u.count
+              ? "nothing kept for backward (each adds a constant the importer evaluated)"
+              : fmt::format("every input kept for backward but by the {} that add a constant", u.keeping_nothing);
       std::string line = fmt::format("{} x {} (unknown to dlplan: planned as opaque, its output {}/sample fp32 and "
-                                     "every input kept for backward; no engine trains it",
-                                     u.count, op, format_bytes(static_cast<double>(u.bytes)));
+                                     "{}; no engine trains it",
+                                     u.count, op, format_bytes(static_cast<double>(u.bytes)), kept);
       if (u.params) line += fmt::format("; {} parameters in its initializers not counted", u.params);
       if (op == "MatMul" || op == "Softmax") line += attention_hint();
       notes_.push_back(line + ")");
@@ -1147,6 +1205,7 @@ class Importer {
     int count = 0;
     int64_t bytes = 0;
     int64_t params = 0;
+    int keeping_nothing = 0;  // of count: a constant added, whose gradient needs no input
   };
 
   Graph& g_;

@@ -414,6 +414,16 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = 2.0 * out_elems;
       break;
+    case OpKind::matmul:  // derivatives.yaml: mm keeps self and mat2 (each for the other's gradient)
+      d.saved = {keep_input(0), keep_input(1)};
+      d.fwd_flops = 2.0 * static_cast<double>(out_elems) * static_cast<double>(in_shape(0).back());
+      d.bwd_flops = 2 * d.fwd_flops;
+      break;
+    case OpKind::softmax:  // _softmax_backward_data(grad, result): the output
+      d.saved = {keep_output()};
+      d.fwd_flops = 5.0 * out_elems;
+      d.bwd_flops = 4.0 * out_elems;
+      break;
     case OpKind::relative_position_bias:
       declare_relative_position_bias(m, n, d);
       break;
@@ -452,7 +462,8 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // Unknown math: every input kept for backward (the most any derivative
       // formula could need), and one FLOP an output element in each
       // direction, a nominal cost the notes of the import name.
-      for (int k = 0; k < static_cast<int>(n.inputs.size()); ++k) d.saved.push_back(keep_input(k));
+      if (!n.attrs.has("keep_inputs") || n.attrs.flag("keep_inputs"))
+        for (int k = 0; k < static_cast<int>(n.inputs.size()); ++k) d.saved.push_back(keep_input(k));
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = static_cast<double>(out_elems);
       break;
@@ -550,6 +561,7 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
       if (!g.base) drop(is_input(0));
       break;
     case OpKind::mul:
+    case OpKind::matmul:
       if (!input_grad(1)) drop(is_input(0));
       if (!input_grad(0)) drop(is_input(1));
       break;

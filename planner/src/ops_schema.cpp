@@ -81,6 +81,13 @@ const std::vector<OpSpec>& op_table() {
       // x.mean(-1, keepdim): the mean over the last per-sample axis
       {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}}},
       {OpKind::mul, "mul", 2, {}},
+      // The product of two activations outside an attention pattern (torch's
+      // matmul, bmm, @): a [..., M, K] x b [..., K, N] -> [..., M, N], the
+      // leading per-sample dimensions NumPy-broadcast (Falcon's one KV head
+      // against its query heads).
+      {OpKind::matmul, "matmul", 2, {}},
+      // softmax over the last axis, outside an attention pattern
+      {OpKind::softmax, "softmax", 1, {}},
       // x times a learned tensor of per-sample shape `shape` that broadcasts
       // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale), plus
       // `offset`: x (w + offset), w starting at 0 when offset is 1 (a written-
@@ -152,7 +159,10 @@ const std::vector<OpSpec>& op_table() {
       // An op of an imported graph that dlplan does not know (`source`: the
       // ONNX op type): planned with its output (per-sample `shape`) and every
       // input kept for backward, the conservative choice; no engine trains it
-      {OpKind::opaque, "opaque", kVariadic, {{"shape", T::int_list, nullptr}, {"source", T::text, ""}}},
+      // keep_inputs (absent: true): false where the op's derivative is known to
+      // need none of them (adding a constant the importer evaluated).
+      {OpKind::opaque, "opaque", kVariadic,
+       {{"shape", T::int_list, nullptr}, {"source", T::text, ""}, {"keep_inputs", T::boolean, kDerived}}},
   };
   return table;
 }
@@ -440,6 +450,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::pow:
     case OpKind::sqrt:
     case OpKind::reciprocal:
+    case OpKind::softmax:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);
@@ -476,6 +487,25 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         fail("inputs '{}' {} and '{}' {} do not broadcast (each dimension, aligned from the last, must be equal or 1)",
              a.name, to_string(a.shape), b.name, to_string(b.shape));
       out.shape = *shape;
+      break;
+    }
+    case OpKind::matmul: {
+      const auto& a = expect_rank(m, n, 0, 2, any_rank, "at least two dimensions ([..., M, K])", fail);
+      const auto& b = expect_rank(m, n, 1, 2, any_rank, "at least two dimensions ([..., K, N])", fail);
+      expect_float(a, fail);
+      expect_float(b, fail);
+      const int64_t K = a.shape.back(), Kb = b.shape[b.shape.size() - 2];
+      if (K != Kb)
+        fail("inputs '{}' {} and '{}' {} do not multiply: {} columns against {} rows", a.name, to_string(a.shape),
+             b.name, to_string(b.shape), K, Kb);
+      const auto batch = broadcast_shape(Shape(a.shape.begin(), a.shape.end() - 2), Shape(b.shape.begin(), b.shape.end() - 2));
+      if (!batch)
+        fail("inputs '{}' {} and '{}' {}: the dimensions before the last two do not broadcast", a.name,
+             to_string(a.shape), b.name, to_string(b.shape));
+      out.shape = *batch;
+      out.shape.push_back(a.shape[a.shape.size() - 2]);
+      out.shape.push_back(b.shape.back());
+      checked_numel(out.shape, fail);
       break;
     }
     case OpKind::scale: {

@@ -291,6 +291,12 @@ class Emitter {
         ev.gemms.push_back({b * d(numel(x) / x.back()), d(n.attrs.integer("out")), d(x.back()), 1});
         break;
       }
+      case OpKind::matmul: {  // one [M, K] x [K, N] product per broadcast batch element
+        const Shape& y = m_.output_of(n).shape;
+        const int64_t M = y[y.size() - 2], N = y.back(), K = in_shape(0).back();
+        ev.gemms.push_back({d(M), d(N), d(K), b * d(numel(y) / (M * N))});
+        break;
+      }
       case OpKind::conv2d: {  // implicit GEMM per group: [N OH OW, C/g kh kw] x [C/g kh kw, out/g]
         const Shape& x = in_shape(0);
         const Shape& y = m_.output_of(n).shape;

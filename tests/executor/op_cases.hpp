@@ -17,6 +17,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dlplan::exec::testing {
@@ -159,6 +160,20 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("reciprocal", arr({3, 4}), Json{{"op", "reciprocal"}}, Gen::positive));
   v.push_back(unary("reduce_mean_keepdims", arr({3, 5}), Json{{"op", "reduce_mean"}, {"keepdims", true}}));
   v.push_back(unary("reduce_mean", arr({2, 3, 5}), Json{{"op", "reduce_mean"}}));
+  // Outside an attention pattern: softmax over the last axis, and the product
+  // of two activations, batched, and with Falcon's one KV head broadcast
+  // against the query heads ([2, 3, 4] x [1, 4, 5]).
+  v.push_back(unary("softmax", arr({3, 5}), Json{{"op", "softmax"}}));
+  for (const auto& [name, a, b] : {std::tuple{"matmul", arr({3, 4}), arr({4, 2})},
+                                   std::tuple{"matmul_batched", arr({2, 3, 4}), arr({2, 4, 5})},
+                                   std::tuple{"matmul_broadcast", arr({2, 3, 4}), arr({1, 4, 5})},
+                                   std::tuple{"matmul_broadcast_left", arr({1, 3, 4}), arr({2, 2, 4, 2})}}) {
+    OpCase c;
+    c.name = name;
+    c.ir = make_ir(name, Json{{"a", f32(a)}, {"b", f32(b)}},
+                   Json::array({Json{{"name", "op"}, {"op", "matmul"}, {"in", {"a", "b"}}}}));
+    v.push_back(c);
+  }
   {  // a squeeze-and-excitation scale: x [3, 2, 2] * s [3, 1, 1], and the operands the other way round
     OpCase c;
     c.name = "mul_broadcast";

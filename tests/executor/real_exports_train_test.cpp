@@ -173,6 +173,23 @@ TEST(RealExportRefusal, NoEngineTrainsAnOpaqueOpAndTheTrainerNamesIt) {
   }
 }
 
+// GPT-NeoX's RoPE multiplies by cos and sin tables evaluated at import: the
+// importer plans those products as opaque, so the CPU trainer refuses the
+// plan, naming one, instead of training a model without its rotation.
+TEST(RealExportRefusal, TheCpuTrainerNamesGptNeoXsRopeProduct) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  PlanDocument plan = fp32_plan(exported("tiny-gpt-neox-opset17.onnx"));
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  try {
+    Trainer t(plan, *comm, *backend, TrainOptions{});
+    FAIL() << "the trainer accepted a plan with an opaque op";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("is an op the importer does not know (ONNX 'Mul')"), std::string::npos) << msg;
+  }
+}
+
 TEST(RealExportRefusal, TheGpuEngineNamesTheClip) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const auto why = gpu_engine_lacks(import_onnx(exported("mobilenet_v2-opset17.onnx")));

@@ -75,6 +75,7 @@ const std::map<std::string, std::string> kToday = {
      "initializer 'inner.albert.encoder.albert_layer_groups.0.albert_layers.0.attention.LayerNorm.bias' holds the "
      "weights of both"},
     {"tiny-bert-opset13.onnx", "imports"},
+    {"tiny-gpt-neox-opset17.onnx", "imports"},
     {"tiny-bert-opset17.onnx", "imports"},
     {"tiny-gpt2-opset17.onnx", "imports"},
     {"tiny-hf-vit-opset17.onnx", "imports"},
@@ -733,6 +734,36 @@ TEST(RealExports, GemmasOffsetNormTorchGeluAndComputedRope) {
 // before opset 20), with the cube as x * (x * x); Hugging Face's gelu_new
 // writes torch.pow(x, 3.0). PyTorch runs the first as one op, so it is one
 // gelu under both fusions, where gelu_new is op by op under --fusion eager.
+// GPT-NeoX's attention is not the pattern: its scores come from baddbmm and
+// pass a causal torch.where, and its RoPE multiplies by cos and sin tables the
+// importer evaluates. The probabilities-times-values product and the softmax
+// plan as the generic matmul (keeping both operands) and softmax (keeping its
+// output); the RoPE products, which change the math, are opaque (no engine
+// trains them) rather than dropped as no-ops, and the mask's zeros are the
+// only constants passed through. Parameters exact; activations within 5 % of
+// PyTorch's (the outcomes test).
+TEST(RealExports, GPTNeoXsAttentionPlansThroughGenericMatmulAndSoftmax) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto& ref = reference()["files"]["tiny-gpt-neox-opset17.onnx"];
+  const Outcome o = import_file("tiny-gpt-neox-opset17.onnx", ref);
+  ASSERT_TRUE(o.model.has_value()) << o.error;
+  std::map<OpKind, int> ops;
+  std::map<std::string, int> opaque;
+  for (const Node& n : o.model->nodes) {
+    ops[n.op] += 1;
+    if (n.op == OpKind::opaque) opaque[n.attrs.text("source")] += 1;
+  }
+  EXPECT_EQ(ops[OpKind::softmax], 2);
+  EXPECT_EQ(ops[OpKind::matmul], 2);
+  EXPECT_EQ(ops[OpKind::attention], 0);
+  EXPECT_EQ(opaque["Mul"], 8);  // q and k times cos and sin, two layers
+  EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
+  bool neutral_noted = false;
+  for (const auto& note : o.model->notes)
+    neutral_noted = neutral_noted || note.find("2 elementwise ops with constants") != std::string::npos;
+  EXPECT_TRUE(neutral_noted);
+}
+
 TEST(RealExports, TorchsOwnTanhGeluIsOneOpUnderBothFusions) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {

@@ -1,0 +1,107 @@
+// The two generic ops an imported graph has outside its attention patterns:
+// the product of two activations and the softmax over the last axis.
+//
+// matmul: a [b, ..., M, K] x c [b, ..., K, N] -> y [b, ..., M, N], the
+// per-sample dimensions before the last two NumPy-broadcast. Backward (both
+// inputs kept, ops_decl.cpp): da += dy c^T, dc += a^T dy, where a broadcast
+// operand's gradient sums over the products that read it.
+// softmax: y = exp(x - max) / sum; dx += y (dy - sum(dy y)), from the output.
+#include "cpu/ops.hpp"
+#include "cpu/parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dlplan::exec::cpu {
+namespace {
+
+// The products of one matmul: for each of the `count` output matrices (the
+// broadcast batch, samples included), which matrix of each input it reads.
+struct Products {
+  int64_t M = 0, N = 0, K = 0, count = 0;
+  std::vector<int64_t> a_at, b_at;  // matrix index into a and b for each product
+};
+
+Products products(const OpContext& c) {
+  const Shape &a = in_shape(c, 0), &b = in_shape(c, 1);
+  Products p;
+  p.M = a[a.size() - 2];
+  p.K = a.back();
+  p.N = b.back();
+  // Batch shapes with the sample axis first, the per-sample ones padded with
+  // leading 1s to one rank (NumPy aligns them from the last); broadcast_offsets
+  // then counts matrices.
+  const size_t rank = std::max(a.size(), b.size()) - 2;
+  Shape ab(rank - (a.size() - 2), 1), bb(rank - (b.size() - 2), 1);
+  ab.insert(ab.end(), a.begin(), a.end() - 2);
+  bb.insert(bb.end(), b.begin(), b.end() - 2);
+  ab.insert(ab.begin(), c.batch);
+  bb.insert(bb.begin(), c.batch);
+  const Shape out = *broadcast_shape(ab, bb);
+  p.a_at = broadcast_offsets(out, ab);
+  p.b_at = broadcast_offsets(out, bb);
+  p.count = numel(out);
+  return p;
+}
+
+}  // namespace
+
+void matmul_forward(OpContext& c) {
+  const Products p = products(c);
+  const float *a = c.in[0].f(), *b = c.in[1].f();
+  float* y = c.out.f();
+  parallel_for(p.count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      gemm(false, false, p.M, p.N, p.K, 1.0f, a + p.a_at[i] * p.M * p.K, p.K, b + p.b_at[i] * p.K * p.N, p.N, 0.0f,
+           y + i * p.M * p.N, p.N);
+  });
+}
+
+void matmul_backward(OpContext& c) {
+  const Products p = products(c);
+  const float *a = c.in[0].f(), *b = c.in[1].f(), *dy = c.dout.f();
+  // Sequential over the products: a broadcast operand's gradient block is
+  // written by several of them.
+  if (c.din[0].defined())
+    for (int64_t i = 0; i < p.count; ++i)  // da[M, K] += dy[M, N] b^T
+      gemm(false, true, p.M, p.K, p.N, 1.0f, dy + i * p.M * p.N, p.N, b + p.b_at[i] * p.K * p.N, p.N, 1.0f,
+           c.din[0].f() + p.a_at[i] * p.M * p.K, p.K);
+  if (c.din[1].defined())
+    for (int64_t i = 0; i < p.count; ++i)  // db[K, N] += a^T dy
+      gemm(true, false, p.K, p.N, p.M, 1.0f, a + p.a_at[i] * p.M * p.K, p.K, dy + i * p.M * p.N, p.N, 1.0f,
+           c.din[1].f() + p.b_at[i] * p.K * p.N, p.N);
+}
+
+void softmax_forward(OpContext& c) {
+  const int64_t L = in_shape(c, 0).back(), rows = c.batch * numel(in_shape(c, 0)) / L;
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(rows, grain_elements() / L + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * L;
+      float* yr = y + r * L;
+      const float top = *std::max_element(xr, xr + L);
+      double sum = 0;
+      for (int64_t j = 0; j < L; ++j) sum += yr[j] = std::exp(xr[j] - top);
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < L; ++j) yr[j] *= inv;
+    }
+  });
+}
+
+void softmax_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const int64_t L = in_shape(c, 0).back(), rows = c.batch * numel(in_shape(c, 0)) / L;
+  const float *y = c.out.f(), *dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(rows, grain_elements() / L + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *yr = y + r * L, *dyr = dy + r * L;
+      double dot = 0;
+      for (int64_t j = 0; j < L; ++j) dot += static_cast<double>(dyr[j]) * yr[j];
+      for (int64_t j = 0; j < L; ++j) dx[r * L + j] += yr[j] * (dyr[j] - static_cast<float>(dot));
+    }
+  });
+}
+
+}  // namespace dlplan::exec::cpu
