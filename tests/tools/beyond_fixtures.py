@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The ONNX importer on torchvision models that are not fixtures.
+"""The ONNX importer on torchvision and Hugging Face models that are not fixtures.
 
 tests/fixtures/exports holds 31 files the importer was built and tested on.
 This check exports other torchvision classifiers with the same exporter
@@ -9,7 +9,12 @@ plans each file with `dlplan plan --fusion eager`: the parameter count must
 be PyTorch's exactly and the planned activations (memory_max, fp32, batch 1)
 within 5 % of PyTorch's saved bytes. A file the importer refuses must be one
 listed in REFUSED, with the start of its message. The default fusion's
-figure is printed beside it.
+figure is printed beside it. The Hugging Face families (small configs,
+sequence 64, as make_exports.py's) need transformers on the path; the
+ctest puts <build>/pydeps there (4.38.2, scripts/setup), and without it
+they are skipped with a message. A family whose plan keeps opaque ops (no
+engine trains them; docs/onnx.md) is held to the band in OPAQUE_BAND
+instead: opaque ops keep every input, the conservative choice.
 
     /usr/bin/python3 tests/tools/beyond_fixtures.py --dlplan build/bin/dlplan [--work DIR] [NAME...]
 
@@ -58,13 +63,47 @@ MODELS = [
     ("maxvit_t", {}, 224),
 ]
 
+# name -> (transformers class, config class, config arguments): small
+# configs; none of these families is a fixture.
+SMALL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=1000,
+             max_position_embeddings=128)
+HF_MODELS = {
+    "hf-distilbert": ("DistilBertForMaskedLM", "DistilBertConfig",
+                      dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512, vocab_size=1000,
+                           max_position_embeddings=128)),
+    "hf-electra": ("ElectraForMaskedLM", "ElectraConfig", dict(embedding_size=64, **SMALL)),
+    "hf-roberta": ("RobertaForMaskedLM", "RobertaConfig", dict(pad_token_id=1, **SMALL)),
+    "hf-opt": ("OPTForCausalLM", "OPTConfig",
+               dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, ffn_dim=512, vocab_size=1000,
+                    max_position_embeddings=128, word_embed_proj_dim=128, dropout=0.0)),
+    "hf-gpt-neo": ("GPTNeoForCausalLM", "GPTNeoConfig",
+                   dict(hidden_size=128, num_layers=2, num_heads=4, vocab_size=1000, max_position_embeddings=128,
+                        attention_types=[[["global", "local"], 1]], window_size=32)),
+    "hf-bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=128, n_layer=2, n_head=4, vocab_size=1000)),
+    "hf-falcon": ("FalconForCausalLM", "FalconConfig",
+                  dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000)),
+    "hf-stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(num_key_value_heads=4, **SMALL)),
+}
+
 # Refused today, with the start of the message after "<file>: ". MaxViT's
 # attention is an Einsum over [batch, grid, heads, ...] whose output shape
-# ONNX shape inference leaves unknown (docs/onnx.md).
+# ONNX shape inference leaves unknown; RoBERTa's positions are computed from
+# the token ids (a cumulative sum past the padding id); OPT folds the batch
+# with the heads before its bmm; BLOOM's ALiBi sums the attention mask
+# (docs/onnx.md).
 REFUSED = {
     "maxvit_t": "node '/blocks.0/layers.0/layers/window_attention/attn_layer/attn_layer.1/Einsum' (Einsum): op "
                 "'Einsum' is not supported",
+    "hf-roberta": "node '/inner/roberta/embeddings/Equal' (Equal): op 'Equal' is not supported",
+    "hf-opt": "node 'inner.decoder.layers.0.self_attn.Transpose_4' (transpose): perm [1, 0, 2] must name each",
+    "hf-bloom": "node '/inner/transformer/CumSum' (CumSum): op 'CumSum' is not supported",
 }
+
+# Planned with opaque ops (kept inputs: more than PyTorch keeps), and not
+# trainable: Inception-v3's nine Pads before its average pools, and Falcon,
+# whose multi-query fused QKV is not the attention pattern, so that its RoPE
+# products by the cos and sin tables are opaque. (low, high) error.
+OPAQUE_BAND = {"inception_v3": (-0.05, 0.05), "hf-falcon": (0.0, 0.25)}
 
 
 def export(name, kwargs, side, work):
@@ -83,14 +122,31 @@ def export(name, kwargs, side, work):
     return path, params, saved["saved_bytes_with_loss_mask_dropout"]
 
 
-def plan(dlplan, path, fusion):
+def export_hf(name, work):
+    import transformers
+    model_class, config_class, kwargs = HF_MODELS[name]
+    torch.manual_seed(0)
+    model = make_exports.Logits(getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)))
+    model.train()
+    ids = torch.randint(0, 1000, (1, 64))
+    saved = make_exports.saved_bytes(model, [ids], lambda y: F.cross_entropy(y.reshape(-1, y.shape[-1]),
+                                                                             ids.reshape(-1)))
+    params = sum(p.numel() for p in model.parameters())
+    path = os.path.join(work, f"{name}.onnx")
+    make_exports.export(model, [ids], ["input_ids"], {"input_ids": {0: "batch", 1: "sequence"},
+                                                      "output": {0: "batch", 1: "sequence"}}, path, 17)
+    return path, params, saved["saved_bytes_with_loss_mask_dropout"]
+
+
+def plan(dlplan, path, fusion, tokens):
     p = subprocess.run([dlplan, "plan", "--model", path, "--gpus", "1", "--gpu", "h100-80g", "--precision", "fp32",
-                        "--strategy", "ddp", "--micro-batch", "1", "--fusion", fusion, "--format", "json"],
-                       capture_output=True, text=True)
+                        "--strategy", "ddp", "--micro-batch", "1", "--fusion", fusion, "--format", "json"] +
+                       (["--seq-len", "64"] if tokens else []), capture_output=True, text=True)
     if p.returncode != 0:
         return None, p.stderr.strip()
     j = json.loads(p.stdout)
-    return (j["model"]["params"], j["strategies"][0]["memory_max"]["activations"]), None
+    opaque = any("opaque" in note for note in j["model"]["notes"])
+    return (j["model"]["params"], j["strategies"][0]["memory_max"]["activations"], opaque), None
 
 
 def main():
@@ -104,11 +160,19 @@ def main():
     print(f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}; exports in {work}")
     print(f"{'model':20s} {'parameters':>12s} {'PyTorch saves':>14s} {'eager':>8s} {'engine':>8s}")
     failures = []
-    for name, kwargs, side in MODELS:
+    try:
+        import transformers
+        print(f"transformers {transformers.__version__}")
+        hf = [(name, None, None) for name in HF_MODELS]
+    except ImportError as e:
+        print(f"SKIP the Hugging Face families: transformers is not importable ({e}); PYTHONPATH=<build>/pydeps")
+        hf = []
+    for name, kwargs, side in MODELS + hf:
         if args.names and name not in args.names:
             continue
-        path, params, torch_saved = export(name, kwargs, side, work)
-        eager, error = plan(args.dlplan, path, "eager")
+        tokens = name in HF_MODELS
+        path, params, torch_saved = export_hf(name, work) if tokens else export(name, kwargs, side, work)
+        eager, error = plan(args.dlplan, path, "eager", tokens)
         if error:
             expected = REFUSED.get(name)
             said = error.split(f"{path}: ", 1)[-1]
@@ -119,16 +183,21 @@ def main():
             continue
         if name in REFUSED:
             failures.append(f"{name} imports now: take it out of REFUSED")
-        engine, _ = plan(args.dlplan, path, "engine")
+        engine, _ = plan(args.dlplan, path, "engine", tokens)
         err = eager[1] / torch_saved - 1
         line = (f"{name:20s} {eager[0]:>12,d} {torch_saved:>14,d} {100 * err:>+7.1f}% "
                 f"{100 * (engine[1] / torch_saved - 1):>+7.1f}%")
         if eager[0] != params:
             failures.append(f"{name}: {eager[0]} parameters planned, PyTorch has {params}")
             line += f"  PARAMETERS: PyTorch has {params:,d}"
-        if abs(err) > 0.05:
+        low, high = OPAQUE_BAND.get(name, (-0.05, 0.05))
+        if eager[2] != (name in OPAQUE_BAND):
+            failures.append(f"{name}: {'plans' if eager[2] else 'no longer plans'} opaque ops; update OPAQUE_BAND")
+        if not low <= err <= high:
             failures.append(f"{name}: activations {100 * err:+.1f} % of PyTorch's saved bytes")
-            line += "  OUTSIDE 5 %"
+            line += f"  OUTSIDE [{100 * low:+.0f} %, {100 * high:+.0f} %]"
+        elif eager[2]:
+            line += "  (opaque ops: not trainable)"
         print(line)
     for f in failures:
         print("FAIL:", f)
