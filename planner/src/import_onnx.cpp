@@ -616,6 +616,23 @@ class Importer {
       const auto pads = g_.values(n.input(1));
       if (pads && std::all_of(pads->begin(), pads->end(), [](double v) { return v == 0.0; }))
         return alias(n, i, first_data(n, i, data));
+      // F.avg_pool2d(x, k, s, padding=p) with count_include_pad (Inception-v3)
+      // exports as Pad(zeros, H and W by p on both sides) + AveragePool
+      // without pads: the IR's avgpool2d with padding p, which divides by
+      // k*k, counting the zeros, as the pair does.
+      const auto s = g_.shape(n.input(0));
+      const auto& users = g_.consumers_of(n.output(0));
+      const auto fill = n.input_size() >= 3 && !n.input(2).empty() ? g_.scalar(n.input(2)) : std::optional<double>(0.0);
+      if (pads && s && s->size() == 4 && pads->size() == 8 && attr_text(n, "mode", "constant") == "constant" &&
+          fill && *fill == 0.0 && users.size() == 1 && g_.node(users[0]).op_type() == "AveragePool") {
+        const auto& p = *pads;  // [N, C, H, W begins, N, C, H, W ends]
+        const bool spatial = p[0] == 0 && p[1] == 0 && p[4] == 0 && p[5] == 0 && p[2] == p[6] && p[3] == p[7];
+        const auto pool_pads = attr_ints(g_.node(users[0]), "pads");
+        if (spatial && std::all_of(pool_pads.begin(), pool_pads.end(), [](int64_t v) { return v == 0; })) {
+          padded_for_pool_[n.output(0)] = {static_cast<int64_t>(p[2]), static_cast<int64_t>(p[3])};
+          return alias(n, i, first_data(n, i, data));
+        }
+      }
     }
     unknown(n, i, data);
   }
@@ -948,9 +965,12 @@ class Importer {
     const bool ceil = attr_int(n, "ceil_mode", 0) != 0;
     if (ceil && op == "AveragePool") fail(fmt::format("{}: ceil_mode 1 is supported for MaxPool only", label(n, i)));
     auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
+    const auto padded = padded_for_pool_.find(n.input(0));
+    if (padded != padded_for_pool_.end()) a["padding"] = pair(padded->second.first, padded->second.second);
     if (ceil) a["ceil_mode"] = true;
     if (op == "MaxPool" && fusion_ == FusionMode::eager) a["eager"] = true;  // PyTorch's saved tensors
-    if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0))
+    if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0) &&
+        padded == padded_for_pool_.end())
       notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
     return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(first_data(n, i, data), n, i)}, a,
                 n.output(0), n.name());
@@ -1227,7 +1247,8 @@ class Importer {
   std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, Unknown> unknown_;
   std::string last_emitted_;
-  std::map<std::string, WeightRef> weights_;  // IR parameter ("h.0.attn.q.weight") -> its values in the file
+  std::map<std::string, WeightRef> weights_;
+  std::map<std::string, std::pair<int64_t, int64_t>> padded_for_pool_;  // a Pad's output -> the AveragePool's padding  // IR parameter ("h.0.attn.q.weight") -> its values in the file
   std::vector<std::string> uncounted_params_;
   OJson nodes_ = OJson::array();
   std::vector<std::string> onnx_names_;
