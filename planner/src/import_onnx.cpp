@@ -626,7 +626,11 @@ class Importer {
       if (pads && s && s->size() == 4 && pads->size() == 8 && attr_text(n, "mode", "constant") == "constant" &&
           fill && *fill == 0.0 && users.size() == 1 && g_.node(users[0]).op_type() == "AveragePool") {
         const auto& p = *pads;  // [N, C, H, W begins, N, C, H, W ends]
-        const bool spatial = p[0] == 0 && p[1] == 0 && p[4] == 0 && p[5] == 0 && p[2] == p[6] && p[3] == p[7];
+        const auto small = [&s](double v) {  // a whole number of rows or columns, no more than the plane has
+          return v >= 0 && v <= static_cast<double>((*s)[2] + (*s)[3]) && v == std::floor(v);
+        };
+        const bool spatial = p[0] == 0 && p[1] == 0 && p[4] == 0 && p[5] == 0 && p[2] == p[6] && p[3] == p[7] &&
+                             small(p[2]) && small(p[3]);
         const auto pool_pads = attr_ints(g_.node(users[0]), "pads");
         if (spatial && std::all_of(pool_pads.begin(), pool_pads.end(), [](int64_t v) { return v == 0; })) {
           padded_for_pool_[n.output(0)] = {static_cast<int64_t>(p[2]), static_cast<int64_t>(p[3])};
@@ -905,9 +909,12 @@ class Importer {
     // (adding zeros, multiplying by ones); anything else changes the math,
     // which the IR cannot carry, so the op is planned as opaque and no engine
     // trains it, instead of training a model without it.
+    // (An initializer operand is noted above as a parameter not counted; its
+    // values, absent from a stripped file, are not read here, so that a file
+    // plans the same with and without its weights.)
     if (data.size() == 1)
       for (const auto& t : n.input())
-        if (t != x)
+        if (t != x && !g_.is_init(t))
           if (const auto v = g_.values(t)) {
             const double neutral = op == "Add" || op == "Sub" ? 0.0 : 1.0;
             const bool divides_it = op == "Div" && n.input(0) == t, subtracts_it = op == "Sub" && n.input(0) == t;
