@@ -132,27 +132,29 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx"),
                          file_test_name);
 
-// The ONNX RMSNorm under --fusion eager (pow, reduce_mean, affine, sqrt,
-// reciprocal, mul, scale) under every single knob change a plan carries:
-// precision, checkpointing's recompute, the strategies, accumulation,
-// offload. The engine allocates what the plan walks in each.
-TEST(RealExportEagerKnobs, TinyLlamaMeasuresAsPlannedUnderEveryKnob) {
+// --fusion eager under every single knob change a plan carries: precision,
+// checkpointing's recompute, the strategies, accumulation, offload. The
+// engine allocates what the plan walks in each: for tiny-llama's written-out
+// RMSNorm (pow, reduce_mean, affine, sqrt, reciprocal, mul, scale) and for
+// SqueezeNet's max pools keeping PyTorch's input and int64 indices.
+TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
   auto backend = make_cpu_backend();
   ImportOptions import;
   import.seq_len = 64;
   import.fusion = FusionMode::eager;
-  int runs = 0;
-  for (const auto& k : knobs::single_knob_changes()) {
-    if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
-    const knobs::Outcome o =
-        knobs::run_config(k, *comm, *backend, 2, 0, false, exported("tiny-llama-opset17.onnx"), import);
-    EXPECT_TRUE(o.equal()) << knobs::describe(k) << ": " << knobs::mismatch(o);
-    EXPECT_TRUE(std::isfinite(o.loss)) << knobs::describe(k);
-    ++runs;
+  for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx"}) {
+    int runs = 0;
+    for (const auto& k : knobs::single_knob_changes()) {
+      if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
+      const knobs::Outcome o = knobs::run_config(k, *comm, *backend, 2, 0, false, exported(file), import);
+      EXPECT_TRUE(o.equal()) << file << " " << knobs::describe(k) << ": " << knobs::mismatch(o);
+      EXPECT_TRUE(std::isfinite(o.loss)) << file << " " << knobs::describe(k);
+      ++runs;
+    }
+    EXPECT_GE(runs, 15) << file;
   }
-  EXPECT_GE(runs, 15);
 }
 
 // The CPU trainer's refusal of `plan` before the first step ("" if it
