@@ -31,8 +31,12 @@ std::shared_ptr<const Model> Engine::model(const Inputs& in) {
 
 // The window's fusion as `dlplan plan --fusion` would take it: only for a
 // file dlplan imports (for a zoo model or an IR JSON the control is off and
-// the flag would be refused).
-std::string Engine::fusion_flag(const Inputs& in) { return imports_model(in.model) ? in.fusion : std::string(); }
+// the flag would be refused). The default needs no flag, and no look into
+// the file (a .json is read to tell an HF config from an IR).
+std::string Engine::fusion_flag(const Inputs& in) {
+  if (in.fusion.empty() || in.fusion == to_string(FusionMode::engine)) return {};
+  return imports_model(in.model) ? in.fusion : std::string();
+}
 
 std::shared_ptr<const Model> Engine::model(const std::string& name, const ImportOptions& opt) {
   // ONNX symbolic dimensions take the micro-batch and sequence length, as the CLI does.
