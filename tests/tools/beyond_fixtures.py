@@ -106,20 +106,26 @@ REFUSED = {
 OPAQUE_BAND = {"hf-falcon": (0.0, 0.25)}
 
 
+def record(name, model, inputs, names, axes, loss, work):
+    """PyTorch's parameters and saved bytes for one forward + loss, and the
+    file torch.onnx.export writes (make_exports.py's recipe)."""
+    model.train()
+    saved = make_exports.saved_bytes(model, inputs, loss)
+    params = sum(p.numel() for p in model.parameters())
+    path = os.path.join(work, f"{name}.onnx")
+    make_exports.export(model, inputs, names, axes, path, 17)
+    return path, params, saved["saved_bytes_with_loss_mask_dropout"]
+
+
 def export(name, kwargs, side, work):
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None, **kwargs)
     for m in model.modules():  # PyTorch 1.13 cannot export the Bernoulli in training mode
         if isinstance(m, torchvision.ops.StochasticDepth):
             m.p = 0.0
-    model.train()
-    x = torch.randn(1, 3, side, side)
     target = torch.tensor([3])
-    saved = make_exports.saved_bytes(model, [x], lambda y: F.cross_entropy(y, target))
-    params = sum(p.numel() for p in model.parameters())
-    path = os.path.join(work, f"{name}.onnx")
-    make_exports.export(model, [x], ["input"], {"input": {0: "batch"}, "output": {0: "batch"}}, path, 17)
-    return path, params, saved["saved_bytes_with_loss_mask_dropout"]
+    return record(name, model, [torch.randn(1, 3, side, side)], ["input"],
+                  {"input": {0: "batch"}, "output": {0: "batch"}}, lambda y: F.cross_entropy(y, target), work)
 
 
 def export_hf(name, work):
@@ -127,15 +133,10 @@ def export_hf(name, work):
     model_class, config_class, kwargs = HF_MODELS[name]
     torch.manual_seed(0)
     model = make_exports.Logits(getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)))
-    model.train()
     ids = torch.randint(0, 1000, (1, 64))
-    saved = make_exports.saved_bytes(model, [ids], lambda y: F.cross_entropy(y.reshape(-1, y.shape[-1]),
-                                                                             ids.reshape(-1)))
-    params = sum(p.numel() for p in model.parameters())
-    path = os.path.join(work, f"{name}.onnx")
-    make_exports.export(model, [ids], ["input_ids"], {"input_ids": {0: "batch", 1: "sequence"},
-                                                      "output": {0: "batch", 1: "sequence"}}, path, 17)
-    return path, params, saved["saved_bytes_with_loss_mask_dropout"]
+    return record(name, model, [ids], ["input_ids"],
+                  {"input_ids": {0: "batch", 1: "sequence"}, "output": {0: "batch", 1: "sequence"}},
+                  lambda y: F.cross_entropy(y.reshape(-1, y.shape[-1]), ids.reshape(-1)), work)
 
 
 def plan(dlplan, path, fusion, tokens):
