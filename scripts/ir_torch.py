@@ -16,7 +16,7 @@ and gradients:
     its declaration order, planner/src/ops_decl.cpp), with these shapes:
       embedding      weight [num, dim]             (out = scale weight[ids]; no
                                                     gradient to row padding_idx)
-      pos_embedding  weight [max_len, D]           (out = x + weight[:T])
+      pos_embedding  weight [max_len, D]           (out = x + weight[offset:offset+T])
       cls_token      weight [D]                    (prepended as token 0)
       linear         weight [out, in], bias [out]  (a tied linear has no weight:
                                                     it uses the embedding's)
@@ -71,7 +71,7 @@ _NULL = object()     # optional, absent means none (linear's tie)
 # op -> (inputs, {attr: default})
 OPS = {
     "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED, "scale": 1.0, "padding_idx": _NULL, "tie": _NULL}),
-    "pos_embedding": (1, {"max_len": _DERIVED}),
+    "pos_embedding": (1, {"max_len": _DERIVED, "offset": 0}),
     "cls_token": (1, {}),
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL, "scale": _NULL}),
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
@@ -90,6 +90,8 @@ OPS = {
     "mul": (2, {}),
     "matmul": (2, {}),
     "softmax": (1, {}),
+    "causal_mask": (1, {"value": _REQUIRED, "fill": False}),
+    "alibi": (1, {}),
     "scale": (1, {"shape": _REQUIRED, "offset": 0.0}),
     "affine": (1, {"scale": 1.0, "shift": 0.0}),
     "pow": (1, {"exponent": _REQUIRED}),
@@ -120,6 +122,19 @@ OPS = {
 
 def _pair(v):
     return (int(v[0]), int(v[1])) if isinstance(v, (list, tuple)) else (int(v), int(v))
+
+
+def alibi_slopes(heads):
+    """ALiBi's slopes (Press et al. 2022; BLOOM's closest-power-of-two rule),
+    as planner/src/ir.cpp's alibi_slopes."""
+    cp = 1
+    while cp * 2 <= heads:
+        cp *= 2
+    base = 2.0 ** (-8.0 / cp)
+    slopes = [base ** k for k in range(1, cp + 1)]
+    extra = 2.0 ** (-4.0 / cp)
+    slopes += [extra ** (2 * k + 1) for k in range(min(cp, heads - cp))]
+    return slopes
 
 
 def _numel(shape):
@@ -387,8 +402,9 @@ class IRModule(nn.Module):
             if a["tie"] is None:  # tied: the other embedding's table
                 add("weight", P(int(a["num"]), int(a["dim"])), True)
         elif op == "pos_embedding":
-            if x[0] > int(a["max_len"]):
-                raise ValueError(f"node '{n.name}': sequence length {x[0]} exceeds max_len {a['max_len']}")
+            if int(a["offset"]) + x[0] > int(a["max_len"]):
+                raise ValueError(f"node '{n.name}': sequence length {x[0]} from row {a['offset']} exceeds max_len "
+                                 f"{a['max_len']}")
             add("weight", P(int(a["max_len"]), x[1]), True)
         elif op == "cls_token":
             add("weight", P(x[1]), False)
@@ -545,8 +561,8 @@ class IRModule(nn.Module):
             y = F.embedding(x.long(), table, padding_idx=a["padding_idx"])
             return y * float(a["scale"]) if float(a["scale"]) != 1.0 else y
         if op == "pos_embedding":
-            T = x.shape[1]
-            return x + self._p(n, "weight")[:T]
+            T, offset = x.shape[1], int(a["offset"])
+            return x + self._p(n, "weight")[offset:offset + T]
         if op == "cls_token":
             w = self._p(n, "weight")
             return torch.cat([w.to(x.dtype).expand(x.shape[0], 1, x.shape[2]), x], dim=1)
@@ -598,6 +614,17 @@ class IRModule(nn.Module):
             return torch.matmul(x, xs[1])
         if op == "softmax":
             return torch.softmax(x, dim=-1)
+        if op == "alibi":  # head h adds slope_h * j at key j (BLOOM's alibi tensor)
+            H, Tk = x.shape[-3], x.shape[-1]
+            slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32, device=x.device)
+            bias = slopes[:, None, None] * torch.arange(Tk, dtype=torch.float32, device=x.device)
+            return x + bias.to(x.dtype)
+        if op == "causal_mask":  # above the diagonal of the last two axes: x + value (OPT), or value (fill)
+            T = x.shape[-1]
+            above = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            if a["fill"]:
+                return torch.where(above, torch.tensor(float(a["value"]), dtype=x.dtype, device=x.device), x)
+            return x + torch.zeros(T, T, dtype=x.dtype, device=x.device).masked_fill(above, float(a["value"]))
         if op == "scale":
             w = self._p(n, "weight")
             return x * (w + float(a["offset"]) if float(a["offset"]) else w)
@@ -888,6 +915,8 @@ def _node_flops(n):
         return f, 2 * f
     if op == "softmax":
         return 5.0 * out, 4.0 * out
+    if op in ("causal_mask", "alibi"):
+        return out, 0.0
     if op == "scale":
         return out, 2.0 * out
     if op == "affine":

@@ -122,6 +122,8 @@ class CpuBackend final : public Backend {
       case OpKind::reduce_mean: return reduce_mean_forward(c);
       case OpKind::matmul: return matmul_forward(c);
       case OpKind::softmax: return softmax_forward(c);
+      case OpKind::causal_mask: return causal_mask_forward(c);
+      case OpKind::alibi: return alibi_forward(c);
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
@@ -170,6 +172,8 @@ class CpuBackend final : public Backend {
       case OpKind::reduce_mean: return reduce_mean_backward(c);
       case OpKind::matmul: return matmul_backward(c);
       case OpKind::softmax: return softmax_backward(c);
+      case OpKind::causal_mask: return causal_mask_backward(c);
+      case OpKind::alibi: return alibi_backward(c);
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);

@@ -171,6 +171,10 @@ void matmul_forward(OpContext& c);
 void matmul_backward(OpContext& c);
 void softmax_forward(OpContext& c);
 void softmax_backward(OpContext& c);
+void causal_mask_forward(OpContext& c);
+void causal_mask_backward(OpContext& c);
+void alibi_forward(OpContext& c);
+void alibi_backward(OpContext& c);
 
 // ---- ops_shape.cpp -------------------------------------------------------------
 void transpose_forward(OpContext& c);

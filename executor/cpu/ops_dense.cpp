@@ -46,17 +46,18 @@ void embedding_backward(OpContext& c) {
 }
 
 // ---- pos_embedding -------------------------------------------------------------
-// x: [b, T, D]; table: [max_len, D]; out = x + table[0..T), or with `row`
-// r, out[t] = x[t] + table[r] for every t.
+// x: [b, T, D]; table: [max_len, D]; out = x + table[offset..offset+T)
+// (offset absent: 0), or with `row` r, out[t] = x[t] + table[r] for every t.
 
 namespace {
 // The table row position t reads, as an offset into the table.
 struct PosRows {
-  int64_t row = -1, dim = 0;
+  int64_t row = -1, offset = 0, dim = 0;
   explicit PosRows(const OpContext& c) : dim(in_shape(c, 0).back()) {
     if (c.node->attrs.has("row")) row = c.node->attrs.integer("row");
+    if (c.node->attrs.has("offset")) offset = c.node->attrs.integer("offset");
   }
-  int64_t at(int64_t t) const { return (row < 0 ? t : row) * dim; }
+  int64_t at(int64_t t) const { return (row < 0 ? offset + t : row) * dim; }
 };
 }  // namespace
 

@@ -6,6 +6,9 @@
 // inputs kept, ops_decl.cpp): da += dy c^T, dc += a^T dy, where a broadcast
 // operand's gradient sums over the products that read it.
 // softmax: y = exp(x - max) / sum; dx += y (dy - sum(dy y)), from the output.
+// causal_mask: over the last two axes, where key j > query i, y = x + value
+// (dx += dy) or, with `fill`, y = value (dx gets nothing); elsewhere y = x.
+// alibi: y[h, i, j] = x[h, i, j] + slope_h j over scores [..., H, T, Tk]; dx += dy.
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
 
@@ -102,6 +105,66 @@ void softmax_backward(OpContext& c) {
       for (int64_t j = 0; j < L; ++j) dx[r * L + j] += yr[j] * (dyr[j] - static_cast<float>(dot));
     }
   });
+}
+
+void causal_mask_forward(OpContext& c) {
+  const Shape& s = in_shape(c, 0);
+  const int64_t T = s.back(), squares = c.batch * numel(s) / (T * T);
+  const auto value = static_cast<float>(c.node->attrs.number("value"));
+  const bool fill = c.node->attrs.flag("fill");
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(squares, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j) {
+          const int64_t e = (q * T + i) * T + j;
+          y[e] = j <= i ? x[e] : fill ? value : x[e] + value;
+        }
+  });
+}
+
+void causal_mask_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const Shape& s = in_shape(c, 0);
+  const int64_t T = s.back(), squares = c.batch * numel(s) / (T * T);
+  const bool fill = c.node->attrs.flag("fill");
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  for (int64_t q = 0; q < squares; ++q)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) {
+        const int64_t e = (q * T + i) * T + j;
+        if (j <= i || !fill) dx[e] += dy[e];
+      }
+}
+
+void alibi_forward(OpContext& c) {
+  const Shape& s = in_shape(c, 0);
+  const int64_t Tk = s.back(), T = s[s.size() - 2], H = s[s.size() - 3];
+  const int64_t heads_total = c.batch * numel(s) / (T * Tk);  // every (sample, leading dims, head)
+  std::vector<float> slope;
+  for (double v : alibi_slopes(H)) slope.push_back(static_cast<float>(v));
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(heads_total, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      const float m = slope[static_cast<size_t>(q % H)];
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < Tk; ++j) {
+          const int64_t e = (q * T + i) * Tk + j;
+          y[e] = x[e] + m * static_cast<float>(j);  // BLOOM: slopes[h] * arange, fp32
+        }
+    }
+  });
+}
+
+void alibi_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  const int64_t n = c.batch * numel(in_shape(c, 0));
+  for (int64_t e = 0; e < n; ++e) dx[e] += dy[e];
 }
 
 }  // namespace dlplan::exec::cpu

@@ -153,13 +153,18 @@ void embedding_bwd(Runtime& rt, OpContext& c) {
   }
 }
 
+// Rows offset.. of the table (OPT's start at 2): the same kernels from that row.
+int64_t pos_offset(const OpContext& c) {
+  return c.node->attrs.has("offset") ? c.node->attrs.integer("offset") * in_shape(c, 0).back() : 0;
+}
 void pos_embedding_fwd(Runtime& rt, OpContext& c) {
-  pos_embedding_forward(c.in[0].f(), c.params[0].f(), c.out.f(), c.batch, numel(in_shape(c, 0)), rt.stream);
+  pos_embedding_forward(c.in[0].f(), c.params[0].f() + pos_offset(c), c.out.f(), c.batch, numel(in_shape(c, 0)),
+                        rt.stream);
   LAUNCHED();
 }
 void pos_embedding_bwd(Runtime& rt, OpContext& c) {
   const int64_t td = numel(in_shape(c, 0));
-  batch_sum_add(c.dout.f(), c.dparams[0].f(), c.batch, td, rt.stream);
+  batch_sum_add(c.dout.f(), c.dparams[0].f() + pos_offset(c), c.batch, td, rt.stream);
   LAUNCHED();
   if (float* dx = din_or_null(c, 0)) {
     accumulate(c.dout.f(), nullptr, dx, c.batch * td, rt.stream);
@@ -811,6 +816,8 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::reduce_mean:
     case OpKind::matmul:
     case OpKind::softmax:
+    case OpKind::causal_mask:
+    case OpKind::alibi:
     case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
@@ -859,6 +866,8 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::reduce_mean:
     case OpKind::matmul:
     case OpKind::softmax:
+    case OpKind::causal_mask:
+    case OpKind::alibi:
     case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);

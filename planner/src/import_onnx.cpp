@@ -100,6 +100,15 @@ std::optional<std::pair<std::string, std::string>> unit_prefix(const std::string
 }
 
 class Importer {
+  // A table read at indices computed in the graph (see table_read), added
+  // to the token embeddings as positions.
+  struct PosTable {
+    int64_t rows = 0;
+    std::optional<int64_t> row;  // every position reads this row
+    int64_t offset = 0;          // else position t reads row offset + t
+    std::string table;           // the initializer
+  };
+
  public:
   Importer(Graph& g, FusionMode fusion) : g_(g), fusion_(fusion) {}
 
@@ -333,23 +342,36 @@ class Importer {
   }
 
   // The indices a table is read with when they are not the model's input:
-  // positions 0, 1, ..., T-1 (nothing returned), or one row for every
-  // position (returned: BERT's token_type_ids default to a buffer of zeros,
-  // expanded to [b, T]). Indices evaluated at import that are neither are
-  // refused, naming the node.
-  std::optional<int64_t> table_row(const onnx::NodeProto& n, int i, int64_t rows) const {
+  // positions offset, offset + 1, ..., offset + T-1 (OPT's learned positions
+  // start at row 2), or one row for every position (BERT's token_type_ids
+  // default to a buffer of zeros, expanded to [b, T]). Indices that are
+  // neither, or that the importer could not evaluate, are refused, naming
+  // the node: assuming 0..T-1 would train the wrong rows.
+  PosTable table_read(const onnx::NodeProto& n, int i, int64_t rows) const {
     const auto v = g_.values(n.input(1));
-    if (!v || v->empty()) return std::nullopt;
+    if (!v || v->empty())
+      fail(fmt::format("{}: reads table '{}' at indices computed in the graph that dlplan could not evaluate at "
+                       "import (an op its constant folding lacks); the rows it reads are unknown",
+                       label(n, i), n.input(0)));
     const auto s = g_.shape(n.input(1));
     const int64_t per = s && s->size() >= 2 ? s->back() : static_cast<int64_t>(v->size());
+    const double first = (*v)[0];
     bool positions = per > 0, same = true;
     for (size_t k = 0; k < v->size(); ++k) {
-      positions = positions && (*v)[k] == static_cast<double>(static_cast<int64_t>(k) % per);
-      same = same && (*v)[k] == (*v)[0];
+      positions = positions && (*v)[k] == first + static_cast<double>(static_cast<int64_t>(k) % per);
+      same = same && (*v)[k] == first;
     }
-    if (positions) return std::nullopt;
-    if (same && (*v)[0] >= 0 && (*v)[0] < static_cast<double>(rows)) return static_cast<int64_t>((*v)[0]);
-    fail(fmt::format("{}: reads table '{}' at constant indices that are neither the positions 0..T-1 nor one row "
+    PosTable t{rows, std::nullopt, 0, n.input(0)};
+    if (first < 0 || first >= static_cast<double>(rows)) positions = same = false;
+    if (positions && per > 1 && first + static_cast<double>(per) <= static_cast<double>(rows)) {
+      t.offset = static_cast<int64_t>(first);
+      return t;
+    }
+    if (same) {
+      t.row = static_cast<int64_t>(first);
+      return t;
+    }
+    fail(fmt::format("{}: reads table '{}' at constant indices that are neither consecutive positions nor one row "
                      "of it for every position; such a lookup is not supported",
                      label(n, i), n.input(0)));
   }
@@ -571,6 +593,9 @@ class Importer {
         {"BatchNormalization", &Importer::map_batch_normalization},
         {"LayerNormalization", &Importer::map_layer_normalization},
         {"Clip", &Importer::map_clip},
+        {"Max", &Importer::map_max_min},
+        {"Where", &Importer::map_where},
+        {"Min", &Importer::map_max_min},
         {"HardSwish", &Importer::map_hard_swish},
         {"HardSigmoid", &Importer::map_hard_sigmoid},
         {"Relu", &Importer::map_activation},
@@ -769,6 +794,39 @@ class Importer {
     return unknown(n, i, data);  // one-sided or empty: planned as an opaque op, and noted
   }
 
+  // torch.max(x, c) with c a constant scalar (OPT clamps its masked scores at
+  // finfo.min): a one-sided clip, the other bound the largest float. Both keep
+  // x (derivatives.yaml: maximum's gradient masks by self and other, the
+  // 0-dim other costing nothing).
+  void map_max_min(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (data.size() != 1 || n.input_size() != 2) return unknown(n, i, data);
+    const std::string& x = data[0];
+    const auto c = g_.scalar(n.input(n.input(0) == x ? 1 : 0));
+    if (!c || !std::isfinite(*c)) return unknown(n, i, data);
+    const double big = std::numeric_limits<float>::max();
+    const bool max = n.op_type() == "Max";
+    return emit(ir_name_for(n), "clip", {ir_of(x, n, i)}, OJson{{"min", max ? *c : -big}, {"max", max ? big : *c}},
+                n.output(0), n.name());
+  }
+
+  // torch.where(causal, x, c) with `causal` a constant mask that keeps each
+  // key j <= query i of x's scores [..., T, T] and c a constant scalar
+  // (GPT-NeoX, BLOOM): the causal_mask that fills with c. Keeps nothing (the
+  // mask is a constant; derivatives.yaml keeps where's condition only).
+  void map_where(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (data.size() != 1 || n.input_size() != 3 || n.input(0) == data[0]) return unknown(n, i, data);
+    const bool x_if_true = n.input(1) == data[0];
+    const auto c = g_.scalar(n.input(x_if_true ? 2 : 1));
+    const auto cond = g_.values(n.input(0));
+    if (!c || !std::isfinite(*c) || !cond) return unknown(n, i, data);
+    // keep x where the mask says so: cond where x is the true branch, else its negation
+    std::vector<double> added(cond->size());
+    for (size_t e = 0; e < cond->size(); ++e) added[e] = ((*cond)[e] != 0) == x_if_true ? 0.0 : 1.0;
+    if (!causal_mask_value(n.input(0), added, data[0])) return unknown(n, i, data);
+    return emit(ir_name_for(n), "causal_mask", {ir_of(data[0], n, i)}, OJson{{"value", *c}, {"fill", true}},
+                n.output(0), n.name());
+  }
+
   void map_hard_swish(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     // x HardSigmoid(x) with alpha 1/6, beta 1/2: PyTorch's Hardswish
 
@@ -817,7 +875,7 @@ class Importer {
       auto w = *g_.shape(n.input(0));
       if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
       if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
-        pos_tables_[n.output(0)] = PosTable{w[0], table_row(n, i, w[0]), n.input(0)};
+        pos_tables_[n.output(0)] = table_read(n, i, w[0]);
         return;
       }
       const auto name = ir_name_for(n);
@@ -830,9 +888,29 @@ class Importer {
       return weigh("weight", WeightRef{n.input(0)});
     }
     auto idx = g_.values(n.input(1));
-    if (attr_int(n, "axis", 0) == 1 && idx && idx->size() == 1)
+    const auto idx_shape = g_.shape(n.input(1));
+    const int64_t axis = attr_int(n, "axis", 0);
+    if (axis == 1 && idx && idx->size() == 1)
       return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)},
                   OJson{{"index", static_cast<int64_t>((*idx)[0])}}, n.output(0), n.name());
+    // x[..., k, ...] at a constant k of a later axis (BLOOM's fused query_key_value
+    // [b, T, H, 3, hd] read at 0, 1, 2): a slice of width 1, which keeps nothing
+    // (derivatives.yaml: select_backward needs only the sizes), and a reshape
+    // that drops the axis.
+    const auto xs = g_.shape(n.input(0));
+    const int64_t drop = batch_folded_.count(n.input(0)) ? 0 : 1;  // see map_transpose
+    if (axis >= 2 && idx && idx->size() == 1 && idx_shape && idx_shape->empty() && xs &&
+        axis < static_cast<int64_t>(xs->size()) && g_.shape(n.output(0))) {
+      const int64_t extent = (*xs)[static_cast<size_t>(axis)], k = static_cast<int64_t>((*idx)[0]);
+      const int64_t at = k < 0 ? k + extent : k;
+      if (at >= 0 && at < extent) {
+        const std::string sliced = n.output(0) + "#slice";
+        emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)},
+             OJson{{"axis", axis - drop}, {"start", at}, {"end", at + 1}}, sliced, n.name());
+        return emit(unique_name(normalize(n.name()) + ".squeeze"), "reshape", {ir_[sliced]},
+                    OJson{{"shape", per_sample(n.output(0))}}, n.output(0), n.name());
+      }
+    }
     return unknown(n, i, data);
   }
 
@@ -846,6 +924,7 @@ class Importer {
           const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
           OJson a{{"max_len", t.rows}};
           if (t.row) a["row"] = *t.row;
+          if (t.offset != 0) a["offset"] = t.offset;
           emit(ir_name_for(n), "pos_embedding", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, a, n.output(0),
                n.name());
           return weigh("weight", WeightRef{t.table});
@@ -916,6 +995,12 @@ class Importer {
       for (const auto& t : n.input())
         if (t != x && !g_.is_init(t))
           if (const auto v = g_.values(t)) {
+            if (op == "Add" && is_alibi(t, *v, x))
+              return emit(ir_name_for(n), "alibi", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
+            if (op == "Add")
+              if (const auto value = causal_mask_value(t, *v, x))
+                return emit(ir_name_for(n), "causal_mask", {ir_of(x, n, i)}, OJson{{"value", *value}}, n.output(0),
+                            n.name());
             const double neutral = op == "Add" || op == "Sub" ? 0.0 : 1.0;
             const bool divides_it = op == "Div" && n.input(0) == t, subtracts_it = op == "Sub" && n.input(0) == t;
             if (divides_it || subtracts_it ||
@@ -924,6 +1009,51 @@ class Importer {
           }
     constant_elementwise_ += 1;
     return alias(n, i, x);
+  }
+
+  // Whether `bias` (values v) is ALiBi's over x's scores: x [.., H, T, Tk] per
+  // sample, bias [.., H, 1, Tk] broadcasting over the queries, every head h
+  // adding alibi_slopes(H)[h] * j at key j (BLOOM's alibi tensor, [b H, 1, Tk]
+  // with the batch folded with the heads; its slopes are fp32, so compared
+  // to a relative 1e-6).
+  bool is_alibi(const std::string& bias, const std::vector<double>& v, const std::string& x) const {
+    const auto bs = g_.shape(bias), xs = g_.shape(x);
+    const Dims px = per_sample(x);
+    if (!bs || !xs || bs->size() != xs->size() || px.size() < 3 || bs->size() < 3) return false;
+    const int64_t H = px[px.size() - 3], Tk = px.back();
+    if ((*bs)[bs->size() - 2] != 1 || bs->back() != Tk || Tk < 2) return false;
+    for (size_t k = 0; k + 2 < bs->size(); ++k)
+      if ((*bs)[k] != (*xs)[k]) return false;  // one row of bias per (sample, head): no broadcast there
+    if (v.empty() || v.size() % static_cast<size_t>(H * Tk) != 0) return false;
+    const auto slopes = alibi_slopes(H);
+    for (size_t e = 0; e < v.size(); ++e) {
+      const auto j = static_cast<double>(e % static_cast<size_t>(Tk));
+      const double want = slopes[(e / static_cast<size_t>(Tk)) % static_cast<size_t>(H)] * j;
+      if (std::fabs(v[e] - want) > 1e-6 * std::fabs(want)) return false;
+    }
+    return true;
+  }
+
+  // The fill of an additive causal mask `mask` (values v) over x's scores
+  // [..., T, T]: 0 where key j <= query i, one finite value above (OPT's
+  // _make_causal_mask with finfo.min), every leading slice alike. The
+  // mask's shape must broadcast to x's without growing it.
+  std::optional<double> causal_mask_value(const std::string& mask, const std::vector<double>& v,
+                                          const std::string& x) const {
+    const auto ms = g_.shape(mask), xs = g_.shape(x);
+    if (!ms || !xs || ms->size() < 2 || xs->size() < 2 || ms->size() > xs->size()) return std::nullopt;
+    const int64_t T = xs->back();
+    if ((*xs)[xs->size() - 2] != T || ms->back() != T || (*ms)[ms->size() - 2] != T) return std::nullopt;
+    for (size_t k = 0; k + 2 < ms->size(); ++k)
+      if ((*ms)[k] != 1 && (*ms)[k] != (*xs)[xs->size() - ms->size() + k]) return std::nullopt;
+    if (T < 2 || v.empty() || v.size() % static_cast<size_t>(T * T) != 0) return std::nullopt;
+    const double fill = v[1];  // row 0, key 1: above the diagonal
+    if (!std::isfinite(fill) || fill == 0.0) return std::nullopt;
+    for (size_t e = 0; e < v.size(); ++e) {
+      const auto i = static_cast<int64_t>(e / static_cast<size_t>(T)) % T, j = static_cast<int64_t>(e % static_cast<size_t>(T));
+      if (v[e] != (j > i ? fill : 0.0)) return std::nullopt;
+    }
+    return fill;
   }
 
   void map_slice(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
@@ -954,12 +1084,14 @@ class Importer {
           fmt::format("{}: perm [{}] moves the batch axis of its input {}; dlplan plans per sample, so the batch "
                       "must stay first",
                       label(n, i), fmt::join(perm, ", "), fmt::join(*s, ", ")));
+    // Per sample, the batch axis is gone ([b, T, D]: perm [0, 2, 1] is [1, 0]),
+    // unless the batch is folded into the first axis ([b H, T, hd], OPT's
+    // heads: per sample [H, T, hd], the same perm).
+    const int64_t drop = batch_folded_.count(x) ? 0 : 1;
     OJson per = OJson::array();
     bool identity = true;
-    for (size_t k = 1; k < perm.size(); ++k) {
-      per.push_back(perm[k] - 1);
-      identity = identity && perm[k] == static_cast<int64_t>(k);
-    }
+    for (size_t k = 1; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
+    for (auto k = static_cast<size_t>(drop); k < perm.size(); ++k) per.push_back(perm[k] - drop);
     if (identity) return alias(n, i, x);
     return emit(ir_name_for(n), "transpose", {ir_of(x, n, i)}, OJson{{"perm", per}}, n.output(0), n.name());
   }
@@ -1037,7 +1169,7 @@ class Importer {
       return emit(ir_name_for(n), "flatten", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
     // [C, H, W] -> [C, H*W] followed by Transpose to [H*W, C]: ViT's patch tokens.
     const auto& cons = g_.consumers_of(n.output(0));
-    if (out.size() == 2 && cons.size() == 1 && g_.node(cons[0]).op_type() == "Transpose" &&
+    if (!folds && out.size() == 2 && cons.size() == 1 && g_.node(cons[0]).op_type() == "Transpose" &&
         attr_ints(g_.node(cons[0]), "perm") == std::vector<int64_t>{0, 2, 1} && per_sample(x).size() == 3) {
       absorbed_.insert(cons[0]);
       return emit(ir_name_for(n), "tokens", {ir_of(x, n, i)}, OJson::object(), g_.node(cons[0]).output(0), n.name());
@@ -1109,7 +1241,7 @@ class Importer {
     if (it == ir_.end()) fail(fmt::format("the {} pattern named '{}' reads '{}', which was not mapped", f.kind, f.name, f.x));
     emit(unique_name(normalize(f.name)), op, {it->second}, a, f.out, f.unit_source);
     for (const auto& [suffix, ref] : f.weights) weigh(suffix, ref);
-    if (!f.note.empty()) notes_.push_back(f.note);
+    if (!f.note.empty() && std::find(notes_.begin(), notes_.end(), f.note) == notes_.end()) notes_.push_back(f.note);
     carry_batch_fold({f.x}, {f.out});
   }
 
@@ -1136,8 +1268,8 @@ class Importer {
         continue;
       }
       if (!needed_.count(i) || absorbed_.count(i)) continue;
+      carry_batch_fold(i);  // first: a mapper reads its output's per-sample shape
       map_node(i);
-      carry_batch_fold(i);
     }
   }
 
@@ -1244,13 +1376,8 @@ class Importer {
   std::set<std::string> used_inputs_, used_names_, pooled_;
   mutable std::map<std::string, bool> dep_memo_;
   std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
-  std::map<std::string, int64_t> batch_folded_;
-  std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it  // ONNX tensor [b m, ...] -> b (see reshaped)
-  struct PosTable {
-    int64_t rows = 0;
-    std::optional<int64_t> row;  // every position reads this row (see table_row)
-    std::string table;           // the initializer
-  };
+  std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
+  std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, Unknown> unknown_;
   std::string last_emitted_;

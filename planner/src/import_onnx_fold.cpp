@@ -233,7 +233,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
       {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
-      {"Transpose", 1}, {"MatMul", 2}};
+      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -429,6 +429,33 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       }
       c.v[static_cast<size_t>(i)] = in[0]->v[static_cast<size_t>(at)];
     }
+    return c;
+  }
+  if (op == "CumSum") {  // torch.cumsum along one axis (OPT's positions from its attention mask)
+    const auto ax = ints_of(in[1]);
+    const Dims& s = in[0]->shape;
+    const auto rank = static_cast<int64_t>(s.size());
+    if (ax.size() != 1 || rank == 0 || static_cast<int64_t>(in[0]->v.size()) != count(s)) return std::nullopt;
+    const int64_t axis = ax[0] < 0 ? ax[0] + rank : ax[0];
+    if (axis < 0 || axis >= rank) return std::nullopt;
+    const bool exclusive = attr_int(n, "exclusive", 0) != 0, reverse = attr_int(n, "reverse", 0) != 0;
+    int64_t inner = 1;
+    for (auto d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+    const int64_t len = s[static_cast<size_t>(axis)];
+    if (len <= 0 || inner <= 0) return std::nullopt;
+    const int64_t outer = count(s) / (len * inner);
+    Const c = *in[0];
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < inner; ++i) {
+        double sum = 0;
+        for (int64_t k = 0; k < len; ++k) {
+          const auto at = static_cast<size_t>((o * len + (reverse ? len - 1 - k : k)) * inner + i);
+          const double x = in[0]->v[at];
+          if (!exclusive) sum += x;
+          c.v[at] = to_type(sum, t0);
+          if (exclusive) sum += x;
+        }
+      }
     return c;
   }
   if (op == "Add") return binary([](double a, double b) { return a + b; }, t0);

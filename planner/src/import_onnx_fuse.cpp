@@ -731,6 +731,23 @@ std::optional<std::pair<std::vector<int>, bool>> cube_of(const Graph& g, const s
   return std::nullopt;
 }
 
+// The tanh GELU of x whose nodes up to the Tanh are `nodes`: with its tail
+// (+1, * x, * 0.5) when the graph has it.
+std::optional<Fusion> tanh_gelu(const Graph& g, const std::string& x, int tanh, std::vector<int> nodes) {
+  const auto& t = g.node(tanh);
+  auto out = gelu_tail(g, x, t.output(0), nodes);
+  if (!out) return std::nullopt;
+  Fusion f;
+  f.kind = "gelu";
+  f.x = x;
+  f.out = *out;
+  f.nodes = std::move(nodes);
+  f.unit_source = t.name();
+  f.name = t.name().empty() ? "gelu" : normalize_name(t.name()) + ".gelu";
+  f.attrs["approximate"] = "tanh";
+  return f;
+}
+
 std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh, bool eager) {
   const auto& t = g.node(tanh);
   int p1 = g.producer_of(t.input(0));  // * sqrt(2/pi)
@@ -750,16 +767,45 @@ std::optional<Fusion> match_gelu_tanh(const Graph& g, int tanh, bool eager) {
     if (c->second && eager) return std::nullopt;  // written in Python: op by op under --fusion eager
     std::vector<int> nodes = c->first;
     nodes.insert(nodes.end(), {p3, p2, p1, tanh});
-    auto out = gelu_tail(g, x, t.output(0), nodes);
-    if (!out) return std::nullopt;
-    Fusion f;
-    f.kind = "gelu";
-    f.x = x;
-    f.out = *out;
-    f.nodes = nodes;
-    f.unit_source = t.name();
-    f.name = t.name().empty() ? "gelu" : normalize_name(t.name()) + ".gelu";
-    f.attrs["approximate"] = "tanh";
+    return tanh_gelu(g, x, tanh, std::move(nodes));
+  }
+  return std::nullopt;
+}
+
+// BLOOM's GELU (transformers' bloom_gelu_forward): x * 0.5 * (1 + tanh(
+// 0.79788456 x (1 + 0.044715 x x))), the tanh form written another way. In
+// training BLOOM runs it as a custom autograd Function that keeps only its
+// input (BloomGelu -> GeLUFunction); the export writes the forward out. So it
+// is one tanh gelu under both fusions: PyTorch never keeps its intermediates.
+std::optional<Fusion> match_gelu_tanh_bloom(const Graph& g, int tanh) {
+  const auto& t = g.node(tanh);
+  const int p1 = g.producer_of(t.input(0));  // (0.79788456 x) * (1 + 0.044715 x x)
+  if (p1 < 0 || g.node(p1).op_type() != "Mul" || g.node(p1).input_size() != 2) return std::nullopt;
+  // A Mul of `of` by a constant near `c`: the data operand.
+  auto scaled = [&](const std::string& t_out, double c) -> std::optional<std::pair<int, std::string>> {
+    const int p = g.producer_of(t_out);
+    if (p < 0 || g.node(p).op_type() != "Mul") return std::nullopt;
+    const auto d = data_operand(g, g.node(p));
+    const auto k = d ? g.scalar(other_operand(g.node(p), *d)) : std::nullopt;
+    if (!k || std::fabs(*k - c) > 1e-6 * c) return std::nullopt;
+    return std::make_pair(p, *d);
+  };
+  for (int k = 0; k < 2; ++k) {
+    const auto lin = scaled(g.node(p1).input(k), 0.79788456);  // sqrt(2 / pi), as BLOOM rounds it
+    const int add = g.producer_of(g.node(p1).input(1 - k));
+    if (!lin || add < 0 || g.node(add).op_type() != "Add") continue;
+    const std::string& x = lin->second;
+    const auto sq = data_operand(g, g.node(add));  // 1 + (0.044715 x) x
+    const auto one = sq ? g.scalar(other_operand(g.node(add), *sq)) : std::nullopt;
+    const int p3 = sq ? g.producer_of(*sq) : -1;
+    if (!one || *one != 1.0 || p3 < 0 || g.node(p3).op_type() != "Mul" || g.node(p3).input_size() != 2) continue;
+    const std::string& cubic = g.node(p3).input(0) == x ? g.node(p3).input(1) : g.node(p3).input(0);
+    const auto c2 = scaled(cubic, 0.044715);
+    if (other_operand(g.node(p3), cubic) != x || !c2 || c2->second != x) continue;
+    auto f = tanh_gelu(g, x, tanh, {lin->first, c2->first, p3, add, p1, tanh});
+    if (f)
+      f->note = "BLOOM's form of the tanh GELU planned as one gelu under both fusions (in training PyTorch runs it as "
+                "a custom autograd Function that keeps only its input)";
     return f;
   }
   return std::nullopt;
@@ -985,7 +1031,10 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     if (taken.count(i)) continue;
     const auto& op = g.node(i).op_type();
     if (op == "Erf") take(match_gelu_erf(g, i));
-    else if (op == "Tanh") take(match_gelu_tanh(g, i, eager));
+    else if (op == "Tanh") {
+      auto f = match_gelu_tanh(g, i, eager);
+      take(f ? std::move(f) : match_gelu_tanh_bloom(g, i));
+    }
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
     else if (op == "Sqrt") {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace dlplan {
 
@@ -112,6 +113,21 @@ int Model::node_index(const std::string& name) const {
   for (size_t i = 0; i < nodes.size(); ++i)
     if (nodes[i].name == name) return static_cast<int>(i);
   return -1;
+}
+
+// For a power of two n: 2^(-8/n), its square, ..., its n-th power. Otherwise
+// those of the closest power of two below, cp, then the odd powers of
+// 2^(-4/cp) for the rest (interleaving the slopes of 2 cp heads).
+std::vector<double> alibi_slopes(int64_t heads) {
+  std::vector<double> s;
+  if (heads <= 0) return s;
+  int64_t cp = 1;
+  while (cp * 2 <= heads) cp *= 2;
+  const double base = std::pow(2.0, -8.0 / static_cast<double>(cp));
+  for (int64_t k = 1; k <= cp; ++k) s.push_back(std::pow(base, static_cast<double>(k)));
+  const double extra = std::pow(2.0, -4.0 / static_cast<double>(cp));
+  for (int64_t k = 0; k < std::min(cp, heads - cp); ++k) s.push_back(std::pow(extra, static_cast<double>(2 * k + 1)));
+  return s;
 }
 
 }  // namespace dlplan

@@ -44,7 +44,7 @@ const std::vector<OpSpec>& op_table() {
        {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}, {"scale", T::number, 1.0},
         {"padding_idx", T::integer, nullptr, true}, {"tie", T::text, nullptr, true}}},
       {OpKind::pos_embedding, "pos_embedding", 1,
-       {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}}},
+       {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}, {"offset", T::integer, nullptr, true}}},
       {OpKind::cls_token, "cls_token", 1, {}},
       // scale: the input's factor, out = (scale x) W^T + b (absent: 1; T5's
       // tied head reads the decoder's output times d_model^-1/2)
@@ -88,6 +88,15 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::matmul, "matmul", 2, {}},
       // softmax over the last axis, outside an attention pattern
       {OpKind::softmax, "softmax", 1, {}},
+      // A causal mask a graph builds itself, over the last two axes [..., T, T]
+      // (key j, query i): x + `value` where j > i, x elsewhere (OPT adds
+      // finfo.min); with `fill`, `value` replaces x there (GPT-NeoX's
+      // torch.where(causal, x, finfo.min)). Keeps nothing.
+      {OpKind::causal_mask, "causal_mask", 1, {{"value", T::number, nullptr}, {"fill", T::boolean, false}}},
+      // ALiBi's linear position bias on scores [..., H, T, Tk]: head h adds
+      // slope_h * j at key j (alibi_slopes; BLOOM's baddbmm with its alibi
+      // tensor). Keeps nothing.
+      {OpKind::alibi, "alibi", 1, {}},
       // x times a learned tensor of per-sample shape `shape` that broadcasts
       // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale), plus
       // `offset`: x (w + offset), w starting at 0 when offset is 1 (a written-
@@ -384,11 +393,17 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       int64_t max_len = positive(n, "max_len", fail);
       // `row`: every position adds that one row (BERT's token-type table
       // [2, D] read with the all-zero token_type_ids it defaults to).
+      // `offset`: position t adds row offset + t (OPT's table starts at row 2).
+      const int64_t offset = n.attrs.has("offset") ? n.attrs.integer("offset") : 0;
+      if (n.attrs.has("row") && n.attrs.has("offset")) fail("row and offset exclude each other");
       if (n.attrs.has("row")) {
         if (n.attrs.integer("row") < 0 || n.attrs.integer("row") >= max_len)
           fail("row {} is outside the table's [0, {})", n.attrs.integer("row"), max_len);
-      } else if (x.shape[0] > max_len) {
-        fail("sequence length {} exceeds the position table's max_len {}", x.shape[0], max_len);
+      } else if (offset < 0 || offset >= max_len) {
+        fail("offset {} is outside the table's [0, {})", offset, max_len);
+      } else if (x.shape[0] > max_len - offset) {
+        fail("sequence length {} exceeds the position table's max_len {}{}", x.shape[0], max_len,
+             offset ? fmt::format(" (read from row {})", offset) : "");
       }
       check_weight("the position table [max_len, D]", {max_len, x.shape[1]}, fail);
       out.shape = x.shape;
@@ -453,6 +468,21 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::softmax:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
+      expect_float(x, fail);
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::causal_mask: {
+      const auto& x = expect_rank(m, n, 0, 2, any_rank, "[..., T, T]", fail);
+      expect_float(x, fail);
+      if (x.shape[x.shape.size() - 1] != x.shape[x.shape.size() - 2])
+        fail("input '{}' {} must end in a square [T, T] of scores", x.name, to_string(x.shape));
+      if (!std::isfinite(n.attrs.number("value"))) fail("value must be finite");
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::alibi: {
+      const auto& x = expect_rank(m, n, 0, 3, any_rank, "[..., H, T, Tk]", fail);
       expect_float(x, fail);
       out.shape = x.shape;
       break;

@@ -102,11 +102,12 @@ Cluster make_cluster(const RequestFlags& f, std::string* source) {
 void check_seq_len(const Model& m, int64_t seq_len, int64_t context, std::vector<std::string>& notes) {
   for (const auto& n : m.nodes)
     if (n.op == OpKind::pos_embedding && n.attrs.has("max_len") && !n.attrs.has("row") &&
-        seq_len > n.attrs.integer("max_len"))
+        seq_len + (n.attrs.has("offset") ? n.attrs.integer("offset") : 0) > n.attrs.integer("max_len"))
       throw UsageError(fmt::format(
-          "{}: --seq-len {} exceeds the learned position table of node '{}' (max_len {}): a model with learned "
+          "{}: --seq-len {} exceeds the learned position table of node '{}' (max_len {}{}): a model with learned "
           "positions cannot run longer sequences",
-          m.source, seq_len, n.name, n.attrs.integer("max_len")));
+          m.source, seq_len, n.name, n.attrs.integer("max_len"),
+          n.attrs.has("offset") ? fmt::format(", read from row {}", n.attrs.integer("offset")) : ""));
   if (seq_len <= context) return;
   const bool rope = std::any_of(m.nodes.begin(), m.nodes.end(),
                                 [](const Node& n) { return n.op == OpKind::attention && n.attrs.flag("rope"); });

@@ -91,6 +91,8 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("pos_embedding", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 6}}));
   // BERT's token types: every position adds row 1 of a [2, D] table
   v.push_back(unary("pos_embedding_row", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 2}, {"row", 1}}));
+  // OPT's learned positions start at row 2: rows 2..5 of a 6-row table
+  v.push_back(unary("pos_embedding_offset", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 6}, {"offset", 2}}));
   v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
   v.push_back(unary("linear", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}}));
   v.push_back(unary("linear_nobias", arr({5}), Json{{"op", "linear"}, {"out", 3}, {"bias", false}}));
@@ -164,6 +166,13 @@ inline std::vector<OpCase> op_cases() {
   // of two activations, batched, and with Falcon's one KV head broadcast
   // against the query heads ([2, 3, 4] x [1, 4, 5]).
   v.push_back(unary("softmax", arr({3, 5}), Json{{"op", "softmax"}}));
+  // A causal mask the graph builds itself: added above the diagonal (OPT), or
+  // filling it (GPT-NeoX's torch.where); a small value keeps the test's
+  // finite differences meaningful.
+  v.push_back(unary("causal_mask", arr({2, 4, 4}), Json{{"op", "causal_mask"}, {"value", -2.5}}));
+  v.push_back(unary("causal_mask_fill", arr({2, 4, 4}), Json{{"op", "causal_mask"}, {"value", -2.5}, {"fill", true}}));
+  // ALiBi's bias over scores [H, T, Tk] (BLOOM), 3 heads: slopes 1/16 and 1/256, then 1/4
+  v.push_back(unary("alibi", arr({3, 2, 4}), Json{{"op", "alibi"}}));
   for (const auto& [name, a, b] : {std::tuple{"matmul", arr({3, 4}), arr({4, 2})},
                                    std::tuple{"matmul_batched", arr({2, 3, 4}), arr({2, 4, 5})},
                                    std::tuple{"matmul_broadcast", arr({2, 3, 4}), arr({1, 4, 5})},

@@ -129,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "vit_b_16-opset13.onnx", "tiny-bert-opset17.onnx",
                                            "bert-base-uncased-opset17.onnx", "gpt2-opset17.onnx",
                                            "tiny-qwen2-opset17.onnx", "tiny-phi-opset17.onnx",
-                                           "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx"),
+                                           "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx",
+                                           "tiny-opt-opset17.onnx", "tiny-bloom-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,

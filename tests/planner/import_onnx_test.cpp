@@ -162,6 +162,18 @@ TEST(ImportOnnx, SymbolicSequenceNeedsSeqLen) {
   EXPECT_NE(msg.find("--seq-len"), std::string::npos) << msg;
 }
 
+// A position table read at indices the importer cannot evaluate (here they
+// pass a Round) is refused, naming the node. It used to be planned as rows
+// 0..T-1, which trained the wrong rows wherever they were not (OPT's start
+// at 2). The control: the same decoder with plain positions imports.
+TEST(ImportOnnx, PositionsTheImporterCannotEvaluateAreRefusedNotGuessed) {
+  REQUIRE_ONNX();
+  const auto msg = error_of(fx("tiny_decoder_rounded_positions.onnx"));
+  EXPECT_NE(msg.find("node '/transformer/wpe/Gather'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("could not evaluate at import"), std::string::npos) << msg;
+  EXPECT_NO_THROW(load_model(fx("tiny_decoder_train.onnx")));
+}
+
 TEST(ImportOnnx, DecoderFusedQkvCausalTanhGelu) {
   REQUIRE_ONNX();
   Model m = load_model(fx("tiny_decoder_train.onnx"));

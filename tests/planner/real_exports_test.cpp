@@ -76,6 +76,8 @@ const std::map<std::string, std::string> kToday = {
      "weights of both"},
     {"tiny-bert-opset13.onnx", "imports"},
     {"tiny-gpt-neox-opset17.onnx", "imports"},
+    {"tiny-opt-opset17.onnx", "imports"},
+    {"tiny-bloom-opset17.onnx", "imports"},
     {"tiny-bert-opset17.onnx", "imports"},
     {"tiny-gpt2-opset17.onnx", "imports"},
     {"tiny-hf-vit-opset17.onnx", "imports"},
@@ -734,11 +736,13 @@ TEST(RealExports, GemmasOffsetNormTorchGeluAndComputedRope) {
 // before opset 20), with the cube as x * (x * x); Hugging Face's gelu_new
 // writes torch.pow(x, 3.0). PyTorch runs the first as one op, so it is one
 // gelu under both fusions, where gelu_new is op by op under --fusion eager.
-// GPT-NeoX's attention is not the pattern: its scores come from baddbmm and
-// pass a causal torch.where, and its RoPE multiplies by cos and sin tables the
-// importer evaluates. The probabilities-times-values product and the softmax
-// plan as the generic matmul (keeping both operands) and softmax (keeping its
-// output); the RoPE products, which change the math, are opaque (no engine
+// GPT-NeoX's attention is not the pattern: its scores come from baddbmm over
+// the batch folded with the heads ([b H, T, hd]) and pass a causal
+// torch.where, and its RoPE multiplies by cos and sin tables the importer
+// evaluates. Both products (q k^T and probabilities times values) plan as the
+// generic matmul (keeping both operands), the softmax as softmax (keeping its
+// output), the torch.where as a causal_mask that fills with finfo.min
+// (keeping nothing); the RoPE products, which change the math, are opaque (no engine
 // trains them) rather than dropped as no-ops, and the mask's zeros are the
 // only constants passed through. Parameters exact; activations within 5 % of
 // PyTorch's (the outcomes test).
@@ -754,7 +758,9 @@ TEST(RealExports, GPTNeoXsAttentionPlansThroughGenericMatmulAndSoftmax) {
     if (n.op == OpKind::opaque) opaque[n.attrs.text("source")] += 1;
   }
   EXPECT_EQ(ops[OpKind::softmax], 2);
-  EXPECT_EQ(ops[OpKind::matmul], 2);
+  EXPECT_EQ(ops[OpKind::matmul], 4);
+  EXPECT_EQ(ops[OpKind::causal_mask], 2);
+  EXPECT_EQ(opaque.count("Where"), 0u);
   EXPECT_EQ(ops[OpKind::attention], 0);
   EXPECT_EQ(opaque["Mul"], 8);  // q and k times cos and sin, two layers
   EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
@@ -762,6 +768,95 @@ TEST(RealExports, GPTNeoXsAttentionPlansThroughGenericMatmulAndSoftmax) {
   for (const auto& note : o.model->notes)
     neutral_noted = neutral_noted || note.find("2 elementwise ops with constants") != std::string::npos;
   EXPECT_TRUE(neutral_noted);
+}
+
+// OPT folds the batch with the heads ([b H, T, hd]) for both bmm's, adds a
+// causal mask of finfo.min it builds from the sequence length, clamps the
+// scores at finfo.min with torch.max, and reads its learned positions from
+// row 2 (a cumulative sum of its all-ones attention mask, plus 2). All of it
+// plans through generic ops with no opaque one left, and per sample: bound to
+// a batch of 3 at import, the file gives the same IR, so the fold is followed,
+// not fixed at import. (Its step equals PyTorch's: tools.onnx_parity, tiny-opt.)
+TEST(RealExports, OPTsFoldedHeadsCausalMaskAndOffsetPositionsPlanPerSample) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto& ref = reference()["files"]["tiny-opt-opset17.onnx"];
+  const Outcome o = import_file("tiny-opt-opset17.onnx", ref);
+  ASSERT_TRUE(o.model.has_value()) << o.error;
+  std::map<OpKind, int> ops;
+  for (const Node& n : o.model->nodes) {
+    ops[n.op] += 1;
+    if (n.op == OpKind::causal_mask) {
+      EXPECT_FALSE(n.attrs.flag("fill")) << n.name;
+      EXPECT_EQ(n.attrs.number("value"), static_cast<double>(std::numeric_limits<float>::lowest())) << n.name;
+    }
+    if (n.op == OpKind::clip) {
+      EXPECT_EQ(n.attrs.number("min"), static_cast<double>(std::numeric_limits<float>::lowest())) << n.name;
+    }
+    if (n.op == OpKind::pos_embedding) {
+      EXPECT_EQ(n.attrs.integer("offset"), 2) << n.name;
+    }
+  }
+  EXPECT_EQ(ops[OpKind::opaque], 0);
+  EXPECT_EQ(ops[OpKind::attention], 0);
+  EXPECT_EQ(ops[OpKind::matmul], 4);
+  EXPECT_EQ(ops[OpKind::softmax], 2);
+  EXPECT_EQ(ops[OpKind::causal_mask], 2);
+  EXPECT_EQ(ops[OpKind::clip], 2);
+  EXPECT_EQ(ops[OpKind::pos_embedding], 1);
+  EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
+  ImportOptions one;
+  one.seq_len = ref["options"]["sequence"].get<int64_t>();
+  expect_same_ir_at_batch(*o.model, "tiny-opt-opset17.onnx", one, 3);
+}
+
+// BLOOM adds ALiBi's bias (a constant [b H, 1, T] the importer evaluates and
+// checks against the slopes of Press et al. for 4 heads) to scores on the
+// batch folded with the heads, reads its fused query_key_value at 0, 1 and 2
+// of an axis (a width-1 slice each, where the Gather was opaque and kept the
+// whole projection three times), masks with masked_fill (a filling
+// causal_mask) and writes the tanh GELU its own way, which PyTorch runs as a
+// custom Function keeping only its input: one gelu under both fusions.
+// Nothing opaque is left, the IR is the same at batch 3, and the
+// activations are within 5 % (the outcomes test; its step equals PyTorch's:
+// tools.onnx_parity, tiny-bloom).
+TEST(RealExports, BLOOMsAlibiFusedQkvAndGeluPlanWithoutOpaqueOps) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto& ref = reference()["files"]["tiny-bloom-opset17.onnx"];
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    const Outcome o = import_file("tiny-bloom-opset17.onnx", ref, fusion);
+    ASSERT_TRUE(o.model.has_value()) << o.error;
+    std::map<OpKind, int> ops;
+    for (const Node& n : o.model->nodes) {
+      ops[n.op] += 1;
+      if (n.op == OpKind::causal_mask) {
+        EXPECT_TRUE(n.attrs.flag("fill")) << n.name;
+      }
+    }
+    EXPECT_EQ(ops[OpKind::opaque], 0) << to_string(fusion);
+    EXPECT_EQ(ops[OpKind::alibi], 2) << to_string(fusion);
+    EXPECT_EQ(ops[OpKind::causal_mask], 2) << to_string(fusion);
+    EXPECT_EQ(ops[OpKind::slice], 6) << to_string(fusion);
+    EXPECT_EQ(ops[OpKind::gelu], 2) << to_string(fusion);
+    EXPECT_EQ(ops[OpKind::tanh], 0) << to_string(fusion);
+    EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
+  }
+  ImportOptions one;
+  one.seq_len = ref["options"]["sequence"].get<int64_t>();
+  expect_same_ir_at_batch(*import_file("tiny-bloom-opset17.onnx", ref).model, "tiny-bloom-opset17.onnx", one, 3);
+}
+
+// ALiBi's slopes for a power-of-two head count are 2^(-8/n), its square, ...
+// (Press et al. 2022, Sec. 3: 1/2, 1/4, ..., 1/256 for 8 heads); for 6 heads,
+// those of 4 and then the odd powers of 2^(-4/4) = 1/2 (BLOOM's rule).
+TEST(Alibi, SlopesFollowThePaperAndBloomsRuleForOtherHeadCounts) {
+  const auto eight = alibi_slopes(8);
+  ASSERT_EQ(eight.size(), 8u);
+  for (int h = 0; h < 8; ++h) EXPECT_DOUBLE_EQ(eight[static_cast<size_t>(h)], std::pow(0.5, h + 1));
+  const auto six = alibi_slopes(6);
+  const std::vector<double> want = {std::pow(2.0, -2), std::pow(2.0, -4), std::pow(2.0, -6), std::pow(2.0, -8),
+                                    0.5, 0.125};
+  ASSERT_EQ(six.size(), want.size());
+  for (size_t h = 0; h < want.size(); ++h) EXPECT_DOUBLE_EQ(six[h], want[h]) << h;
 }
 
 TEST(RealExports, TorchsOwnTanhGeluIsOneOpUnderBothFusions) {

@@ -88,15 +88,11 @@ HF_MODELS = {
 # Refused today, with the start of the message after "<file>: ". MaxViT's
 # attention is an Einsum over [batch, grid, heads, ...] whose output shape
 # ONNX shape inference leaves unknown; RoBERTa's positions are computed from
-# the token ids (a cumulative sum past the padding id); OPT folds the batch
-# with the heads before its bmm; BLOOM's ALiBi sums the attention mask
-# (docs/onnx.md).
+# the token ids (a cumulative sum past the padding id) (docs/onnx.md).
 REFUSED = {
     "maxvit_t": "node '/blocks.0/layers.0/layers/window_attention/attn_layer/attn_layer.1/Einsum' (Einsum): op "
                 "'Einsum' is not supported",
     "hf-roberta": "node '/inner/roberta/embeddings/Equal' (Equal): op 'Equal' is not supported",
-    "hf-opt": "node 'inner.decoder.layers.0.self_attn.Transpose_4' (transpose): perm [1, 0, 2] must name each",
-    "hf-bloom": "node '/inner/transformer/CumSum' (CumSum): op 'CumSum' is not supported",
 }
 
 # Planned with opaque ops (kept inputs: more than PyTorch keeps), and not

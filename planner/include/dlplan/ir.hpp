@@ -43,9 +43,14 @@ enum class OpKind {
   rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale,
   affine, pow, sqrt, reciprocal, reduce_mean, concat, transpose, reshape, slice, attention, moe, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
-  relative_position_bias, matmul, softmax,
+  relative_position_bias, matmul, softmax, causal_mask, alibi,
 };
 const char* to_string(OpKind op);
+
+// ALiBi's slope of each of `heads` heads (Press et al. 2022, "Train Short,
+// Test Long", Sec. 3; the closest-power-of-two rule of BLOOM's
+// build_alibi_tensor for other head counts).
+std::vector<double> alibi_slopes(int64_t heads);
 
 struct TensorInfo {
   std::string name;   // model input name, or the producing node's name
