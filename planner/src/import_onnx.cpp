@@ -980,8 +980,11 @@ class Importer {
         emit(ir_name_for(n), "pos_embedding", {ir_of(x, n, i)}, OJson{{"max_len", len}}, n.output(0), n.name());
         return weigh("weight", WeightRef{t});
       }
-      if (c > 1 && is_float(g_.dtype(t)))
-        uncounted_params_.push_back(fmt::format("{} ({} elements, operand of {})", t, c, label(n, i)));
+      // Another float initializer (a bias added outside a projection): its
+      // values change the math, and a stripped file does not hold them, so
+      // the op is opaque, its initializer noted as not counted; it used to be
+      // passed through as a no-op, which trained a model without it.
+      if (c > 1 && is_float(g_.dtype(t))) return unknown(n, i, data, /*keep_inputs=*/op == "Mul" || op == "Div");
     }
     // A constant tensor whose values the importer knows (a mask of zeros, a
     // RoPE cos table evaluated at import): a no-op only where it is neutral
@@ -1334,8 +1337,9 @@ class Importer {
       const std::string kept =
           u.keeping_nothing == 0 ? "every input kept for backward"
           : u.keeping_nothing == u.count
-              ? "nothing kept for backward (each adds a constant the importer evaluated)"
-              : fmt::format("every input kept for backward but by the {} that add a constant", u.keeping_nothing);
+              ? "nothing kept for backward (each adds a constant or an initializer)"
+              : fmt::format("every input kept for backward but by the {} that add a constant or an initializer",
+                            u.keeping_nothing);
       std::string line = fmt::format("{} x {} (unknown to dlplan: planned as opaque, its output {}/sample fp32 and "
                                      "{}; no engine trains it",
                                      u.count, op, format_bytes(static_cast<double>(u.bytes)), kept);
@@ -1343,7 +1347,6 @@ class Importer {
       if (op == "MatMul" || op == "Softmax") line += attention_hint();
       notes_.push_back(line + ")");
     }
-    for (const auto& p : uncounted_params_) notes_.push_back("initializer not counted as a parameter: " + p);
     if (folded_convs_ > 0 && bn_layers_ == 0)
       notes_.push_back(fmt::format(
           "BatchNorm appears folded into {} Conv layer{} (eval-mode export: their biases are constants named "
@@ -1383,7 +1386,6 @@ class Importer {
   std::string last_emitted_;
   std::map<std::string, WeightRef> weights_;
   std::map<std::string, std::pair<int64_t, int64_t>> padded_for_pool_;  // a Pad's output -> the AveragePool's padding  // IR parameter ("h.0.attn.q.weight") -> its values in the file
-  std::vector<std::string> uncounted_params_;
   OJson nodes_ = OJson::array();
   std::vector<std::string> onnx_names_;
   OJson input_specs_ = OJson::object();

@@ -210,6 +210,23 @@ TEST(ImportOnnx, UnknownOpsArePlannedAsOpaqueAndListed) {
   EXPECT_EQ(m.parameter_count(), load_model(fx("tiny_mlp.onnx")).parameter_count());
 }
 
+// An elementwise op with a float initializer that is neither a learned scale
+// nor a position table (here x + shift, shift [128], after a ReLU) changes
+// the math by values a stripped file does not hold: it is opaque (an add keeps
+// nothing), its initializer noted as not counted, so no engine trains it. It
+// used to be passed through as a no-op, which trained a model without it.
+TEST(ImportOnnx, AnAddOfALearnedTensorOutsideAProjectionIsOpaqueNotANoOp) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("initializer_add.onnx"));
+  const Node* add = find_op(m, OpKind::opaque);
+  ASSERT_NE(add, nullptr) << notes_of(m);
+  EXPECT_EQ(add->attrs.text("source"), "Add");
+  EXPECT_TRUE(declare(m, *add).saved.empty());
+  EXPECT_TRUE(has_note(m, "128 parameters in its initializers not counted")) << notes_of(m);
+  EXPECT_EQ(count_op(m, OpKind::opaque), 1);
+  EXPECT_EQ(count_op(load_model(fx("tiny_mlp.onnx")), OpKind::opaque), 0);  // control: the same MLP without it
+}
+
 TEST(ImportOnnx, UnknownShapeChangingOpIsPlannedAtItsInferredShape) {
   REQUIRE_ONNX();
   Model m = load_model(fx("unknown_op_reshape.onnx"));
