@@ -896,17 +896,20 @@ class Importer {
     // x[..., k, ...] at a constant k of a later axis (BLOOM's fused query_key_value
     // [b, T, H, 3, hd] read at 0, 1, 2): a slice of width 1, which keeps nothing
     // (derivatives.yaml: select_backward needs only the sizes), and a reshape
-    // that drops the axis.
+    // that drops the axis. x[..., [k], ...] (Falcon's key and value of its
+    // fused QKV) keeps the axis: the slice alone.
     const auto xs = g_.shape(n.input(0));
     const int64_t drop = batch_folded_.count(n.input(0)) ? 0 : 1;  // see map_transpose
-    if (axis >= 2 && idx && idx->size() == 1 && idx_shape && idx_shape->empty() && xs &&
+    const bool scalar_index = idx_shape && idx_shape->empty(), one_index = idx_shape && *idx_shape == Dims{1};
+    if (axis >= 2 && idx && idx->size() == 1 && (scalar_index || one_index) && xs &&
         axis < static_cast<int64_t>(xs->size()) && g_.shape(n.output(0))) {
       const int64_t extent = (*xs)[static_cast<size_t>(axis)], k = static_cast<int64_t>((*idx)[0]);
       const int64_t at = k < 0 ? k + extent : k;
       if (at >= 0 && at < extent) {
+        const OJson range{{"axis", axis - drop}, {"start", at}, {"end", at + 1}};
+        if (one_index) return emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, n.output(0), n.name());
         const std::string sliced = n.output(0) + "#slice";
-        emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)},
-             OJson{{"axis", axis - drop}, {"start", at}, {"end", at + 1}}, sliced, n.name());
+        emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, sliced, n.name());
         return emit(unique_name(normalize(n.name()) + ".squeeze"), "reshape", {ir_[sliced]},
                     OJson{{"shape", per_sample(n.output(0))}}, n.output(0), n.name());
       }
