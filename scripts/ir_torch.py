@@ -92,6 +92,7 @@ OPS = {
     "softmax": (1, {}),
     "causal_mask": (1, {"value": _REQUIRED, "fill": False}),
     "alibi": (1, {}),
+    "rope": (1, {"theta": 10000.0}),
     "scale": (1, {"shape": _REQUIRED, "offset": 0.0}),
     "affine": (1, {"scale": 1.0, "shift": 0.0}),
     "pow": (1, {"exponent": _REQUIRED}),
@@ -614,6 +615,13 @@ class IRModule(nn.Module):
             return torch.matmul(x, xs[1])
         if op == "softmax":
             return torch.softmax(x, dim=-1)
+        if op == "rope":  # rotate-half RoPE on [..., T, d] (GPT-NeoX's, Falcon's, outside attention)
+            T, d = x.shape[-2], x.shape[-1]
+            inv_freq = 1.0 / (float(a["theta"]) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+            ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+            sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+            return x * cos + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
         if op == "alibi":  # head h adds slope_h * j at key j (BLOOM's alibi tensor)
             H, Tk = x.shape[-3], x.shape[-1]
             slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32, device=x.device)
@@ -917,6 +925,8 @@ def _node_flops(n):
         return 5.0 * out, 4.0 * out
     if op in ("causal_mask", "alibi"):
         return out, 0.0
+    if op == "rope":
+        return 3.0 * out, 3.0 * out
     if op == "scale":
         return out, 2.0 * out
     if op == "affine":

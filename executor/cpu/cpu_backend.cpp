@@ -124,6 +124,7 @@ class CpuBackend final : public Backend {
       case OpKind::softmax: return softmax_forward(c);
       case OpKind::causal_mask: return causal_mask_forward(c);
       case OpKind::alibi: return alibi_forward(c);
+      case OpKind::rope: return rope_forward(c);
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
@@ -174,6 +175,7 @@ class CpuBackend final : public Backend {
       case OpKind::softmax: return softmax_backward(c);
       case OpKind::causal_mask: return causal_mask_backward(c);
       case OpKind::alibi: return alibi_backward(c);
+      case OpKind::rope: return rope_backward(c);
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);

@@ -175,6 +175,8 @@ void causal_mask_forward(OpContext& c);
 void causal_mask_backward(OpContext& c);
 void alibi_forward(OpContext& c);
 void alibi_backward(OpContext& c);
+void rope_forward(OpContext& c);
+void rope_backward(OpContext& c);
 
 // ---- ops_shape.cpp -------------------------------------------------------------
 void transpose_forward(OpContext& c);

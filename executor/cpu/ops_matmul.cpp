@@ -9,6 +9,8 @@
 // causal_mask: over the last two axes, where key j > query i, y = x + value
 // (dx += dy) or, with `fill`, y = value (dx gets nothing); elsewhere y = x.
 // alibi: y[h, i, j] = x[h, i, j] + slope_h j over scores [..., H, T, Tk]; dx += dy.
+// rope: x [..., T, d] rotated in pairs (i, i + d/2) by t theta^(-2i/d); dx is
+// dy rotated back (the rotation's transpose).
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
 
@@ -165,6 +167,42 @@ void alibi_backward(OpContext& c) {
   float* dx = c.din[0].f();
   const int64_t n = c.batch * numel(in_shape(c, 0));
   for (int64_t e = 0; e < n; ++e) dx[e] += dy[e];
+}
+
+namespace {
+// Rotates each [T, d] block of `in` into `out` (+=, or = when `assign`), by
+// the angle or its negative (the transpose: `inverse`).
+void rotate_pairs(const OpContext& c, const float* in, float* out, bool inverse, bool assign) {
+  const Shape& s = in_shape(c, 0);
+  const int64_t d = s.back(), T = s[s.size() - 2], half = d / 2, blocks = c.batch * numel(s) / (T * d);
+  const double theta = c.node->attrs.number("theta");
+  std::vector<float> cs(static_cast<size_t>(T * half)), sn(static_cast<size_t>(T * half));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {  // as HF's rotary tables: cos and sin of t / theta^(2i/d)
+      const double angle = static_cast<double>(t) * std::pow(theta, -static_cast<double>(2 * i) / static_cast<double>(d));
+      cs[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(angle));
+      sn[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(angle)) * (inverse ? -1.0f : 1.0f);
+    }
+  parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* x = in + (q * T + t) * d;
+        float* y = out + (q * T + t) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float co = cs[static_cast<size_t>(t * half + i)], si = sn[static_cast<size_t>(t * half + i)];
+          const float a = x[i] * co - x[i + half] * si, b = x[i + half] * co + x[i] * si;
+          y[i] = assign ? a : y[i] + a;
+          y[i + half] = assign ? b : y[i + half] + b;
+        }
+      }
+  });
+}
+}  // namespace
+
+void rope_forward(OpContext& c) { rotate_pairs(c, c.in[0].f(), c.out.f(), false, true); }
+
+void rope_backward(OpContext& c) {
+  if (c.din[0].defined()) rotate_pairs(c, c.dout.f(), c.din[0].f(), true, false);
 }
 
 }  // namespace dlplan::exec::cpu

@@ -818,6 +818,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::softmax:
     case OpKind::causal_mask:
     case OpKind::alibi:
+    case OpKind::rope:
     case OpKind::concat: break;
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
@@ -868,6 +869,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::softmax:
     case OpKind::causal_mask:
     case OpKind::alibi:
+    case OpKind::rope:
     case OpKind::concat: break;
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);

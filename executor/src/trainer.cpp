@@ -112,7 +112,8 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
         n.op == OpKind::reduce_mean)
       return fmt::format("node '{}' is a {} (written-out math, imported with --fusion eager), which the CPU engine "
                          "trains and the CUDA engine does not yet", n.name, to_string(n.op));
-    if (n.op == OpKind::matmul || n.op == OpKind::softmax || n.op == OpKind::causal_mask || n.op == OpKind::alibi)
+    if (n.op == OpKind::matmul || n.op == OpKind::softmax || n.op == OpKind::causal_mask || n.op == OpKind::alibi ||
+        n.op == OpKind::rope)
       return fmt::format("node '{}' is a {} outside an attention pattern (an imported graph's own), which the CPU "
                          "engine trains and the CUDA engine does not yet", n.name, to_string(n.op));
     if (n.op == OpKind::hardsigmoid || n.op == OpKind::hardswish)

@@ -1240,7 +1240,8 @@ class Importer {
 
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
-    static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm"};
+    static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm",
+                                                "rope"};
     if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
     const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);

@@ -157,6 +157,9 @@ struct Rotary {
   std::string x;
   std::optional<double> theta;
   std::optional<int64_t> dim;  // partial rotary (Phi): the leading dims of each head that rotate
+  std::string cos, sin;        // the two tables
+  std::vector<int> nodes;      // the two Muls, the Concat, the Neg and the two Slices
+  int hi = -1, lo = -1;        // the Slices x[..., d/2:] and x[..., :d/2]
 };
 
 std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
@@ -175,10 +178,11 @@ std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
     if (hi < 0 || lo < 0 || g.node(hi).op_type() != "Slice" || g.node(lo).op_type() != "Slice" ||
         g.node(hi).input(0) != *x || g.node(lo).input(0) != *x)
       continue;
-    Rotary r{*x, std::nullopt, std::nullopt};
+    Rotary r{*x, std::nullopt, std::nullopt, other_operand(g.node(a), *x), other_operand(g.node(b), *rot),
+             {a, b, cat, neg, hi, lo}, hi, lo};
     // cos [.., T, d]: cos(t / theta^(2i/d)) for i < d/2, repeated; position 1, i = 1
     // gives theta = (1 / acos(cos[1][1]))^(d/2).
-    const std::string cos = other_operand(g.node(a), *x);
+    const std::string& cos = r.cos;
     const auto v = g.values(cos);
     const auto s = g.shape(cos);
     if (v && s && !s->empty() && s->back() >= 4 && static_cast<int64_t>(v->size()) >= 2 * s->back()) {
@@ -189,6 +193,78 @@ std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
     return r;
   }
   return std::nullopt;
+}
+
+// The range [start, end) a one-axis Slice with constant bounds and step 1
+// takes of its input's last axis, end clamped to the axis.
+std::optional<std::pair<int64_t, int64_t>> last_axis_range(const Graph& g, const onnx::NodeProto& n) {
+  const auto s = g.shape(n.input(0));
+  if (n.input_size() < 4 || !s || s->empty()) return std::nullopt;
+  const auto st = g.values(n.input(1)), en = g.values(n.input(2)), ax = g.values(n.input(3));
+  if (!st || !en || !ax || st->size() != 1 || en->size() != 1 || ax->size() != 1) return std::nullopt;
+  if (n.input_size() > 4 && !n.input(4).empty()) {
+    const auto step = g.values(n.input(4));
+    if (!step || step->size() != 1 || (*step)[0] != 1.0) return std::nullopt;
+  }
+  const auto rank = static_cast<double>(s->size());
+  if ((*ax)[0] != -1.0 && (*ax)[0] != rank - 1) return std::nullopt;
+  const int64_t len = s->back();
+  auto clamp = [&](double v) { return static_cast<int64_t>(std::clamp(v < 0 ? v + len : v, 0.0, double(len))); };
+  return std::make_pair(clamp((*st)[0]), clamp((*en)[0]));
+}
+
+// Rotary position embedding outside a recognised attention (GPT-NeoX's and
+// Falcon's, whose attention is not the pattern): the IR's `rope` on x
+// [..., T, d], where every value of both tables is cos and sin of
+// t theta^(-2i/d) (to 1e-5, fp32 tables) and the halves are x[..., d/2:]
+// and x[..., :d/2]. PyTorch's two products keep only the tables (their other
+// operand needs no gradient), constants shared by the batch: per sample,
+// nothing, under both fusions.
+std::optional<Fusion> match_rope(const Graph& g, int add) {
+  const auto r = rotary_at(g, g.node(add));
+  const auto xs = r ? g.shape(r->x) : std::nullopt;
+  if (!r || !xs || xs->size() < 2) return std::nullopt;
+  const int64_t d = xs->back(), T = (*xs)[xs->size() - 2], half = d / 2;
+  const auto cv = g.values(r->cos), sv = g.values(r->sin);
+  if (d < 4 || d % 2 != 0 || T < 2 || !cv || !sv || cv->size() < static_cast<size_t>(2 * d) ||
+      sv->size() < static_cast<size_t>(2 * d))
+    return std::nullopt;
+  // theta from position 1's angle in the second frequency, theta^(-2/d): from
+  // atan2(sin, cos), which keeps the fp32 tables' precision where acos of a
+  // cosine near 1 does not; to 4 significant digits, then every value checked
+  const double angle = std::atan2((*sv)[static_cast<size_t>(d + 1)], (*cv)[static_cast<size_t>(d + 1)]);
+  if (!(angle > 0)) return std::nullopt;
+  const double estimate = std::pow(1.0 / angle, static_cast<double>(d) / 2.0);
+  if (!std::isfinite(estimate) || estimate <= 1) return std::nullopt;
+  const double mag = std::pow(10.0, std::floor(std::log10(estimate)) - 3);
+  const double theta = std::round(estimate / mag) * mag;
+  const auto hi = last_axis_range(g, g.node(r->hi)), lo = last_axis_range(g, g.node(r->lo));
+  if (!hi || !lo || *hi != std::make_pair(half, d) || *lo != std::make_pair(int64_t{0}, half)) return std::nullopt;
+  for (const bool is_sin : {false, true}) {
+    const std::string& table = is_sin ? r->sin : r->cos;
+    const auto v = g.values(table);
+    const auto s = g.shape(table);
+    if (!v || !s || s->size() < 2 || s->back() != d || (*s)[s->size() - 2] != T ||
+        static_cast<int64_t>(v->size()) != T * d)
+      return std::nullopt;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < d; ++i) {
+        const double inv_freq = std::pow(theta, -static_cast<double>(2 * (i % half)) / static_cast<double>(d));
+        const double angle = static_cast<double>(t) * inv_freq;
+        if (std::fabs((*v)[static_cast<size_t>(t * d + i)] - (is_sin ? std::sin(angle) : std::cos(angle))) > 1e-5)
+          return std::nullopt;
+      }
+  }
+  Fusion f;
+  f.kind = "rope";
+  f.x = r->x;
+  f.out = g.node(add).output(0);
+  f.nodes = r->nodes;
+  f.nodes.push_back(add);
+  f.unit_source = g.node(add).name();
+  f.name = g.node(add).name().empty() ? "rope" : normalize_name(g.node(add).name()) + ".rope";
+  f.attrs["theta"] = theta;
+  return f;
 }
 
 // Which equal part of its input's sliced axis a one-axis Slice with
@@ -1031,6 +1107,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     if (taken.count(i)) continue;
     const auto& op = g.node(i).op_type();
     if (op == "Erf") take(match_gelu_erf(g, i));
+    else if (op == "Add") take(match_rope(g, i));
     else if (op == "Tanh") {
       auto f = match_gelu_tanh(g, i, eager);
       take(f ? std::move(f) : match_gelu_tanh_bloom(g, i));

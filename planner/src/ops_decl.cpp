@@ -362,6 +362,10 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::alibi:
       d.fwd_flops = static_cast<double>(out_elems);
       break;
+    case OpKind::rope:  // products by constant tables: only the tables, shared by the batch, kept
+      d.fwd_flops = 3.0 * static_cast<double>(out_elems);
+      d.bwd_flops = 3.0 * static_cast<double>(out_elems);
+      break;
     // Written-out elementwise math (--fusion eager). What each keeps is what
     // PyTorch 1.13's autograd keeps (derivatives.yaml), checked with a
     // saved_tensors_hooks pack hook (tests/tools/eager_saved.py):

@@ -97,6 +97,11 @@ const std::vector<OpSpec>& op_table() {
       // slope_h * j at key j (alibi_slopes; BLOOM's baddbmm with its alibi
       // tensor). Keeps nothing.
       {OpKind::alibi, "alibi", 1, {}},
+      // Rotary position embedding outside an attention pattern (GPT-NeoX's,
+      // Falcon's), rotate-half form on x [..., T, d]: for position t and
+      // i < d/2, angle t theta^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2}
+      // sin, x_{i+d/2} cos + x_i sin). Keeps nothing (the tables are constants).
+      {OpKind::rope, "rope", 1, {{"theta", T::number, 10000.0}}},
       // x times a learned tensor of per-sample shape `shape` that broadcasts
       // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale), plus
       // `offset`: x (w + offset), w starting at 0 when offset is 1 (a written-
@@ -478,6 +483,14 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       if (x.shape[x.shape.size() - 1] != x.shape[x.shape.size() - 2])
         fail("input '{}' {} must end in a square [T, T] of scores", x.name, to_string(x.shape));
       if (!std::isfinite(n.attrs.number("value"))) fail("value must be finite");
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::rope: {
+      const auto& x = expect_rank(m, n, 0, 2, any_rank, "[..., T, d]", fail);
+      expect_float(x, fail);
+      if (x.shape.back() % 2 != 0) fail("input '{}' {}: d must be even (pairs d/2 apart)", x.name, to_string(x.shape));
+      if (!(n.attrs.number("theta") > 0)) fail("theta must be positive");
       out.shape = x.shape;
       break;
     }

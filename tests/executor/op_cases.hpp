@@ -173,6 +173,9 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("causal_mask_fill", arr({2, 4, 4}), Json{{"op", "causal_mask"}, {"value", -2.5}, {"fill", true}}));
   // ALiBi's bias over scores [H, T, Tk] (BLOOM), 3 heads: slopes 1/16 and 1/256, then 1/4
   v.push_back(unary("alibi", arr({3, 2, 4}), Json{{"op", "alibi"}}));
+  // RoPE outside an attention (GPT-NeoX): [heads 2, T 3, d 4], a small theta
+  // so that every pair turns visibly
+  v.push_back(unary("rope", arr({2, 3, 4}), Json{{"op", "rope"}, {"theta", 3.0}}));
   for (const auto& [name, a, b] : {std::tuple{"matmul", arr({3, 4}), arr({4, 2})},
                                    std::tuple{"matmul_batched", arr({2, 3, 4}), arr({2, 4, 5})},
                                    std::tuple{"matmul_broadcast", arr({2, 3, 4}), arr({1, 4, 5})},

@@ -140,6 +140,15 @@ const std::map<std::string, std::string> kKnownGaps = {
     {"tiny-qwen2-opset17.onnx", "as tiny-llama-opset17.onnx; q, k and v have biases, o none (-20.9 %)"},
     {"tiny-phi-opset17.onnx", "gelu_new written out, as GPT-2's (-36.9 %)"},
     {"tiny-gemma-opset17.onnx", "RMSNorm written out, as tiny-llama's (-18.6 %)"},
+    // Accounted from PyTorch's pack hook (T 64, 4 heads of 32): v is a view of
+    // the fused query_key_value output, so bmm keeping it keeps that whole
+    // [T, 3 H hd] storage (+65,536 bytes a layer), and where keeps the causal
+    // mask buffer (16,384 a layer) and the RoPE products their cos and sin
+    // (4,096): 172,032 bytes, of which dlplan's plan holds 32,764 elsewhere
+    // (not yet accounted).
+    {"tiny-gpt-neox-opset17.onnx",
+     "GPT-NeoX reads q, k and v as views of its fused query_key_value output; where bmm keeps v, PyTorch keeps the "
+     "whole projection's storage, and dlplan's slices are copies (-8.8 %)"},
     {"squeezenet1_1-opset17.onnx",
      "max pooling keeps only its int32 indices in dlplan's engine; PyTorch keeps int64 indices and its input, which "
      "here is a concat output nothing else keeps (-17.9 %; --fusion eager keeps PyTorch's: -0.0 %)"},
@@ -235,16 +244,17 @@ TEST(RealExports, ImportOutcomesAreTheRecordedOnesAndCountsExact) {
 // indices, where the engines' own rule keeps int32 indices only). Then GPT-2,
 // Llama, Mistral, VGG and SqueezeNet plan PyTorch's eager bytes within 5 %,
 // with the same parameters; every other file plans what it plans under the
-// default fusion. What still differs is ShuffleNet's torch.chunk, a view in
-// PyTorch and a copy in dlplan's engines, under both fusions.
+// default fusion. What still differs is a view that keeps its base's storage
+// in PyTorch and is a copy in dlplan's engines, under both fusions:
+// ShuffleNet's torch.chunk, GPT-NeoX's v of its fused QKV (kKnownGaps).
 TEST(RealExports, EagerFusionPlansWhatPyTorchEagerModeKeeps) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const std::set<std::string> written_out = {"gpt2-opset17.onnx",         "tiny-gpt2-opset17.onnx",
                                              "tiny-llama-opset17.onnx",   "tiny-mistral-opset17.onnx",
                                              "tiny-qwen2-opset17.onnx",   "tiny-phi-opset17.onnx",
                                              "tiny-gemma-opset17.onnx"};
-  // Outside 5 % under eager too: the engines copy torch.chunk's halves.
-  const std::set<std::string> known = {"shufflenet_v2_x1_0-opset17.onnx"};
+  // Outside 5 % under eager too: the engines copy views (torch.chunk's halves, GPT-NeoX's v).
+  const std::set<std::string> known = {"shufflenet_v2_x1_0-opset17.onnx", "tiny-gpt-neox-opset17.onnx"};
   // Where the default fusion's int32 pool indices alone miss PyTorch by more
   // than 5 %: the control for the max-pool rule.
   const std::set<std::string> pool_gap = {"vgg11_bn-opset17.onnx", "squeezenet1_1-opset17.onnx"};
@@ -742,27 +752,31 @@ TEST(RealExports, GemmasOffsetNormTorchGeluAndComputedRope) {
 // evaluates. Both products (q k^T and probabilities times values) plan as the
 // generic matmul (keeping both operands), the softmax as softmax (keeping its
 // output), the torch.where as a causal_mask that fills with finfo.min
-// (keeping nothing); the RoPE products, which change the math, are opaque (no engine
-// trains them) rather than dropped as no-ops, and the mask's zeros are the
-// only constants passed through. Parameters exact; activations within 5 % of
-// PyTorch's (the outcomes test).
+// (keeping nothing), and its rotate-half RoPE by those tables, once every
+// value is checked, as the IR's rope on the rotary quarter of each head
+// (keeping nothing: the tables are constants). Nothing opaque is left, so it
+// trains (RealExportTrains; its step equals PyTorch's: tools.onnx_parity,
+// tiny-gpt-neox). The mask's zeros are the only constants passed through.
+// Parameters exact; activations a known gap (kKnownGaps).
 TEST(RealExports, GPTNeoXsAttentionPlansThroughGenericMatmulAndSoftmax) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   const auto& ref = reference()["files"]["tiny-gpt-neox-opset17.onnx"];
   const Outcome o = import_file("tiny-gpt-neox-opset17.onnx", ref);
   ASSERT_TRUE(o.model.has_value()) << o.error;
   std::map<OpKind, int> ops;
-  std::map<std::string, int> opaque;
   for (const Node& n : o.model->nodes) {
     ops[n.op] += 1;
-    if (n.op == OpKind::opaque) opaque[n.attrs.text("source")] += 1;
+    if (n.op == OpKind::rope) {
+      EXPECT_EQ(n.attrs.number("theta"), 10000.0) << n.name;
+      EXPECT_EQ(o.model->tensor(n.output).shape.back(), 8) << n.name;  // rotary_pct 0.25 of 32
+    }
   }
   EXPECT_EQ(ops[OpKind::softmax], 2);
   EXPECT_EQ(ops[OpKind::matmul], 4);
   EXPECT_EQ(ops[OpKind::causal_mask], 2);
-  EXPECT_EQ(opaque.count("Where"), 0u);
+  EXPECT_EQ(ops[OpKind::rope], 4);  // q and k, two layers
+  EXPECT_EQ(ops[OpKind::opaque], 0);
   EXPECT_EQ(ops[OpKind::attention], 0);
-  EXPECT_EQ(opaque["Mul"], 8);  // q and k times cos and sin, two layers
   EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
   bool neutral_noted = false;
   for (const auto& note : o.model->notes)

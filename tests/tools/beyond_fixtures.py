@@ -96,10 +96,9 @@ REFUSED = {
 }
 
 # Planned with opaque ops (kept inputs: more than PyTorch keeps), and not
-# trainable: Falcon, whose multi-query fused QKV is not the attention
-# pattern, so that its RoPE products by the cos and sin tables are opaque.
-# (low, high) error.
-OPAQUE_BAND = {"hf-falcon": (0.0, 0.15)}
+# trainable: none today (Falcon was, until its key and value Gathers became
+# slices and its RoPE the IR's rope). (low, high) error.
+OPAQUE_BAND = {}
 
 
 def record(name, model, inputs, names, axes, loss, work):
