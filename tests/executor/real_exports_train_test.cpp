@@ -137,8 +137,11 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // --fusion eager under every single knob change a plan carries: precision,
 // checkpointing's recompute, the strategies, accumulation, offload. The
 // engine allocates what the plan walks in each: for tiny-llama's written-out
-// RMSNorm (pow, reduce_mean, affine, sqrt, reciprocal, mul, scale) and for
-// SqueezeNet's max pools keeping PyTorch's input and int64 indices.
+// RMSNorm (pow, reduce_mean, affine, sqrt, reciprocal, mul, scale), for
+// SqueezeNet's max pools keeping PyTorch's input and int64 indices, and for
+// the graphs that fold the batch with the heads: OPT (causal_mask added,
+// one-sided clip, offset positions), BLOOM (alibi, filling causal_mask,
+// slices of its fused QKV) and GPT-NeoX (rope, generic matmul and softmax).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -146,7 +149,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   ImportOptions import;
   import.seq_len = 64;
   import.fusion = FusionMode::eager;
-  for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx"}) {
+  for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx", "tiny-opt-opset17.onnx",
+                           "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
