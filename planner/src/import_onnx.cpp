@@ -278,6 +278,18 @@ class Importer {
     return d;
   }
 
+  // The axes of ONNX tensor t are the IR's per-sample axes with the batch
+  // axis in front ([b, T, D] is [T, D] per sample), unless the batch is
+  // folded into the first axis ([b H, T, hd] is [H, T, hd] per sample, the
+  // same rank). batch_axes: how many leading ONNX axes the IR drops.
+  int64_t batch_axes(const std::string& t) const { return batch_folded_.count(t) ? 0 : 1; }
+  // The IR axis of ONNX axis `axis` (non-negative) of t; none for axis 0,
+  // which is or holds the batch. Every mapper that takes an axis reads it here.
+  std::optional<int64_t> per_sample_axis(const std::string& t, int64_t axis) const {
+    if (axis < 1) return std::nullopt;
+    return axis - batch_axes(t);
+  }
+
   // An integer or [h, w] pair: one value when both are equal.
   static OJson pair(int64_t a, int64_t b) { return a == b ? OJson(a) : OJson::array({a, b}); }
 
@@ -890,7 +902,8 @@ class Importer {
     auto idx = g_.values(n.input(1));
     const auto idx_shape = g_.shape(n.input(1));
     const int64_t axis = attr_int(n, "axis", 0);
-    if (axis == 1 && idx && idx->size() == 1)
+    const bool folded = batch_folded_.count(n.input(0)) > 0;
+    if (axis == 1 && !folded && idx && idx->size() == 1)
       return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)},
                   OJson{{"index", static_cast<int64_t>((*idx)[0])}}, n.output(0), n.name());
     // x[..., k, ...] at a constant k of a later axis (BLOOM's fused query_key_value
@@ -899,14 +912,14 @@ class Importer {
     // that drops the axis. x[..., [k], ...] (Falcon's key and value of its
     // fused QKV) keeps the axis: the slice alone.
     const auto xs = g_.shape(n.input(0));
-    const int64_t drop = batch_folded_.count(n.input(0)) ? 0 : 1;  // see map_transpose
+    const auto at_axis = per_sample_axis(n.input(0), axis);
     const bool scalar_index = idx_shape && idx_shape->empty(), one_index = idx_shape && *idx_shape == Dims{1};
-    if (axis >= 2 && idx && idx->size() == 1 && (scalar_index || one_index) && xs &&
+    if (at_axis && idx && idx->size() == 1 && (scalar_index || one_index) && xs &&
         axis < static_cast<int64_t>(xs->size()) && g_.shape(n.output(0))) {
       const int64_t extent = (*xs)[static_cast<size_t>(axis)], k = static_cast<int64_t>((*idx)[0]);
       const int64_t at = k < 0 ? k + extent : k;
       if (at >= 0 && at < extent) {
-        const OJson range{{"axis", axis - drop}, {"start", at}, {"end", at + 1}};
+        const OJson range{{"axis", *at_axis}, {"start", at}, {"end", at + 1}};
         if (one_index) return emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, n.output(0), n.name());
         const std::string sliced = n.output(0) + "#slice";
         emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, sliced, n.name());
@@ -1069,7 +1082,7 @@ class Importer {
         const auto& [axis, start, end] = *r;
         if (start == 0 && end == (*g_.shape(x))[static_cast<size_t>(axis)]) return alias(n, i, x);
         return emit(ir_name_for(n), "slice", {ir_of(x, n, i)},
-                    OJson{{"axis", axis - 1}, {"start", start}, {"end", end}}, n.output(0), n.name());
+                    OJson{{"axis", *per_sample_axis(x, axis)}, {"start", start}, {"end", end}}, n.output(0), n.name());
       }
       return unknown(n, i, data);
     }
@@ -1093,7 +1106,7 @@ class Importer {
     // Per sample, the batch axis is gone ([b, T, D]: perm [0, 2, 1] is [1, 0]),
     // unless the batch is folded into the first axis ([b H, T, hd], OPT's
     // heads: per sample [H, T, hd], the same perm).
-    const int64_t drop = batch_folded_.count(x) ? 0 : 1;
+    const int64_t drop = batch_axes(x);
     OJson per = OJson::array();
     bool identity = true;
     for (size_t k = 1; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
@@ -1223,10 +1236,15 @@ class Importer {
       const auto s = g_.shape(n.output(0));
       int64_t axis = attr_int(n, "axis", 0);
       if (s && axis < 0) axis += static_cast<int64_t>(s->size());
-      if (axis >= 1) {
+      // Every input must read the axis alike (all batch-major, or all with
+      // the batch folded into the first axis).
+      const auto at = per_sample_axis(data[0], axis);
+      const bool alike = std::all_of(data.begin(), data.end(),
+                                     [&](const std::string& t) { return batch_axes(t) == batch_axes(data[0]); });
+      if (at && alike) {
         std::vector<std::string> ins;
         for (const auto& t : data) ins.push_back(ir_of(t, n, i));
-        return emit(ir_name_for(n), "concat", ins, OJson{{"axis", axis - 1}}, n.output(0), n.name());
+        return emit(ir_name_for(n), "concat", ins, OJson{{"axis", *at}}, n.output(0), n.name());
       }
     }
     unknown(n, i, data);

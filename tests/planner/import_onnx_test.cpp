@@ -227,6 +227,38 @@ TEST(ImportOnnx, AnAddOfALearnedTensorOutsideAProjectionIsOpaqueNotANoOp) {
   EXPECT_EQ(count_op(load_model(fx("tiny_mlp.onnx")), OpKind::opaque), 0);  // control: the same MLP without it
 }
 
+// A tensor with the batch folded into its first axis ([b H, T, hd], OPT's
+// heads) is [H, T, hd] per sample: ONNX axis 1 is the IR's axis 1, where a
+// batch-major tensor's axis 1 is the IR's 0. Slice, Concat and a Gather at a
+// constant index all read their axis so; before, Slice and Concat took one
+// off and sliced the heads (the file was refused: "[4, 8) is not a
+// non-empty range within axis 0 ... [4, 8, 4]").
+TEST(ImportOnnx, AxesOfABatchFoldedWithTheHeadsArePerSampleAxes) {
+  REQUIRE_ONNX();
+  Model m = load_model(fx("folded_heads.onnx"));
+  EXPECT_EQ(m.parameter_count(), 16 * 16 + 16 * 10);
+  std::vector<const Node*> slices, concats;
+  for (const auto& n : m.nodes) {
+    if (n.op == OpKind::slice) slices.push_back(&n);
+    if (n.op == OpKind::concat) concats.push_back(&n);
+  }
+  ASSERT_EQ(slices.size(), 3u) << notes_of(m);  // the two halves, then the Gather of position 0
+  ASSERT_EQ(concats.size(), 1u);
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 4}, {4, 8}, {0, 1}};
+  for (size_t k = 0; k < slices.size(); ++k) {
+    EXPECT_EQ(slices[k]->attrs.integer("axis"), 1) << slices[k]->name;
+    EXPECT_EQ(slices[k]->attrs.integer("start"), ranges[k].first) << slices[k]->name;
+    EXPECT_EQ(slices[k]->attrs.integer("end"), ranges[k].second) << slices[k]->name;
+    EXPECT_EQ(m.tensor(slices[k]->inputs[0]).shape, (Shape{4, 8, 4})) << slices[k]->name;
+  }
+  EXPECT_EQ(m.tensor(slices[0]->output).shape, (Shape{4, 4, 4}));
+  EXPECT_EQ(m.tensor(slices[2]->output).shape, (Shape{4, 1, 4}));
+  EXPECT_EQ(concats[0]->attrs.integer("axis"), 1);
+  EXPECT_EQ(m.tensor(concats[0]->output).shape, (Shape{4, 8, 4}));
+  // The concatenation puts the second half first.
+  EXPECT_EQ(concats[0]->inputs[0], slices[1]->output);
+}
+
 TEST(ImportOnnx, UnknownShapeChangingOpIsPlannedAtItsInferredShape) {
   REQUIRE_ONNX();
   Model m = load_model(fx("unknown_op_reshape.onnx"));
