@@ -1586,10 +1586,12 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
     }
     if (inference_notes.empty()) {
       try {
-        if (const int folded = fold_shape_subgraphs(model, path); folded > 0)
+        std::vector<std::string> assumed;
+        if (const int folded = fold_shape_subgraphs(model, path, &assumed); folded > 0)
           inference_notes.push_back(fmt::format(
               "{} node{} computing shapes, positions or masks evaluated at import (micro-batch {}{})", folded,
               folded == 1 ? "" : "s", opt.micro_batch, opt.seq_len > 0 ? fmt::format(", sequence {}", opt.seq_len) : ""));
+        inference_notes.insert(inference_notes.end(), assumed.begin(), assumed.end());
       } catch (const std::exception& e) {
         inference_notes.push_back(fmt::format("ONNX shape inference stopped after shapes were evaluated ({})", e.what()));
       }

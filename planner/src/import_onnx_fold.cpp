@@ -526,6 +526,8 @@ class Folder {
       std::optional<Const> value;
       if (n.op_type() == "Shape" || n.op_type() == "Size") {
         value = shape_of(g, n);
+      } else if (auto none = no_padding(g, n)) {
+        value = std::move(none);
       } else {
         std::vector<const Const*> in;
         bool all = n.input_size() > 0;
@@ -573,6 +575,52 @@ class Folder {
     return c;
   }
 
+  // input_ids == pad, where it only feeds the positions RoBERTa computes
+  // from the ids (transformers' create_position_ids_from_input_ids:
+  // mask = ids.ne(pad); positions = cumsum(mask, 1) * mask + pad): every
+  // element false, i.e. the input holds no padding token, so the positions
+  // are pad + 1 ... pad + T. A padded batch shifts them, not what the step
+  // keeps or computes; the assumption goes to the notes. Any other Equal of
+  // the ids (a mask attention reads) is left alone.
+  std::optional<Const> no_padding(const Graph& g, const onnx::NodeProto& n) {
+    if (n.op_type() != "Equal" || n.input_size() != 2) return std::nullopt;
+    for (int side = 0; side < 2; ++side) {
+      const std::string& ids = n.input(side);
+      if (std::find(g.inputs.begin(), g.inputs.end(), ids) == g.inputs.end() || !is_integral(g.dtype(ids))) continue;
+      const auto shape = g.shape(ids);
+      const Const* pad = lookup(g, n.input(1 - side));
+      if (!shape || count(*shape) <= 0 || !pad || pad->v.size() != 1 || !is_integral(pad->type)) continue;
+      if (!feeds_cumsum_only_through_not(g, n.output(0))) continue;
+      assumptions_.push_back(fmt::format(
+          "node '{}': positions computed from '{}' (RoBERTa's, from the tokens that are not padding) assume no "
+          "token equals the padding id {}, so they are {} ... {}; a padded batch shifts positions, not memory",
+          n.name(), ids, to_i64(pad->v[0]), to_i64(pad->v[0]) + 1, to_i64(pad->v[0]) + shape->back()));
+      return Const{*shape, std::vector<double>(static_cast<size_t>(count(*shape)), 0.0), TP::BOOL};
+    }
+    return std::nullopt;
+  }
+
+  // t's only reader is a Not, whose readers (through Casts) are a CumSum and
+  // the product of that sum with the mask itself.
+  static bool feeds_cumsum_only_through_not(const Graph& g, const std::string& t) {
+    const auto& c = g.consumers_of(t);
+    if (c.size() != 1 || g.node(c[0]).op_type() != "Not") return false;
+    std::vector<std::string> frontier = {g.node(c[0]).output(0)};
+    bool cumsum = false;
+    for (int depth = 0; depth < 3 && !frontier.empty(); ++depth) {
+      std::vector<std::string> next;
+      for (const auto& f : frontier)
+        for (int k : g.consumers_of(f)) {
+          const auto& op = g.node(k).op_type();
+          if (op == "CumSum") cumsum = true;
+          else if (op == "Cast") next.push_back(g.node(k).output(0));
+          else if (op != "Mul") return false;
+        }
+      frontier = std::move(next);
+    }
+    return cumsum;
+  }
+
   // A known value: folded in this pass, a Constant, or an integer
   // initializer. A float initializer is marked (type -1): a parameter, or a
   // buffer, that the importer plans.
@@ -609,11 +657,14 @@ class Folder {
   const std::string& src_;
   std::map<std::string, Const> known_;
   const Const param_{{}, {}, -1};
+
+ public:
+  std::vector<std::string> assumptions_;  // what a fold assumed of the inputs, for the notes
 };
 
 }  // namespace
 
-int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src) {
+int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src, std::vector<std::string>* assumptions) {
   Folder f(model, src);
   int total = 0;
   for (int round = 0; round < 32; ++round) {  // each round after shape inference revealed more dimensions
@@ -624,6 +675,7 @@ int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src) {
     onnx::ShapeInferenceOptions so(false, 0, true);
     onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), so);
   }
+  if (assumptions) *assumptions = f.assumptions_;
   return total;
 }
 

@@ -93,8 +93,11 @@ std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t);
 // Unsqueeze -> Concat -> Reshape, Range, ConstantOfShape, ...), now that the
 // inputs' dimensions are bound: each node whose inputs are all known becomes
 // a Constant, and shape inference runs again, until nothing more folds
-// (import_onnx_fold.cpp). Returns how many nodes were folded.
-int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src);
+// (import_onnx_fold.cpp). Returns how many nodes were folded; what a fold
+// assumed of the inputs (RoBERTa's ids hold no padding token) goes to
+// `assumptions`, for the notes.
+int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src,
+                         std::vector<std::string>* assumptions = nullptr);
 
 const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name);
 int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def);

@@ -78,6 +78,7 @@ const std::map<std::string, std::string> kToday = {
     {"tiny-gpt-neox-opset17.onnx", "imports"},
     {"tiny-opt-opset17.onnx", "imports"},
     {"tiny-bloom-opset17.onnx", "imports"},
+    {"tiny-roberta-opset17.onnx", "imports"},
     {"tiny-bert-opset17.onnx", "imports"},
     {"tiny-gpt2-opset17.onnx", "imports"},
     {"tiny-hf-vit-opset17.onnx", "imports"},
@@ -821,6 +822,33 @@ TEST(RealExports, OPTsFoldedHeadsCausalMaskAndOffsetPositionsPlanPerSample) {
   ImportOptions one;
   one.seq_len = ref["options"]["sequence"].get<int64_t>();
   expect_same_ir_at_batch(*o.model, "tiny-opt-opset17.onnx", one, 3);
+}
+
+// RoBERTa computes its positions from the ids (transformers'
+// create_position_ids_from_input_ids: cumsum of ids != pad, times the mask,
+// plus pad). The importer evaluates them assuming no token is the padding id
+// 1, which makes them rows 2 ... T + 1 of the table: a pos_embedding at
+// offset 2, as PyTorch reads it for an unpadded batch, and the assumption is
+// in the notes. Before, the file was refused at the Equal.
+TEST(RealExports, RoBERTasPositionsFromTheIdsAssumeNoPadding) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto& ref = reference()["files"]["tiny-roberta-opset17.onnx"];
+  const Outcome o = import_file("tiny-roberta-opset17.onnx", ref);
+  ASSERT_TRUE(o.model.has_value()) << o.error;
+  std::map<OpKind, int> ops;
+  for (const Node& n : o.model->nodes) {
+    ops[n.op] += 1;
+    if (n.op == OpKind::pos_embedding && n.attrs.integer("max_len") == 130)  // the positions' table
+      EXPECT_EQ(n.attrs.integer("offset"), 2) << n.name;
+  }
+  EXPECT_EQ(ops[OpKind::pos_embedding], 2);  // positions, and the token type's row 0
+  EXPECT_EQ(ops[OpKind::attention], 2);
+  EXPECT_EQ(ops[OpKind::opaque], 0);
+  EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
+  const bool noted = std::any_of(o.model->notes.begin(), o.model->notes.end(), [](const std::string& s) {
+    return s.find("assume no token equals the padding id 1, so they are 2 ... 65") != std::string::npos;
+  });
+  EXPECT_TRUE(noted) << fmt::format("{}", fmt::join(o.model->notes, "\n"));
 }
 
 // BLOOM adds ALiBi's bias (a constant [b H, 1, T] the importer evaluates and

@@ -87,12 +87,12 @@ HF_MODELS = {
 
 # Refused today, with the start of the message after "<file>: ". MaxViT's
 # attention is an Einsum over [batch, grid, heads, ...] whose output shape
-# ONNX shape inference leaves unknown; RoBERTa's positions are computed from
-# the token ids (a cumulative sum past the padding id) (docs/onnx.md).
+# ONNX shape inference leaves unknown (docs/onnx.md). (RoBERTa, whose
+# positions are computed from the token ids, was here until the importer
+# evaluated them assuming no padding token.)
 REFUSED = {
     "maxvit_t": "node '/blocks.0/layers.0/layers/window_attention/attn_layer/attn_layer.1/Einsum' (Einsum): op "
                 "'Einsum' is not supported",
-    "hf-roberta": "node '/inner/roberta/embeddings/Equal' (Equal): op 'Equal' is not supported",
 }
 
 # Planned with opaque ops (kept inputs: more than PyTorch keeps), and not
