@@ -83,7 +83,7 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--fusion", r.fusion,
                  "ONNX files and Hugging Face configs: engine (default) fuses every pattern dlplan's engine has one op "
                  "for; eager plans math written out in Python (gelu_new, RMSNorm) op by op, keeping what PyTorch's "
-                 "eager autograd keeps");
+                 "eager autograd keeps (max pools their input and int64 indices, a kept slice its whole storage)");
   app.add_option("--capacity-factor", f->capacity_factor,
                  "Mixture of experts: each expert takes capacity-factor x tokens x top_k / experts tokens of a sample "
                  "and drops the rest (default: the model's, 1.25; experts / top_k drops none)");

@@ -626,6 +626,7 @@ class Importer {
         {"Sub", &Importer::map_arithmetic},
         {"Div", &Importer::map_arithmetic},
         {"Slice", &Importer::map_slice},
+        {"Split", &Importer::map_split},
         {"Transpose", &Importer::map_transpose},
         {"MaxPool", &Importer::map_pool},
         {"AveragePool", &Importer::map_pool},
@@ -919,7 +920,9 @@ class Importer {
       const int64_t extent = (*xs)[static_cast<size_t>(axis)], k = static_cast<int64_t>((*idx)[0]);
       const int64_t at = k < 0 ? k + extent : k;
       if (at >= 0 && at < extent) {
-        const OJson range{{"axis", *at_axis}, {"start", at}, {"end", at + 1}};
+        OJson range{{"axis", *at_axis}, {"start", at}, {"end", at + 1}};
+        // x[..., k, ...] is a view in PyTorch; x[..., [k], ...] a copy (index).
+        if (fusion_ == FusionMode::eager && scalar_index) range["view"] = true;
         if (one_index) return emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, n.output(0), n.name());
         const std::string sliced = n.output(0) + "#slice";
         emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, sliced, n.name());
@@ -1081,12 +1084,51 @@ class Importer {
       if (auto r = sliced(n)) {
         const auto& [axis, start, end] = *r;
         if (start == 0 && end == (*g_.shape(x))[static_cast<size_t>(axis)]) return alias(n, i, x);
-        return emit(ir_name_for(n), "slice", {ir_of(x, n, i)},
-                    OJson{{"axis", *per_sample_axis(x, axis)}, {"start", start}, {"end", end}}, n.output(0), n.name());
+        OJson a{{"axis", *per_sample_axis(x, axis)}, {"start", start}, {"end", end}};
+        if (fusion_ == FusionMode::eager) a["view"] = true;  // x[..., a:b] and torch.chunk are views
+        return emit(ir_name_for(n), "slice", {ir_of(x, n, i)}, a, n.output(0), n.name());
       }
       return unknown(n, i, data);
     }
     unknown(n, i, data);
+  }
+
+  // Split of an activation along a per-sample axis (torch.split with sizes,
+  // F.glu): one slice per output, each keeping nothing, as slices do. The
+  // sizes come from the `split` input (opset 13 on), the attribute before,
+  // or equal parts.
+  void map_split(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    const auto s = g_.shape(x);
+    const auto rank = s ? static_cast<int64_t>(s->size()) : 0;
+    int64_t axis = attr_int(n, "axis", 0);
+    if (axis < 0) axis += rank;
+    const auto at = per_sample_axis(x, axis);
+    if (!s || !at || axis >= rank || (*s)[static_cast<size_t>(axis)] <= 0) return unknown(n, i, data);
+    const int64_t dim = (*s)[static_cast<size_t>(axis)], parts = n.output_size();
+    std::vector<int64_t> sizes = attr_ints(n, "split");
+    if (n.input_size() > 1 && !n.input(1).empty()) {
+      const auto v = g_.values(n.input(1));
+      if (!v) return unknown(n, i, data);
+      sizes.assign(v->begin(), v->end());
+    }
+    if (sizes.empty() && parts > 0 && dim % parts == 0) sizes.assign(static_cast<size_t>(parts), dim / parts);
+    int64_t total = 0;
+    for (int64_t v : sizes) total += v > 0 ? v : dim + 1;  // a size of 0 or less: not planned as slices
+    if (static_cast<int64_t>(sizes.size()) != parts || total != dim) return unknown(n, i, data);
+    int64_t start = 0;
+    for (int k = 0; k < parts; ++k) {
+      const int64_t end = start + sizes[static_cast<size_t>(k)];
+      if (!n.output(k).empty()) {
+        // Not views under --fusion eager, unlike Slice: F.glu exports as this
+        // Split, a Sigmoid and a Mul, and PyTorch's glu keeps its input,
+        // the bytes of the two parts kept as copies (tiny-mlp-glu: exact).
+        const OJson a{{"axis", *at}, {"start", start}, {"end", end}};
+        emit(k == 0 ? ir_name_for(n) : unique_name(fmt::format("{}.{}", normalize(n.name()), k)), "slice",
+             {ir_of(x, n, i)}, a, n.output(k), n.name());
+      }
+      start = end;
+    }
   }
 
   void map_transpose(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
@@ -1603,7 +1645,8 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
   Importer imp(g, opt.fusion);
   if (opt.fusion == FusionMode::eager)
     imp.pre_note("--fusion eager: math written out in Python (gelu_new's tanh form, RMSNorm) planned op by op, as "
-                 "PyTorch's eager autograd runs it");
+                 "PyTorch's eager autograd runs it; slices are views, an op keeping one keeps the tensor it was cut "
+                 "from (the engine cuts it again for that op's backward)");
   for (auto& n : pre) imp.pre_note(n);
   for (auto& n : inference_notes) imp.pre_note(n);
   try {

@@ -117,7 +117,13 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::reshape, "reshape", 1, {{"shape", T::int_list, nullptr}}},
       // x.narrow(axis, start, end - start) over a per-sample axis (ShuffleNetV2's
       // channel split, torch.chunk)
-      {OpKind::slice, "slice", 1, {{"axis", T::integer, nullptr}, {"start", T::integer, nullptr}, {"end", T::integer, nullptr}}},
+      // view (absent: false): PyTorch's view of its input (x[..., a:b],
+      // torch.chunk), as --fusion eager plans an imported graph: an op that
+      // keeps it for backward keeps the input's whole storage (the step
+      // program keeps the input and cuts the slice again for that backward).
+      {OpKind::slice, "slice", 1,
+       {{"axis", T::integer, nullptr}, {"start", T::integer, nullptr}, {"end", T::integer, nullptr},
+        {"view", T::boolean, kDerived}}},
       // Inputs: x [T, D]; with cross, then the sequence keys and values are
       // projected from, memory [Tk, Dm] (an encoder's output: T5's
       // EncDecAttention); with position_bias, last a bias [heads, T, Tk] added

@@ -217,6 +217,24 @@ class Emitter {
   int saved_tensor_id(int i, const SavedTensor& s) const {
     return s.ref == SavedTensor::Ref::input ? node(i).inputs[static_cast<size_t>(s.input)] : node(i).output;
   }
+  // --fusion eager's slices are PyTorch's views (ops_schema.cpp): an op that
+  // keeps one for backward keeps the storage it was cut from, as autograd
+  // does. The tensor whose storage t shares, through slices of slices.
+  bool is_view(int i) const {
+    const Node& n = node(i);
+    return n.op == OpKind::slice && n.attrs.has("view") && n.attrs.flag("view");
+  }
+  int storage_of(int t) const {
+    for (int p = m_.tensor(t).producer; p >= 0 && is_view(p); p = m_.tensor(t).producer) t = node(p).inputs[0];
+    return t;
+  }
+  // What node i's saved tensor s keeps alive until i's backward: the tensor,
+  // or for a view the storage it shares (not within a checkpointed unit,
+  // whose recomputation keeps what it makes until the unit's backward).
+  int kept_tensor_id(int i, const SavedTensor& s) const {
+    const int t = saved_tensor_id(i, s);
+    return s.ref == SavedTensor::Ref::input && !checkpointed(i) ? storage_of(t) : t;
+  }
   const std::string& unit_name(int u) const { return m_.units[static_cast<size_t>(u)]; }
   std::string unit_label(int u) const { return u == 0 ? std::string("root") : unit_name(u); }
 
@@ -616,9 +634,10 @@ class Emitter {
       if (checkpointed(static_cast<int>(i))) continue;
       for (const auto& s : out_.decls[i].saved)
         if (s.ref != SavedTensor::Ref::own) {
-          auto t = static_cast<size_t>(saved_tensor_id(static_cast<int>(i), s));
+          const int id = saved_tensor_id(static_cast<int>(i), s);
+          auto t = static_cast<size_t>(kept_tensor_id(static_cast<int>(i), s));
           keep_[t]++;
-          add_holder(t, m_.nodes[i].name);
+          add_holder(t, m_.nodes[i].name + (static_cast<int>(t) != id ? " (a view of it)" : ""));
         }
     }
     unit_inputs_.assign(m_.units.size(), {});
@@ -809,13 +828,18 @@ class Emitter {
                      "backward");
         if (checkpointed(i)) recompute_unit(u);
       }
-      if (node_bwd_[static_cast<size_t>(i)]) backward_op(i);
+      std::vector<int> cut;  // views cut again from their storage for this backward
+      if (node_bwd_[static_cast<size_t>(i)]) {
+        cut_views(i, cut);
+        backward_op(i);
+      }
+      for (int t : cut) free_slot(live_[static_cast<size_t>(t)]);
       issue_ready_gradients(i);
       free_slot(grad_[static_cast<size_t>(n.output)]);
       for (auto& s : own_[static_cast<size_t>(i)]) free_slot(s);
       own_[static_cast<size_t>(i)].clear();
       for (const auto& s : d.saved)
-        if (s.ref != SavedTensor::Ref::own) release(saved_tensor_id(i, s));
+        if (s.ref != SavedTensor::Ref::own) release(kept_tensor_id(i, s));
       if (u != 0 && unit_first_[static_cast<size_t>(u)] == i) {
         if (unit_bwd_[static_cast<size_t>(u)])
           for (int t : unit_inputs_[static_cast<size_t>(u)]) release(t);
@@ -824,6 +848,31 @@ class Emitter {
       mark();
     }
     after_backward();
+  }
+
+  // The views node i keeps (see storage_of) were freed after their forward
+  // uses, their storage kept instead. The engines need each view's values
+  // for i's backward, so each is cut again from the storage, as a
+  // recomputation (a slice: a copy), into a workspace tensor freed after
+  // the backward. `cut` lists the tensors made here.
+  void cut_views(int i, std::vector<int>& cut) {
+    for (const auto& s : decl(i).saved) {
+      if (s.ref != SavedTensor::Ref::input) continue;
+      const int t = saved_tensor_id(i, s);
+      if (kept_tensor_id(i, s) != t) cut_view(t, cut);
+    }
+  }
+  void cut_view(int t, std::vector<int>& cut) {
+    if (live_[static_cast<size_t>(t)] >= 0) return;  // alive: another holder keeps it, or cut already
+    const int p = m_.tensor(t).producer;
+    cut_view_input(node(p).inputs[0], cut);
+    if (view_uses_.empty()) view_uses_.assign(m_.tensors.size(), 1 << 20);  // nothing freed by a count
+    forward_op(p, Phase::recompute, view_uses_);
+    cut.push_back(t);
+  }
+  void cut_view_input(int t, std::vector<int>& cut) {
+    const int p = m_.tensor(t).producer;
+    if (p >= 0 && is_view(p)) cut_view(t, cut);  // a slice of a slice: the inner one first
   }
 
   // Node i's backward: its gradient staging, its inputs' gradients, the op.
@@ -1038,6 +1087,7 @@ class Emitter {
   std::set<int> unit_staged_;
 
   std::vector<int> keep_, fwd_uses_;
+  std::vector<int> view_uses_;  // cut_view's forward: counts that never reach zero
   std::vector<std::string> holders_;
   std::vector<std::vector<int>> unit_inputs_;
   std::vector<int> live_, grad_, batch_slots_;

@@ -22,6 +22,7 @@
 #include "dlplan/loader.hpp"
 #include "dlplan/planner.hpp"
 #include "dlplan/plan_io.hpp"
+#include "dlplan/step_program.hpp"
 #include "dlplan/step_walk.hpp"
 
 #include <gtest/gtest.h>
@@ -131,7 +132,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-qwen2-opset17.onnx", "tiny-phi-opset17.onnx",
                                            "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx",
                                            "tiny-opt-opset17.onnx", "tiny-bloom-opset17.onnx",
-                                           "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx"),
+                                           "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx",
+                                           "tiny-mlp-glu-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -150,7 +152,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   import.seq_len = 64;
   import.fusion = FusionMode::eager;
   for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx", "tiny-opt-opset17.onnx",
-                           "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx"}) {
+                           "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx",
+                           "shufflenet_v2_x1_0-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
@@ -161,6 +164,35 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
     }
     EXPECT_GE(runs, 15) << file;
   }
+}
+
+// --fusion eager plans ShuffleNetV2's torch.chunk halves as PyTorch's views:
+// a convolution that keeps one keeps the whole storage, and the step program
+// cuts the half again (a recomputed slice) for that convolution's backward.
+// Trained so, the model must take the same steps as under the default
+// fusion, whose halves are copies kept as they are: the same losses, to the
+// bit, since the same kernels run on the same values. The plan must hold the
+// cut slices (or the test would compare two copies).
+TEST(RealExportEagerKnobs, ViewsCutAgainForBackwardTrainAsCopiesDo) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  ImportOptions eager, engine;
+  eager.fusion = FusionMode::eager;
+  const std::string file = exported("shufflenet_v2_x1_0-opset17.onnx");
+  const knobs::Outcome viewed = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, eager);
+  const knobs::Outcome copied = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, engine);
+  EXPECT_TRUE(viewed.equal()) << knobs::mismatch(viewed);
+  EXPECT_EQ(viewed.loss, copied.loss);
+  // Whole storages kept instead of halves: more activations under eager.
+  EXPECT_GT(viewed.predicted[static_cast<size_t>(Category::activations)],
+            copied.predicted[static_cast<size_t>(Category::activations)]);
+  const PlanDocument plan = knobs::plan_of(knobs::Config{}, 1, 0, false, file, eager);
+  const StepProgram program = build_step_program(plan.model, plan.cluster, plan.training);
+  int cut = 0;
+  for (const auto& ev : program.compute)
+    cut += ev.phase == Phase::recompute && ev.node >= 0 && plan.model.nodes[static_cast<size_t>(ev.node)].op == OpKind::slice;
+  EXPECT_EQ(cut, 13);  // one per block that splits its input: 3 + 7 + 3 in the three stages
 }
 
 // The CPU trainer's refusal of `plan` before the first step ("" if it

@@ -153,9 +153,9 @@ def torch_step(model, inputs, kind, lr, perturb=None):
             dict(model.named_parameters())[perturb].mul_(1.01)
     model.train()
     model.zero_grad()
-    x = inputs["input"] if kind == "image" else inputs["input_ids"]
+    x = inputs["input_ids"] if kind == "tokens" else inputs["input"]
     logits = model(x)
-    target = inputs["label"] if kind == "image" else inputs["targets"]
+    target = inputs["targets"] if kind == "tokens" else inputs["label"]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     loss.backward()
     grads = {n: p.grad.detach().double().clone() for n, p in model.named_parameters()}
