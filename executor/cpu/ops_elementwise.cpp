@@ -247,44 +247,66 @@ void silu_backward(OpContext& c) {
 
 // ---- add, mul ------------------------------------------------------------------
 
-void add_forward(OpContext& c) {
-  const float* a = c.in[0].f();
-  const float* b = c.in[1].f();
-  float* y = c.out.f();
-  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = a[i] + b[i];
-  });
-}
-
-void add_backward(OpContext& c) {
-  const float* dy = c.dout.f();
-  const int64_t n = total(c);
-  for (int k = 0; k < 2; ++k) {
-    if (!c.din[static_cast<size_t>(k)].defined()) continue;
-    float* dx = c.din[static_cast<size_t>(k)].f();
-    parallel_for(n, grain_elements(), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) dx[i] += dy[i];
-    });
-  }
-}
-
 namespace {
 
 // Per-sample NumPy broadcasting uses ir.hpp's broadcast_offsets over one
 // sample's shapes: both operands carry the batch axis, so sample s adds
 // s * numel(in).
 
-struct MulOperands {
+struct BroadcastOperands {
   std::vector<int64_t> a, b;  // broadcast_offsets of each input
   int64_t per_out, per_a, per_b;
 };
 
-MulOperands mul_operands(const OpContext& c) {
+BroadcastOperands broadcast_operands(const OpContext& c) {
   const Shape &o = out_shape(c), &a = in_shape(c, 0), &b = in_shape(c, 1);
   return {broadcast_offsets(o, a), broadcast_offsets(o, b), numel(o), numel(a), numel(b)};
 }
 
 }  // namespace
+
+void add_forward(OpContext& c) {
+  const float* a = c.in[0].f();
+  const float* b = c.in[1].f();
+  float* y = c.out.f();
+  if (in_shape(c, 0) == in_shape(c, 1)) {
+    parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = a[i] + b[i];
+    });
+    return;
+  }
+  const BroadcastOperands m = broadcast_operands(c);
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < m.per_out; ++i)
+      y[s * m.per_out + i] = a[s * m.per_a + m.a[static_cast<size_t>(i)]] + b[s * m.per_b + m.b[static_cast<size_t>(i)]];
+}
+
+// da += dy; db += dy (nothing saved). A broadcast operand sums the gradient
+// over the elements it was repeated to.
+void add_backward(OpContext& c) {
+  const float* dy = c.dout.f();
+  if (in_shape(c, 0) == in_shape(c, 1)) {
+    const int64_t n = total(c);
+    for (int k = 0; k < 2; ++k) {
+      if (!c.din[static_cast<size_t>(k)].defined()) continue;
+      float* dx = c.din[static_cast<size_t>(k)].f();
+      parallel_for(n, grain_elements(), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dx[i] += dy[i];
+      });
+    }
+    return;
+  }
+  const BroadcastOperands m = broadcast_operands(c);
+  const std::vector<int64_t>* at[2] = {&m.a, &m.b};
+  const int64_t per[2] = {m.per_a, m.per_b};
+  for (int k = 0; k < 2; ++k) {
+    if (!c.din[static_cast<size_t>(k)].defined()) continue;
+    float* dx = c.din[static_cast<size_t>(k)].f();
+    const auto& mine = *at[k];
+    for (int64_t s = 0; s < c.batch; ++s)
+      for (int64_t i = 0; i < m.per_out; ++i) dx[s * per[k] + mine[static_cast<size_t>(i)]] += dy[s * m.per_out + i];
+  }
+}
 
 void mul_forward(OpContext& c) {
   const float* a = c.in[0].f();
@@ -294,7 +316,7 @@ void mul_forward(OpContext& c) {
     for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = a[i] * b[i];
     return;
   }
-  const MulOperands m = mul_operands(c);
+  const BroadcastOperands m = broadcast_operands(c);
   for (int64_t s = 0; s < c.batch; ++s)
     for (int64_t i = 0; i < m.per_out; ++i)
       y[s * m.per_out + i] = a[s * m.per_a + m.a[static_cast<size_t>(i)]] * b[s * m.per_b + m.b[static_cast<size_t>(i)]];
@@ -314,7 +336,7 @@ void mul_backward(OpContext& c) {
     }
     return;
   }
-  const MulOperands m = mul_operands(c);
+  const BroadcastOperands m = broadcast_operands(c);
   const std::vector<int64_t>* at[2] = {&m.a, &m.b};
   const int64_t per[2] = {m.per_a, m.per_b};
   for (int k = 0; k < 2; ++k) {

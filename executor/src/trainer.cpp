@@ -123,6 +123,10 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
       return fmt::format("node '{}' multiplies {} by {} with broadcasting (a squeeze-and-excitation scale), which the "
                          "CPU engine trains and the CUDA engine does not yet",
                          n.name, to_string(m.tensor(n.inputs[0]).shape), to_string(m.tensor(n.inputs[1]).shape));
+    if (n.op == OpKind::add && m.tensor(n.inputs[0]).shape != m.tensor(n.inputs[1]).shape)
+      return fmt::format("node '{}' adds {} and {} with broadcasting, which the CPU engine trains and the CUDA engine "
+                         "does not yet",
+                         n.name, to_string(m.tensor(n.inputs[0]).shape), to_string(m.tensor(n.inputs[1]).shape));
     if (n.op == OpKind::rmsnorm && n.attrs.number("offset") != 0.0)
       return fmt::format("node '{}' is an RMSNorm with offset {} (Gemma's 1 + weight)", n.name, n.attrs.number("offset"));
   }

@@ -951,7 +951,18 @@ class Importer {
       if (op == "Add" || op == "Mul")
         return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
                     OJson::object(), n.output(0), n.name());
-      return unknown(n, i, data);
+      // a - b is a + (-1 b); a / b is a (1 / b). Each keeps what PyTorch's
+      // keeps (derivatives.yaml: sub nothing; div self and other, here a and
+      // 1 / b, the reciprocal's output, of b's size), with one more
+      // intermediate of b's size alive while the op runs.
+      const std::string b = normalize(n.name()) + (op == "Sub" ? ".neg" : ".reciprocal");
+      const std::string b_out = n.output(0) + (op == "Sub" ? "#neg" : "#reciprocal");
+      if (op == "Sub")
+        emit(unique_name(b), "affine", {ir_of(data[1], n, i)}, OJson{{"scale", -1.0}, {"shift", 0.0}}, b_out, n.name());
+      else
+        emit(unique_name(b), "reciprocal", {ir_of(data[1], n, i)}, OJson::object(), b_out, n.name());
+      return emit(ir_name_for(n), op == "Sub" ? "add" : "mul", {ir_of(data[0], n, i), ir_[b_out]}, OJson::object(),
+                  n.output(0), n.name());
     }
     // One data operand and a scalar constant: y = scale x + shift (x * c,
     // x + c, x / c, c - x), or 1 / x. Each keeps nothing but a 0-dim constant

@@ -517,16 +517,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       else out.shape.pop_back();
       break;
     }
-    case OpKind::add: {
-      const auto &a = in(0), &b = in(1);
-      expect_float(a, fail);
-      expect_float(b, fail);
-      if (a.shape != b.shape)
-        fail("inputs '{}' {} and '{}' {} must have the same shape", a.name, to_string(a.shape), b.name,
-             to_string(b.shape));
-      out.shape = a.shape;
-      break;
-    }
+    case OpKind::add:    // NumPy broadcasting of the per-sample shapes, as mul (x - x.mean(-1, keepdim=True))
     case OpKind::mul: {  // NumPy broadcasting of the per-sample shapes (an SE block's x [C, H, W] * s [C, 1, 1])
       const auto &a = in(0), &b = in(1);
       expect_float(a, fail);

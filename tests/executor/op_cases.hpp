@@ -197,6 +197,17 @@ inline std::vector<OpCase> op_cases() {
                    Json::array({Json{{"name", "op"}, {"op", "mul"}, {"in", {"a", "b"}}}}));
     v.push_back(c);
   }
+  {  // x - x.mean(-1, keepdim=True): [3, 4] + [3, 1], and both operands repeating
+    OpCase c;
+    c.name = "add_broadcast";
+    c.ir = make_ir("add_broadcast", Json{{"x", f32(arr({3, 4}))}, {"m", f32(arr({3, 1}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "add"}, {"in", {"x", "m"}}}}));
+    v.push_back(c);
+    c.name = "add_broadcast_both";  // [2, 1, 3] + [4, 1]
+    c.ir = make_ir("add_broadcast_both", Json{{"a", f32(arr({2, 1, 3}))}, {"b", f32(arr({4, 1}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "add"}, {"in", {"a", "b"}}}}));
+    v.push_back(c);
+  }
   {  // ConvNeXt's permutes around its LayerNorm, and a cyclic one of three unequal axes
     OpCase c;
     c.name = "transpose_to_channels_last";

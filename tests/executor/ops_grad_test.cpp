@@ -6,6 +6,7 @@
 #include "op_cases.hpp"
 
 #include "dlplan/error.hpp"
+#include "dlplan/exec/trainer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -775,6 +776,18 @@ TEST(OpForward, NormsMatchTheDefinition) {
     }
     EXPECT_LT(worst, 1e-5) << op;
   }
+}
+
+// The CUDA engine's add is same-shape only: a broadcasting add (the importer's
+// a - b of [T, D] and [T, 1]) is refused before the first step, naming the
+// node and both shapes; a same-shape add is not.
+TEST(OpGpuRefusal, TheGpuEngineNamesTheBroadcastingAdd) {
+  const OpCase c = find_case("add_broadcast");
+  const auto why = gpu_engine_lacks(parse_model(with_loss(c.ir), c.name));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("node 'op' adds [3, 4] and [3, 1] with broadcasting"), std::string::npos) << *why;
+  const OpCase same = find_case("add");
+  EXPECT_FALSE(gpu_engine_lacks(parse_model(with_loss(same.ir), same.name)).has_value());
 }
 
 }  // namespace

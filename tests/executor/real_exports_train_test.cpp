@@ -133,7 +133,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx",
                                            "tiny-opt-opset17.onnx", "tiny-bloom-opset17.onnx",
                                            "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx",
-                                           "tiny-mlp-glu-opset17.onnx"),
+                                           "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,

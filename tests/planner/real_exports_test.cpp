@@ -89,6 +89,7 @@ const std::map<std::string, std::string> kToday = {
     {"tiny-gemma-opset17.onnx", "imports"},
     {"tiny-mlp-gelu-tanh-opset17.onnx", "imports"},
     {"tiny-mlp-glu-opset17.onnx", "imports"},
+    {"tiny-mlp-arith-opset17.onnx", "imports"},
     {"vgg11_bn-opset17.onnx", "imports"},
     {"vit_b_16-opset13.onnx", "imports"},
     {"vit_b_16-opset17.onnx", "imports"},
@@ -857,6 +858,33 @@ TEST(RealExports, GLUsSplitIsASlicePerPart) {
     const auto torch_act = ref["saved_bytes_with_loss_mask_dropout"].get<int64_t>();
     EXPECT_NEAR(static_cast<double>(max_activations(*o.model)), static_cast<double>(torch_act), 0.05 * torch_act);
   }
+}
+
+// h - h.mean(-1, keepdim=True) and a division by another activation: Sub
+// and Div of two activations were opaque (planned, not trainable). They are
+// a + (-1 b), a broadcasting add ([128] + [1]), and a (1 / b): the bytes
+// PyTorch keeps (sub keeps nothing, div its two operands), with the
+// parameters exact.
+TEST(RealExports, SubAndDivOfActivationsAreAddAndMul) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto& ref = reference()["files"]["tiny-mlp-arith-opset17.onnx"];
+  const Outcome o = import_file("tiny-mlp-arith-opset17.onnx", ref);
+  ASSERT_TRUE(o.model.has_value()) << o.error;
+  std::map<OpKind, int> ops;
+  bool broadcast_add = false;
+  for (const Node& n : o.model->nodes) {
+    ops[n.op] += 1;
+    if (n.op == OpKind::add)
+      broadcast_add = broadcast_add || (o.model->tensor(n.inputs[0]).shape == Shape{128} &&
+                                        o.model->tensor(n.inputs[1]).shape == Shape{1});
+  }
+  EXPECT_EQ(ops[OpKind::opaque], 0);
+  EXPECT_TRUE(broadcast_add);
+  EXPECT_EQ(ops[OpKind::reciprocal], 1);
+  EXPECT_EQ(ops[OpKind::reduce_mean], 1);
+  EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
+  const auto torch_act = ref["saved_bytes_with_loss_mask_dropout"].get<int64_t>();
+  EXPECT_NEAR(static_cast<double>(max_activations(*o.model)), static_cast<double>(torch_act), 0.05 * torch_act);
 }
 
 // RoBERTa computes its positions from the ids (transformers'
