@@ -90,7 +90,7 @@ OPS = {
     "mul": (2, {}),
     "matmul": (2, {}),
     "softmax": (1, {}),
-    "causal_mask": (1, {"value": _REQUIRED, "fill": False}),
+    "causal_mask": (1, {"value": _REQUIRED, "fill": False, "query_axis": _DERIVED}),
     "alibi": (1, {}),
     "rope": (1, {"theta": 10000.0}),
     "scale": (1, {"shape": _REQUIRED, "offset": 0.0}),
@@ -102,7 +102,7 @@ OPS = {
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
     "reshape": (1, {"shape": _REQUIRED}),
-    "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED}),
+    "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED, "view": _NULL}),  # view: memory only
     "attention": (-1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                        "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                        "rope_theta": 10000.0, "rotary_dim": _DERIVED, "cross": _NULL, "position_bias": _NULL,
@@ -627,12 +627,15 @@ class IRModule(nn.Module):
             slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32, device=x.device)
             bias = slopes[:, None, None] * torch.arange(Tk, dtype=torch.float32, device=x.device)
             return x + bias.to(x.dtype)
-        if op == "causal_mask":  # above the diagonal of the last two axes: x + value (OPT), or value (fill)
+        if op == "causal_mask":  # key j > query i: x + value (OPT), or value (fill)
             T = x.shape[-1]
             above = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            if a["query_axis"] is not None:  # queries on per-sample axis q (x has the batch first): [T, 1.., T]
+                between = x.dim() - 1 - (int(a["query_axis"]) + 1) - 1
+                above = above.reshape([T] + [1] * between + [T])
             if a["fill"]:
                 return torch.where(above, torch.tensor(float(a["value"]), dtype=x.dtype, device=x.device), x)
-            return x + torch.zeros(T, T, dtype=x.dtype, device=x.device).masked_fill(above, float(a["value"]))
+            return x + torch.zeros(above.shape, dtype=x.dtype, device=x.device).masked_fill(above, float(a["value"]))
         if op == "scale":
             w = self._p(n, "weight")
             return x * (w + float(a["offset"]) if float(a["offset"]) else w)

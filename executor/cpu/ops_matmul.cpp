@@ -6,7 +6,8 @@
 // inputs kept, ops_decl.cpp): da += dy c^T, dc += a^T dy, where a broadcast
 // operand's gradient sums over the products that read it.
 // softmax: y = exp(x - max) / sum; dx += y (dy - sum(dy y)), from the output.
-// causal_mask: over the last two axes, where key j > query i, y = x + value
+// causal_mask: over the queries' axis (the second to last, or query_axis) and
+// the keys' (the last), where key j > query i, y = x + value
 // (dx += dy) or, with `fill`, y = value (dx gets nothing); elsewhere y = x.
 // alibi: y[h, i, j] = x[h, i, j] + slope_h j over scores [..., H, T, Tk]; dx += dy.
 // rope: x [..., T, d] rotated in pairs (i, i + d/2) by t theta^(-2i/d); dx is
@@ -109,36 +110,54 @@ void softmax_backward(OpContext& c) {
   });
 }
 
-void causal_mask_forward(OpContext& c) {
+namespace {
+
+// causal_mask's input as [outer, T (queries), inner, T (keys)]: inner is 1
+// unless axes lie between the queries' and the keys' (GPT-BigCode's [T, H, T]).
+struct CausalLayout {
+  int64_t outer, T, inner;
+};
+CausalLayout causal_layout(const OpContext& c) {
   const Shape& s = in_shape(c, 0);
-  const int64_t T = s.back(), squares = c.batch * numel(s) / (T * T);
+  const auto q = static_cast<size_t>(causal_query_axis(*c.node, s.size()));
+  const int64_t T = s.back();
+  int64_t inner = 1;
+  for (size_t k = q + 1; k + 1 < s.size(); ++k) inner *= s[k];
+  return {c.batch * numel(s) / (T * inner * T), T, inner};
+}
+
+}  // namespace
+
+void causal_mask_forward(OpContext& c) {
+  const CausalLayout L = causal_layout(c);
   const auto value = static_cast<float>(c.node->attrs.number("value"));
   const bool fill = c.node->attrs.flag("fill");
   const float* x = c.in[0].f();
   float* y = c.out.f();
-  parallel_for(squares, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q)
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = 0; j < T; ++j) {
-          const int64_t e = (q * T + i) * T + j;
-          y[e] = j <= i ? x[e] : fill ? value : x[e] + value;
-        }
+  parallel_for(L.outer, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o)
+      for (int64_t i = 0; i < L.T; ++i)
+        for (int64_t m = 0; m < L.inner; ++m)
+          for (int64_t j = 0; j < L.T; ++j) {
+            const int64_t e = ((o * L.T + i) * L.inner + m) * L.T + j;
+            y[e] = j <= i ? x[e] : fill ? value : x[e] + value;
+          }
   });
 }
 
 void causal_mask_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
-  const Shape& s = in_shape(c, 0);
-  const int64_t T = s.back(), squares = c.batch * numel(s) / (T * T);
+  const CausalLayout L = causal_layout(c);
   const bool fill = c.node->attrs.flag("fill");
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
-  for (int64_t q = 0; q < squares; ++q)
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < T; ++j) {
-        const int64_t e = (q * T + i) * T + j;
-        if (j <= i || !fill) dx[e] += dy[e];
-      }
+  for (int64_t o = 0; o < L.outer; ++o)
+    for (int64_t i = 0; i < L.T; ++i)
+      for (int64_t m = 0; m < L.inner; ++m)
+        for (int64_t j = 0; j < L.T; ++j) {
+          const int64_t e = ((o * L.T + i) * L.inner + m) * L.T + j;
+          if (j <= i || !fill) dx[e] += dy[e];
+        }
 }
 
 void alibi_forward(OpContext& c) {

@@ -33,8 +33,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <regex>
 #include <set>
 #include <tuple>
@@ -567,7 +569,7 @@ class Importer {
                                                            {"SoftmaxCrossEntropyLoss", 2},
                                                            {"BatchNormalization", 1},
                                                            {"LayerNormalization", 1}};
-    static const std::set<std::string> kSources = {"Constant", "RandomNormal", "RandomUniform"};
+    static const std::set<std::string> kSources = {"Constant", "RandomNormal", "RandomUniform", "SequenceEmpty"};
     const auto it = kInputsRead.find(op);
     const int needed = it != kInputsRead.end() ? it->second : kSources.count(op) ? 0 : 1;
     if (n.input_size() < needed)
@@ -835,9 +837,12 @@ class Importer {
     // keep x where the mask says so: cond where x is the true branch, else its negation
     std::vector<double> added(cond->size());
     for (size_t e = 0; e < cond->size(); ++e) added[e] = ((*cond)[e] != 0) == x_if_true ? 0.0 : 1.0;
-    if (!causal_mask_value(n.input(0), added, data[0])) return unknown(n, i, data);
-    return emit(ir_name_for(n), "causal_mask", {ir_of(data[0], n, i)}, OJson{{"value", *c}, {"fill", true}},
-                n.output(0), n.name());
+    const auto cm = causal_mask_value(n.input(0), added, data[0]);
+    if (!cm || !per_sample_axis(data[0], cm->query_axis)) return unknown(n, i, data);
+    OJson a = causal_mask_attrs(*cm, data[0]);
+    a["value"] = *c;
+    a["fill"] = true;
+    return emit(ir_name_for(n), "causal_mask", {ir_of(data[0], n, i)}, a, n.output(0), n.name());
   }
 
   void map_hard_swish(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
@@ -1031,8 +1036,8 @@ class Importer {
             if (op == "Add" && is_alibi(t, *v, x))
               return emit(ir_name_for(n), "alibi", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
             if (op == "Add")
-              if (const auto value = causal_mask_value(t, *v, x))
-                return emit(ir_name_for(n), "causal_mask", {ir_of(x, n, i)}, OJson{{"value", *value}}, n.output(0),
+              if (const auto cm = causal_mask_value(t, *v, x); cm && per_sample_axis(x, cm->query_axis))
+                return emit(ir_name_for(n), "causal_mask", {ir_of(x, n, i)}, causal_mask_attrs(*cm, x), n.output(0),
                             n.name());
             const double neutral = op == "Add" || op == "Sub" ? 0.0 : 1.0;
             const bool divides_it = op == "Div" && n.input(0) == t, subtracts_it = op == "Sub" && n.input(0) == t;
@@ -1067,26 +1072,47 @@ class Importer {
     return true;
   }
 
-  // The fill of an additive causal mask `mask` (values v) over x's scores
-  // [..., T, T]: 0 where key j <= query i, one finite value above (OPT's
-  // _make_causal_mask with finfo.min), every leading slice alike. The
-  // mask's shape must broadcast to x's without growing it.
-  std::optional<double> causal_mask_value(const std::string& mask, const std::vector<double>& v,
-                                          const std::string& x) const {
+  // An additive causal mask `mask` (values v) over x's scores: 0 where key
+  // j <= query i, one finite value above (OPT's _make_causal_mask with
+  // finfo.min), every other slice alike. The keys are x's last axis; the
+  // queries the last axis before it where the mask has length T: the second
+  // to last ([..., T, T]), or an earlier one with only broadcast axes
+  // between (GPT-BigCode's multi-query [b, T, H, T] under a [1, T, 1, T]
+  // mask). The mask's shape must broadcast to x's without growing it.
+  struct CausalMask {
+    double fill;
+    int64_t query_axis;  // of x's ONNX axes
+  };
+  std::optional<CausalMask> causal_mask_value(const std::string& mask, const std::vector<double>& v,
+                                              const std::string& x) const {
     const auto ms = g_.shape(mask), xs = g_.shape(x);
     if (!ms || !xs || ms->size() < 2 || xs->size() < 2 || ms->size() > xs->size()) return std::nullopt;
-    const int64_t T = xs->back();
-    if ((*xs)[xs->size() - 2] != T || ms->back() != T || (*ms)[ms->size() - 2] != T) return std::nullopt;
-    for (size_t k = 0; k + 2 < ms->size(); ++k)
-      if ((*ms)[k] != 1 && (*ms)[k] != (*xs)[xs->size() - ms->size() + k]) return std::nullopt;
-    if (T < 2 || v.empty() || v.size() % static_cast<size_t>(T * T) != 0) return std::nullopt;
-    const double fill = v[1];  // row 0, key 1: above the diagonal
+    const int64_t T = xs->back(), lead = static_cast<int64_t>(xs->size() - ms->size());
+    if (ms->back() != T || T < 2) return std::nullopt;
+    for (size_t k = 0; k < ms->size(); ++k)
+      if ((*ms)[k] != 1 && (*ms)[k] != (*xs)[static_cast<size_t>(lead) + k]) return std::nullopt;
+    int64_t q = static_cast<int64_t>(ms->size()) - 2;  // the queries' axis, of the mask's
+    while (q >= 0 && (*ms)[static_cast<size_t>(q)] == 1) --q;
+    if (q < 0 || (*ms)[static_cast<size_t>(q)] != T) return std::nullopt;
+    if (v.size() != static_cast<size_t>(std::accumulate(ms->begin(), ms->end(), int64_t{1}, std::multiplies<>())))
+      return std::nullopt;
+    int64_t inner = 1;  // the mask's elements between one query and the next
+    for (size_t k = static_cast<size_t>(q) + 1; k < ms->size(); ++k) inner *= (*ms)[k];
+    const double fill = v[1];  // query 0, key 1: above the diagonal
     if (!std::isfinite(fill) || fill == 0.0) return std::nullopt;
     for (size_t e = 0; e < v.size(); ++e) {
-      const auto i = static_cast<int64_t>(e / static_cast<size_t>(T)) % T, j = static_cast<int64_t>(e % static_cast<size_t>(T));
+      const auto i = static_cast<int64_t>(e) / inner % T, j = static_cast<int64_t>(e) % T;
       if (v[e] != (j > i ? fill : 0.0)) return std::nullopt;
     }
-    return fill;
+    return CausalMask{fill, lead + q};
+  }
+  // The IR attributes of a causal mask over x: the value, and the queries'
+  // per-sample axis where it is not the second to last.
+  OJson causal_mask_attrs(const CausalMask& cm, const std::string& x) const {
+    OJson a{{"value", cm.fill}};
+    const auto rank = static_cast<int64_t>(g_.shape(x)->size());
+    if (cm.query_axis != rank - 2) a["query_axis"] = *per_sample_axis(x, cm.query_axis);
+    return a;
   }
 
   void map_slice(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {

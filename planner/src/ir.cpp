@@ -118,6 +118,10 @@ int Model::node_index(const std::string& name) const {
 // For a power of two n: 2^(-8/n), its square, ..., its n-th power. Otherwise
 // those of the closest power of two below, cp, then the odd powers of
 // 2^(-4/cp) for the rest (interleaving the slopes of 2 cp heads).
+int64_t causal_query_axis(const Node& n, size_t rank) {
+  return n.attrs.has("query_axis") ? n.attrs.integer("query_axis") : static_cast<int64_t>(rank) - 2;
+}
+
 std::vector<double> alibi_slopes(int64_t heads) {
   std::vector<double> s;
   if (heads <= 0) return s;

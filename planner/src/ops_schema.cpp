@@ -92,7 +92,10 @@ const std::vector<OpSpec>& op_table() {
       // (key j, query i): x + `value` where j > i, x elsewhere (OPT adds
       // finfo.min); with `fill`, `value` replaces x there (GPT-NeoX's
       // torch.where(causal, x, finfo.min)). Keeps nothing.
-      {OpKind::causal_mask, "causal_mask", 1, {{"value", T::number, nullptr}, {"fill", T::boolean, false}}},
+      // query_axis (absent: the second to last): the queries' axis, the keys'
+      // being the last; GPT-BigCode's multi-query scores are [T, H, T].
+      {OpKind::causal_mask, "causal_mask", 1,
+       {{"value", T::number, nullptr}, {"fill", T::boolean, false}, {"query_axis", T::integer, kDerived}}},
       // ALiBi's linear position bias on scores [..., H, T, Tk]: head h adds
       // slope_h * j at key j (alibi_slopes; BLOOM's baddbmm with its alibi
       // tensor). Keeps nothing.
@@ -486,8 +489,13 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::causal_mask: {
       const auto& x = expect_rank(m, n, 0, 2, any_rank, "[..., T, T]", fail);
       expect_float(x, fail);
-      if (x.shape[x.shape.size() - 1] != x.shape[x.shape.size() - 2])
-        fail("input '{}' {} must end in a square [T, T] of scores", x.name, to_string(x.shape));
+      const auto rank = static_cast<int64_t>(x.shape.size());
+      const int64_t q = causal_query_axis(n, x.shape.size());
+      if (q < 0 || q >= rank - 1)
+        fail("query_axis {} is not an axis before the last (the keys') of '{}' {}", q, x.name, to_string(x.shape));
+      if (x.shape[static_cast<size_t>(q)] != x.shape.back())
+        fail("input '{}' {}: the queries' axis {} and the keys' (the last) must have the same length", x.name,
+             to_string(x.shape), q);
       if (!std::isfinite(n.attrs.number("value"))) fail("value must be finite");
       out.shape = x.shape;
       break;

@@ -171,6 +171,9 @@ inline std::vector<OpCase> op_cases() {
   // finite differences meaningful.
   v.push_back(unary("causal_mask", arr({2, 4, 4}), Json{{"op", "causal_mask"}, {"value", -2.5}}));
   v.push_back(unary("causal_mask_fill", arr({2, 4, 4}), Json{{"op", "causal_mask"}, {"value", -2.5}, {"fill", true}}));
+  // GPT-BigCode's multi-query scores [T, H, T]: the queries' axis is not the second to last
+  v.push_back(unary("causal_mask_query_axis", arr({4, 3, 4}),
+                    Json{{"op", "causal_mask"}, {"value", -2.5}, {"fill", true}, {"query_axis", 0}}));
   // ALiBi's bias over scores [H, T, Tk] (BLOOM), 3 heads: slopes 1/16 and 1/256, then 1/4
   v.push_back(unary("alibi", arr({3, 2, 4}), Json{{"op", "alibi"}}));
   // RoPE outside an attention (GPT-NeoX): [heads 2, T 3, d 4], a small theta

@@ -132,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-qwen2-opset17.onnx", "tiny-phi-opset17.onnx",
                                            "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx",
                                            "tiny-opt-opset17.onnx", "tiny-bloom-opset17.onnx",
-                                           "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx",
+                                           "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
                                            "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx"),
                          file_test_name);
 

@@ -245,7 +245,7 @@ TEST(LoaderError, NodeWithoutName) {
 
 // ---- shapes ------------------------------------------------------------------
 
-TEST(LoaderError, AddOfDifferentShapes) {
+TEST(LoaderError, AddOfShapesThatDoNotBroadcast) {
   J ir = base();
   ir["nodes"] = J::parse(R"([
     {"name": "h", "op": "linear", "in": ["x"], "out": 4},
@@ -253,7 +253,7 @@ TEST(LoaderError, AddOfDifferentShapes) {
     {"name": "fc", "op": "linear", "in": ["sum"], "out": 4},
     {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
   ])");
-  expect_error(ir, {"node 'sum'", "'x' [8]", "'h' [4]", "same shape"});
+  expect_error(ir, {"node 'sum'", "'x' [8]", "'h' [4]", "do not broadcast"});
 }
 
 TEST(LoaderError, TieToWrongShapedEmbedding) {

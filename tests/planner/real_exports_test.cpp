@@ -79,6 +79,7 @@ const std::map<std::string, std::string> kToday = {
     {"tiny-opt-opset17.onnx", "imports"},
     {"tiny-bloom-opset17.onnx", "imports"},
     {"tiny-roberta-opset17.onnx", "imports"},
+    {"tiny-gpt-bigcode-opset17.onnx", "imports"},
     {"tiny-bert-opset17.onnx", "imports"},
     {"tiny-gpt2-opset17.onnx", "imports"},
     {"tiny-hf-vit-opset17.onnx", "imports"},
@@ -858,6 +859,29 @@ TEST(RealExports, GLUsSplitIsASlicePerPart) {
     const auto torch_act = ref["saved_bytes_with_loss_mask_dropout"].get<int64_t>();
     EXPECT_NEAR(static_cast<double>(max_activations(*o.model)), static_cast<double>(torch_act), 0.05 * torch_act);
   }
+}
+
+// GPT-BigCode's multi-query attention reshapes its scores to [b, T, H, T]
+// and masks them with a causal torch.where over a [1, T, 1, T] mask: the
+// queries' axis is not the second to last. The where is the IR's
+// causal_mask with query_axis 0 (it was opaque: planned, not trainable).
+// (Its step equals PyTorch's: tools.onnx_parity, tiny-gpt-bigcode.)
+TEST(RealExports, GPTBigCodesMultiQueryScoresTakeACausalMaskOverTheirQueryAxis) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const auto& ref = reference()["files"]["tiny-gpt-bigcode-opset17.onnx"];
+  const Outcome o = import_file("tiny-gpt-bigcode-opset17.onnx", ref);
+  ASSERT_TRUE(o.model.has_value()) << o.error;
+  int masks = 0;
+  for (const Node& n : o.model->nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    if (n.op != OpKind::causal_mask) continue;
+    ++masks;
+    EXPECT_EQ(n.attrs.integer("query_axis"), 0) << n.name;
+    EXPECT_TRUE(n.attrs.flag("fill")) << n.name;
+    EXPECT_EQ(o.model->tensor(n.inputs[0]).shape, (Shape{64, 4, 64})) << n.name;
+  }
+  EXPECT_EQ(masks, 2);
+  EXPECT_EQ(o.model->parameter_count(), ref["parameters"].get<int64_t>());
 }
 
 // h - h.mean(-1, keepdim=True) and a division by another activation: Sub

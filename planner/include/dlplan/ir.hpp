@@ -80,6 +80,11 @@ struct Node {
   Attrs attrs;
 };
 
+// A causal_mask's queries' axis among the `rank` per-sample axes of its
+// input: the attribute query_axis, or the second to last (the keys' axis is
+// the last).
+int64_t causal_query_axis(const Node& n, size_t rank);
+
 // One parameter tensor (or buffer) with the node that owns it.
 struct ParamInfo {
   std::string name;     // "<node>.weight", "<node>.bias", ...
