@@ -255,7 +255,7 @@ namespace {
 
 struct BroadcastOperands {
   std::vector<int64_t> a, b;  // broadcast_offsets of each input
-  int64_t per_out, per_a, per_b;
+  int64_t per_out = 0, per_a = 0, per_b = 0;
 };
 
 BroadcastOperands broadcast_operands(const OpContext& c) {
@@ -263,92 +263,73 @@ BroadcastOperands broadcast_operands(const OpContext& c) {
   return {broadcast_offsets(o, a), broadcast_offsets(o, b), numel(o), numel(a), numel(b)};
 }
 
-}  // namespace
-
-void add_forward(OpContext& c) {
+// y = op(a, b) over every sample and output element, each operand read at
+// its broadcast offset (the plain loop when the shapes are equal).
+template <class Op>
+void broadcast_forward(OpContext& c, Op op) {
   const float* a = c.in[0].f();
   const float* b = c.in[1].f();
   float* y = c.out.f();
   if (in_shape(c, 0) == in_shape(c, 1)) {
     parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) y[i] = a[i] + b[i];
+      for (int64_t i = begin; i < end; ++i) y[i] = op(a[i], b[i]);
     });
     return;
   }
   const BroadcastOperands m = broadcast_operands(c);
   for (int64_t s = 0; s < c.batch; ++s)
     for (int64_t i = 0; i < m.per_out; ++i)
-      y[s * m.per_out + i] = a[s * m.per_a + m.a[static_cast<size_t>(i)]] + b[s * m.per_b + m.b[static_cast<size_t>(i)]];
+      y[s * m.per_out + i] = op(a[s * m.per_a + m.a[static_cast<size_t>(i)]], b[s * m.per_b + m.b[static_cast<size_t>(i)]]);
 }
 
-// da += dy; db += dy (nothing saved). A broadcast operand sums the gradient
-// over the elements it was repeated to.
-void add_backward(OpContext& c) {
+// For each operand k that needs a gradient: dx_k += dy * factor(other, at),
+// where other[at] is the other operand's value at the same output element
+// (read only by a factor that needs it: add keeps no input, so `other` may
+// be gone by its backward). A broadcast operand sums over the elements it
+// was repeated to.
+template <class Factor>
+void broadcast_backward(OpContext& c, Factor factor) {
   const float* dy = c.dout.f();
-  if (in_shape(c, 0) == in_shape(c, 1)) {
-    const int64_t n = total(c);
-    for (int k = 0; k < 2; ++k) {
-      if (!c.din[static_cast<size_t>(k)].defined()) continue;
-      float* dx = c.din[static_cast<size_t>(k)].f();
-      parallel_for(n, grain_elements(), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) dx[i] += dy[i];
-      });
-    }
-    return;
-  }
-  const BroadcastOperands m = broadcast_operands(c);
-  const std::vector<int64_t>* at[2] = {&m.a, &m.b};
-  const int64_t per[2] = {m.per_a, m.per_b};
+  const bool same = in_shape(c, 0) == in_shape(c, 1);
+  const BroadcastOperands m = same ? BroadcastOperands{} : broadcast_operands(c);
   for (int k = 0; k < 2; ++k) {
     if (!c.din[static_cast<size_t>(k)].defined()) continue;
     float* dx = c.din[static_cast<size_t>(k)].f();
-    const auto& mine = *at[k];
+    const Tensor& o = c.in[static_cast<size_t>(1 - k)];
+    const float* other = o.defined() ? o.f() : nullptr;
+    if (same) {
+      parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dx[i] += dy[i] * factor(other, i);
+      });
+      continue;
+    }
+    const auto &mine = k == 0 ? m.a : m.b, &theirs = k == 0 ? m.b : m.a;
+    const int64_t per_mine = k == 0 ? m.per_a : m.per_b, per_theirs = k == 0 ? m.per_b : m.per_a;
     for (int64_t s = 0; s < c.batch; ++s)
-      for (int64_t i = 0; i < m.per_out; ++i) dx[s * per[k] + mine[static_cast<size_t>(i)]] += dy[s * m.per_out + i];
+      for (int64_t i = 0; i < m.per_out; ++i)
+        dx[s * per_mine + mine[static_cast<size_t>(i)]] +=
+            dy[s * m.per_out + i] * factor(other, s * per_theirs + theirs[static_cast<size_t>(i)]);
   }
+}
+
+}  // namespace
+
+void add_forward(OpContext& c) {
+  broadcast_forward(c, [](float a, float b) { return a + b; });
+}
+
+// da += dy; db += dy (nothing saved).
+void add_backward(OpContext& c) {
+  broadcast_backward(c, [](const float*, int64_t) { return 1.0f; });
 }
 
 void mul_forward(OpContext& c) {
-  const float* a = c.in[0].f();
-  const float* b = c.in[1].f();
-  float* y = c.out.f();
-  if (in_shape(c, 0) == in_shape(c, 1)) {
-    for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = a[i] * b[i];
-    return;
-  }
-  const BroadcastOperands m = broadcast_operands(c);
-  for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < m.per_out; ++i)
-      y[s * m.per_out + i] = a[s * m.per_a + m.a[static_cast<size_t>(i)]] * b[s * m.per_b + m.b[static_cast<size_t>(i)]];
+  broadcast_forward(c, [](float a, float b) { return a * b; });
 }
 
-// da += dy b;  db += dy a (both inputs are saved). A broadcast operand sums
-// the gradient over the elements it was repeated to.
+// da += dy b;  db += dy a (both inputs are saved).
 void mul_backward(OpContext& c) {
-  const float* dy = c.dout.f();
-  if (in_shape(c, 0) == in_shape(c, 1)) {
-    const int64_t n = total(c);
-    for (int k = 0; k < 2; ++k) {
-      if (!c.din[static_cast<size_t>(k)].defined()) continue;
-      float* dx = c.din[static_cast<size_t>(k)].f();
-      const float* other = c.in[static_cast<size_t>(1 - k)].f();
-      for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * other[i];
-    }
-    return;
-  }
-  const BroadcastOperands m = broadcast_operands(c);
-  const std::vector<int64_t>* at[2] = {&m.a, &m.b};
-  const int64_t per[2] = {m.per_a, m.per_b};
-  for (int k = 0; k < 2; ++k) {
-    if (!c.din[static_cast<size_t>(k)].defined()) continue;
-    float* dx = c.din[static_cast<size_t>(k)].f();
-    const float* other = c.in[static_cast<size_t>(1 - k)].f();
-    const auto &mine = *at[k], &theirs = *at[1 - k];
-    for (int64_t s = 0; s < c.batch; ++s)
-      for (int64_t i = 0; i < m.per_out; ++i)
-        dx[s * per[k] + mine[static_cast<size_t>(i)]] +=
-            dy[s * m.per_out + i] * other[s * per[1 - k] + theirs[static_cast<size_t>(i)]];
-  }
+  broadcast_backward(c, [](const float* other, int64_t at) { return other[at]; });
 }
 
 // ---- scale -----------------------------------------------------------------------
