@@ -143,7 +143,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // SqueezeNet's max pools keeping PyTorch's input and int64 indices, and for
 // the graphs that fold the batch with the heads: OPT (causal_mask added,
 // one-sided clip, offset positions), BLOOM (alibi, filling causal_mask,
-// slices of its fused QKV) and GPT-NeoX (rope, generic matmul and softmax).
+// slices of its fused QKV), GPT-NeoX (rope, generic matmul and softmax),
+// GPT-BigCode (causal_mask over query_axis 0), ShuffleNetV2 (slices kept as
+// views, cut again for backward), and the MLPs whose Sub, Div and Split
+// became a broadcasting add, reciprocal and mul, and slices.
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -153,7 +156,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   import.fusion = FusionMode::eager;
   for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx", "tiny-opt-opset17.onnx",
                            "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx",
-                           "shufflenet_v2_x1_0-opset17.onnx"}) {
+                           "shufflenet_v2_x1_0-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
+                           "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
