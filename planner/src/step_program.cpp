@@ -865,14 +865,11 @@ class Emitter {
   void cut_view(int t, std::vector<int>& cut) {
     if (live_[static_cast<size_t>(t)] >= 0) return;  // alive: another holder keeps it, or cut already
     const int p = m_.tensor(t).producer;
-    cut_view_input(node(p).inputs[0], cut);
+    const int base = node(p).inputs[0], inner = m_.tensor(base).producer;
+    if (inner >= 0 && is_view(inner)) cut_view(base, cut);  // a slice of a slice: the inner one first
     if (view_uses_.empty()) view_uses_.assign(m_.tensors.size(), 1 << 20);  // nothing freed by a count
     forward_op(p, Phase::recompute, view_uses_);
     cut.push_back(t);
-  }
-  void cut_view_input(int t, std::vector<int>& cut) {
-    const int p = m_.tensor(t).producer;
-    if (p >= 0 && is_view(p)) cut_view(t, cut);  // a slice of a slice: the inner one first
   }
 
   // Node i's backward: its gradient staging, its inputs' gradients, the op.
