@@ -197,7 +197,7 @@ def _fill_attrs(node):
     if n_in != -1 and len(node["in"]) != n_in:
         raise ValueError(f"node '{node['name']}' ({op}): takes {n_in} inputs, got {len(node['in'])}")
     for key in node:
-        if key not in ("name", "op", "in", "unit") and key not in spec:
+        if key not in ("name", "op", "in", "unit", "shares") and key not in spec:
             raise ValueError(f"node '{node['name']}' ({op}): unknown attribute '{key}'")
     a = {}
     for key, default in spec.items():
@@ -213,7 +213,7 @@ def _fill_attrs(node):
 
 
 class _Node:
-    __slots__ = ("name", "op", "inputs", "unit", "a", "in_shapes", "shape", "dtype", "mod", "params")
+    __slots__ = ("name", "op", "inputs", "unit", "shares", "a", "in_shapes", "shape", "dtype", "mod", "params")
 
 
 def _plan(ir):
@@ -232,6 +232,7 @@ def _plan(ir):
         n = _Node()
         n.name, n.op, n.inputs = r["name"], r["op"], list(r["in"])
         n.unit = r.get("unit", "")
+        n.shares = r.get("shares")  # an earlier node whose parameters this one applies (ALBERT)
         n.a = _fill_attrs(r)
         for src in n.inputs:
             if src not in shapes:
@@ -331,6 +332,12 @@ def _plan(ir):
             if t is None or t.op != "embedding":
                 raise ValueError(f"node '{n.name}': tie names '{n.a['tie']}', which is not an embedding node")
             t.unit = ""
+        if n.shares is not None:
+            t = by_name.get(n.shares)
+            if t is None or t.op != n.op or t.shares is not None or t is n:
+                raise ValueError(f"node '{n.name}': shares names '{n.shares}', which is not an earlier {n.op} "
+                                 "with parameters of its own")
+            t.unit = ""
     losses = [n for n in plan if n.op == "cross_entropy"]
     if len(losses) != 1:
         raise ValueError(f"a model needs exactly one cross_entropy node, found {len(losses)}")
@@ -376,6 +383,10 @@ class IRModule(nn.Module):
             m = _NodeParams()
             plist = self._declare(n, m)  # [(suffix, weight_decay)]
             n.mod = key
+            if n.shares is not None:  # the owner's module: its parameters, not new ones (loader.cpp)
+                owner = next(o for o in self._nodes if o.name == n.shares)
+                n.mod, n.params = owner.mod, owner.params
+                continue
             n.params = [s for s, _ in plist]
             if plist or list(m.buffers()):
                 self.nodes[key] = m

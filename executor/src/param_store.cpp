@@ -113,6 +113,10 @@ ParamStore::ParamStore(const Model& m, const TrainingConfig& t, int world, int r
   for (size_t k = 0; k < m.params.size(); ++k) node_params_[static_cast<size_t>(m.params[k].node)].push_back(static_cast<int>(k));
   for (size_t i = 0; i < m.nodes.size(); ++i) {
     const Node& n = m.nodes[i];
+    if (n.attrs.has("shares")) {  // every parameter of the earlier node it applies (it declares none)
+      node_params_[i] = node_params_[static_cast<size_t>(m.node_index(n.attrs.text("shares")))];
+      continue;
+    }
     if (!n.attrs.has("tie")) continue;  // a linear or an embedding reading an embedding's table
     int owner = m.node_index(n.attrs.text("tie"));
     auto& list = node_params_[i];

@@ -85,6 +85,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::moe)
       return fmt::format("node '{}' is a mixture of experts, which the CPU engine trains and the CUDA engine does "
                          "not yet", n.name);
+    if (n.attrs.has("shares"))
+      return fmt::format("node '{}' applies the parameters of '{}' (weights shared between layers, as ALBERT's), which "
+                         "the CPU engine trains and the CUDA engine does not yet", n.name, n.attrs.text("shares"));
     if (n.op == OpKind::embedding && n.attrs.has("tie"))
       return fmt::format("node '{}' reads the table of embedding '{}' (T5's shared embedding), which the CPU engine "
                          "trains and the CUDA engine does not yet", n.name, n.attrs.text("tie"));

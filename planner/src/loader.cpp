@@ -198,6 +198,39 @@ void check_model_limits(const Model& m, const std::string& src) {
     fail(src, fmt::format("one sample's tensors hold {:.4g} elements, more than dlplan's limit of 2^48", elements));
 }
 
+// `shares`: the node applies the parameters of an earlier node (ALBERT runs
+// one layer's weights at every depth). That node must be the same op with the
+// same attributes and parameters of the same shapes, and own them (not share
+// them itself); ops with buffers (batch norm's running statistics) do not
+// share.
+void check_shares(const Model& m, const Node& n, const std::string& src) {
+  auto bad = [&](const std::string& why) { fail(src, fmt::format("node '{}' ({}): {}", n.name, to_string(n.op), why)); };
+  const std::string target = n.attrs.text("shares");
+  const int t = m.node_index(target);
+  if (t < 0 || target == n.name) bad(fmt::format("shares names '{}', which is not a node before this one", target));
+  const Node& owner = m.nodes[static_cast<size_t>(t)];
+  if (owner.attrs.has("shares"))
+    bad(fmt::format("shares names '{}', which itself applies the parameters of '{}'; name that node", target,
+                    owner.attrs.text("shares")));
+  if (owner.op != n.op) bad(fmt::format("shares names '{}', which is a {}, not a {}", target, to_string(owner.op), to_string(n.op)));
+  if (n.attrs.has("tie") || owner.attrs.has("tie")) bad("a node cannot both share and tie parameters");
+  Node own = n;
+  own.attrs.values.erase("shares");
+  if (own.attrs.values != owner.attrs.values)
+    bad(fmt::format("shares the parameters of '{}', whose attributes differ ({} against {})", target,
+                    nlohmann::json(own.attrs.values).dump(), nlohmann::json(owner.attrs.values).dump()));
+  const OpDecl mine = declare(m, own), theirs = declare(m, owner);
+  if (mine.params.empty()) bad("shares parameters but has none");
+  if (!mine.buffers.empty()) bad("keeps buffers (running statistics), which dlplan does not share between nodes");
+  auto shapes = [](const OpDecl& d) {
+    std::vector<std::pair<std::string, Shape>> v;
+    for (const auto& p : d.params) v.emplace_back(p.suffix, p.shape);
+    return v;
+  };
+  if (shapes(mine) != shapes(theirs))
+    bad(fmt::format("shares the parameters of '{}', whose shapes differ (its inputs have other shapes)", target));
+}
+
 }  // namespace
 
 void collect_params(Model& m) {
@@ -250,10 +283,13 @@ Model parse_model(const Json& ir, const std::string& src) {
     tensor_by_name[n.name] = n.output;
     m.tensors.push_back(std::move(out));
     m.nodes.push_back(std::move(n));
+    if (m.nodes.back().attrs.has("shares")) check_shares(m, m.nodes.back(), src);
   }
-  // Tied parameters belong to the root unit: both users need them gathered.
+  // Tied and shared parameters belong to the root unit: every user needs
+  // them gathered.
   for (auto& n : m.nodes)
-    if (n.attrs.has("tie")) m.nodes[static_cast<size_t>(m.node_index(n.attrs.text("tie")))].unit = 0;  // linear, embedding
+    for (const char* key : {"tie", "shares"})
+      if (n.attrs.has(key)) m.nodes[static_cast<size_t>(m.node_index(n.attrs.text(key)))].unit = 0;
 
   std::vector<std::string> losses;
   for (const auto& n : m.nodes)

@@ -498,6 +498,9 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     }
   }
   declare_lora(m, n, d);
+  // `shares`: the node applies an earlier node's parameters (ALBERT's one
+  // layer at every depth); they are that node's, counted and updated once.
+  if (n.attrs.has("shares")) d.params.clear();
   return d;
 }
 

@@ -320,6 +320,12 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
   NodeError fail{where, n};
   for (const auto& [key, value] : raw.items()) {
     if (key == "name" || key == "op" || key == "in" || key == "unit") continue;
+    if (key == "shares") {  // any op with parameters (loader.cpp checks the node it names)
+      if (!value.is_string() || value.get<std::string>().empty())
+        fail("attribute 'shares' must be the name of an earlier node, got {}", value.dump());
+      n.attrs.values["shares"] = value;
+      continue;
+    }
     const AttrSpec* a = nullptr;
     for (const auto& s : spec.attrs)
       if (key == s.key) a = &s;

@@ -426,8 +426,11 @@ class Emitter {
     for (size_t k = 0; k < m_.params.size(); ++k) done[k] = m_.params[k].node;
     for (size_t i = 0; i < m_.nodes.size(); ++i) {
       const Node& n = m_.nodes[i];
-      if (!n.attrs.has("tie")) continue;  // a linear or an embedding reading an embedding's table
-      int owner = m_.node_index(n.attrs.text("tie"));
+      // A linear or an embedding reading an embedding's table (`tie`), or a
+      // node applying an earlier node's parameters (`shares`).
+      const char* key = n.attrs.has("tie") ? "tie" : n.attrs.has("shares") ? "shares" : nullptr;
+      if (!key) continue;
+      int owner = m_.node_index(n.attrs.text(key));
       for (size_t k = 0; k < m_.params.size(); ++k)
         if (m_.params[k].node == owner) {
           done[k] = std::min(done[k], static_cast<int>(i));

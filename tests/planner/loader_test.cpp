@@ -270,6 +270,56 @@ TEST(LoaderError, TieToNonEmbedding) {
   expect_error(ir, {"node 'fc'", "tie names 'a'", "not an embedding"});
 }
 
+// `shares`: a node applying an earlier node's parameters (ALBERT's layers).
+// x [8] -> a (linear 8) -> b (linear 8, shares a) -> n1 (layernorm) ->
+// n2 (layernorm, shares n1) -> fc -> loss. The parameters count once and sit
+// in the root unit; the node named must be earlier, the same op with the same
+// attributes and parameter shapes, own its parameters and keep no buffers.
+TEST(LoaderError, SharesNamesAnEarlierNodeOfTheSameOpAndShapes) {
+  J ir = base();
+  ir["nodes"] = J::parse(R"([
+    {"name": "a", "op": "linear", "in": ["x"], "out": 8, "unit": "l0"},
+    {"name": "b", "op": "linear", "in": ["a"], "out": 8, "shares": "a", "unit": "l1"},
+    {"name": "n1", "op": "layernorm", "in": ["b"], "unit": "l0"},
+    {"name": "n2", "op": "layernorm", "in": ["n1"], "shares": "n1", "unit": "l1"},
+    {"name": "fc", "op": "linear", "in": ["n2"], "out": 4},
+    {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+  ])");
+  const Model m = parse_model(ir, "ok.json");  // control
+  EXPECT_EQ(m.parameter_count(), (8 * 8 + 8) + (8 + 8) + (8 * 4 + 4));
+  EXPECT_EQ(m.nodes[static_cast<size_t>(m.node_index("a"))].unit, 0);
+  EXPECT_EQ(m.nodes[static_cast<size_t>(m.node_index("n1"))].unit, 0);
+  for (const auto& p : m.params) EXPECT_NE(m.nodes[static_cast<size_t>(p.node)].name, "b") << p.name;
+  EXPECT_EQ(parse_model(m.ir, "again.json").parameter_count(), m.parameter_count());  // the IR as planned keeps it
+
+  J bad = ir;
+  node(bad, "b")["shares"] = "fc";
+  expect_error(bad, {"node 'b' (linear)", "shares names 'fc', which is not a node before this one"});
+  bad = ir;
+  node(bad, "b")["shares"] = 3;
+  expect_error(bad, {"node 'b'", "attribute 'shares' must be the name of an earlier node"});
+  bad = ir;
+  node(bad, "n2")["shares"] = "a";
+  expect_error(bad, {"node 'n2' (layernorm)", "which is a linear, not a layernorm"});
+  bad = ir;
+  node(bad, "b")["bias"] = false;
+  expect_error(bad, {"node 'b'", "whose attributes differ"});
+  bad = ir;
+  node(bad, "a")["out"] = 6;  // b reads a's [6]: its weight [6, 6], a's [6, 8]
+  node(bad, "b")["out"] = 6;
+  expect_error(bad, {"node 'b'", "whose shapes differ"});
+  bad = ir;
+  node(bad, "n2")["shares"] = "b";
+  node(bad, "n2")["op"] = "linear";
+  node(bad, "n2")["out"] = 8;
+  expect_error(bad, {"node 'n2'", "shares names 'b', which itself applies the parameters of 'a'; name that node"});
+  bad = ir;
+  bad["nodes"].insert(bad["nodes"].begin() + 2, J{{"name", "r1"}, {"op", "relu"}, {"in", {"b"}}});
+  bad["nodes"].insert(bad["nodes"].begin() + 3, J{{"name", "r2"}, {"op", "relu"}, {"in", {"r1"}}, {"shares", "r1"}});
+  node(bad, "n1")["in"] = {"r2"};
+  expect_error(bad, {"node 'r2' (relu)", "shares parameters but has none"});
+}
+
 TEST(LoaderError, CrossEntropyTargetsOfWrongShape) {
   J ir = base();
   ir["inputs"]["label"]["shape"] = {3};

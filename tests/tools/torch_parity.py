@@ -74,11 +74,14 @@ CASES = {
     # block, cross attention from the decoder to the encoder's output, scale 1.
     "tiny-t5": ("models/tiny-t5.json", 2, []),
     "tiny-t5-flash": ("models/tiny-t5.json", 2, ["--attention", "flash"]),
+    # tiny-gpt with h.1 applying h.0's parameters (`shares`, ALBERT's shared
+    # layers): each shared gradient is the sum of both depths'.
+    "tiny-shared": ("tests/fixtures/tiny-shared.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
-           "tiny-t5", "tiny-t5-flash"]
+           "tiny-t5", "tiny-t5-flash", "tiny-shared"]
 
 
 def read_f32(path):
