@@ -1433,6 +1433,10 @@ class Importer {
     ir["inputs"] = input_specs_;
     if (!g_.g.name().empty() && g_.g.name() != "main_graph" && g_.g.name() != "torch_jit") ir["name"] = g_.g.name();
     Model m = parse_model(nlohmann::json(ir), g_.src);
+    if (share_repeated_weights(m)) {
+      ir["nodes"] = nodes_;
+      m = parse_model(nlohmann::json(ir), g_.src);
+    }
 
     for (const auto& [op, u] : unknown_) {
       const std::string kept =
@@ -1462,6 +1466,44 @@ class Importer {
     for (const auto& n : notes_pre_) notes_.insert(notes_.begin(), n);
     m.notes = notes_;
     return m;
+  }
+
+  // ALBERT applies one layer's initializers at every depth. A node whose
+  // every parameter reads the same part of the same initializer as an earlier
+  // node's, with the same op and attributes, applies that node's parameters
+  // (`shares`): counted and trained once, as PyTorch's one nn.Module. Returns
+  // whether any node was marked (the IR is then parsed again). Parameters
+  // shared only in part stay, and refuse_shared_weights names them.
+  bool share_repeated_weights(const Model& m) {
+    std::map<int, std::vector<size_t>> params_of;
+    for (size_t k = 0; k < m.params.size(); ++k) params_of[m.params[k].node].push_back(k);
+    std::map<std::string, size_t> json_index;
+    for (size_t j = 0; j < nodes_.size(); ++j) json_index[nodes_[j]["name"].get<std::string>()] = j;
+    std::map<std::string, std::string> first_reader;  // signature -> the node that owns those parameters
+    int shared = 0;
+    for (const auto& [i, ks] : params_of) {
+      const Node& n = m.nodes[static_cast<size_t>(i)];
+      if (n.attrs.has("tie")) continue;
+      std::string sig = fmt::format("{} {}", to_string(n.op), nlohmann::json(n.attrs.values).dump());
+      for (int t : n.inputs) sig += fmt::format(" [{}]", fmt::join(m.tensor(t).shape, ","));
+      bool traced = true;
+      for (size_t k : ks) {
+        const auto w = weights_.find(m.params[k].name);
+        if (w == weights_.end()) traced = false;
+        else sig += fmt::format(" {}{}[{}:{}]", w->second.init, w->second.transpose ? "^T" : "", w->second.begin, w->second.end);
+      }
+      if (!traced) continue;
+      const auto [owner, fresh] = first_reader.emplace(sig, n.name);
+      if (fresh) continue;
+      nodes_[json_index.at(n.name)]["shares"] = owner->second;
+      for (size_t k : ks) weights_.erase(m.params[k].name);
+      ++shared;
+    }
+    if (shared > 0)
+      notes_.push_back(fmt::format("{} node{} apply the parameters of an earlier node (`shares`: one initializer read at "
+                                   "several depths, as ALBERT's shared layers): counted and trained once",
+                                   shared, shared == 1 ? "" : "s"));
+    return shared > 0;
   }
 
   struct Unknown {
@@ -1588,11 +1630,13 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
 }  // namespace
 
 // Weights shared between layers (ALBERT applies one layer's initializers at
-// every depth) are one initializer read by two IR parameters. The IR gives
-// every node parameters of its own, so such a file would be planned and
-// trained with the weights counted twice: refused, naming both. (A tied
-// head reads its embedding's table through `tie`, not a parameter of its
-// own, and parts of one fused initializer are disjoint ranges.)
+// every depth) are one initializer read by two IR parameters. A whole node
+// repeated with the same weights applies the first one's (`shares`,
+// share_repeated_weights); what is left reads an initializer in part shared
+// with another node, which would be planned and trained with the weights
+// counted twice: refused, naming both. (A tied head reads its embedding's
+// table through `tie`, not a parameter of its own, and parts of one fused
+// initializer are disjoint ranges.)
 void refuse_shared_weights(const std::string& path, const std::map<std::string, WeightRef>& weights) {
   std::map<std::string, std::vector<std::pair<const std::string*, const WeightRef*>>> by_init;
   for (const auto& [param, ref] : weights) by_init[ref.init].push_back({&param, &ref});

@@ -485,4 +485,24 @@ TEST_F(Checkpoints, OnnxExportStartsTrainingFromItsWeights) {
   EXPECT_TRUE(contains(other.err, bert + ": has no tensor")) << other.err;
 }
 
+// ALBERT's second layer applies the first's parameters (`shares`): one set of
+// weights, sharded once under ZeRO-3, whose gradient sums both depths'
+// before the reduce-scatter. Two ranks then take the step one rank takes on
+// the whole batch: the second step's loss (after the first update) agrees.
+TEST_F(Checkpoints, SharedLayersTrainOnTwoRanksAsOnOne) {
+  if (!dlplan::onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string onnx = DLPLAN_SOURCE_DIR "/tests/fixtures/exports/weights/tiny-albert-opset17.onnx";
+  const std::string z3 = make_plan(onnx, 2, 2, "albert_z3.json", {"--strategy", "zero3", "--precision", "fp32",
+                                                                   "--seq-len", "16"});
+  const std::string one = make_plan(onnx, 1, 4, "albert_one.json", {"--strategy", "ddp", "--precision", "fp32",
+                                                                    "--seq-len", "16"});
+  cleanup_.insert(cleanup_.end(), {z3, one});
+  const Job a = mpi_train(2, {"--plan", z3, "--steps", "2", "--progress", "json", "--init", onnx});
+  const Job b = train({"--plan", one, "--steps", "2", "--progress", "json", "--init", onnx});
+  ASSERT_TRUE(a.exit_code == 0 && b.exit_code == 0) << a.all() << b.all();
+  const double first = loss_value(losses(b.out), 1), la = loss_value(losses(a.out), 2), lb = loss_value(losses(b.out), 2);
+  EXPECT_NEAR(la, lb, 1e-5 * lb);
+  EXPECT_GT(std::fabs(lb - first), 1e-4) << "the first step changed nothing";
+}
+
 }  // namespace

@@ -112,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrainsEager,
                          ::testing::Values("tiny-gpt2-opset17.onnx", "tiny-llama-opset17.onnx",
                                            "tiny-mistral-opset17.onnx", "tiny-qwen2-opset17.onnx",
                                            "tiny-phi-opset17.onnx", "tiny-gemma-opset17.onnx",
-                                           "squeezenet1_1-opset17.onnx", "resnet18-opset17.onnx"),
+                                           "squeezenet1_1-opset17.onnx", "resnet18-opset17.onnx",
+                                           "tiny-albert-opset17.onnx"),
                          file_test_name);
 
 INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
@@ -133,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-gemma-opset17.onnx", "tiny-mlp-gelu-tanh-opset17.onnx",
                                            "tiny-opt-opset17.onnx", "tiny-bloom-opset17.onnx",
                                            "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
-                                           "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx"),
+                                           "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx",
+                                           "tiny-albert-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -145,8 +147,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // one-sided clip, offset positions), BLOOM (alibi, filling causal_mask,
 // slices of its fused QKV), GPT-NeoX (rope, generic matmul and softmax),
 // GPT-BigCode (causal_mask over query_axis 0), ShuffleNetV2 (slices kept as
-// views, cut again for backward), and the MLPs whose Sub, Div and Split
-// became a broadcasting add, reciprocal and mul, and slices.
+// views, cut again for backward), the MLPs whose Sub, Div and Split
+// became a broadcasting add, reciprocal and mul, and slices, and ALBERT,
+// whose second layer applies the first's parameters (`shares`: gradients of
+// both depths summed into one set, which ZeRO shards once).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -157,7 +161,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx", "tiny-opt-opset17.onnx",
                            "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx",
                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
-                           "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx"}) {
+                           "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx", "tiny-albert-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
@@ -279,6 +283,31 @@ TEST(RealExportRefusal, TheGpuEngineNamesConvNeXtsTranspose) {
   const auto why = gpu_engine_lacks(import_onnx(exported("convnext_tiny-opset17.onnx")));
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("is a transpose (ConvNeXt"), std::string::npos) << *why;
+}
+
+}  // namespace
+
+namespace {
+
+// ALBERT's second layer applies the first's parameters (`shares`): the CPU
+// engine trains it (RealExportTrains, onnx_parity against PyTorch); the CUDA
+// engine, which no GPU here can check, refuses it by name. Asked of a model
+// whose only unusual node is the shared one, so no earlier refusal hides it.
+TEST(RealExportRefusal, TheGpuEngineNamesSharedWeights) {
+  const nlohmann::json ir = nlohmann::json::parse(R"({
+    "inputs": {"x": {"shape": [8], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+    "nodes": [
+      {"name": "a", "op": "linear", "in": ["x"], "out": 8},
+      {"name": "b", "op": "linear", "in": ["a"], "out": 8, "shares": "a"},
+      {"name": "fc", "op": "linear", "in": ["b"], "out": 4},
+      {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+    ]})");
+  const auto why = gpu_engine_lacks(parse_model(ir, "shared.json"));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("node 'b' applies the parameters of 'a'"), std::string::npos) << *why;
+  nlohmann::json control = ir;
+  control["nodes"][1].erase("shares");
+  EXPECT_FALSE(gpu_engine_lacks(parse_model(control, "unshared.json")).has_value());
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """One training step of `dlplan train --init model.onnx` against PyTorch on
-the same weights (issue 12): the three files of
+the same weights (issue 12): the files of
 tests/fixtures/exports/weights, written by torch.onnx.export with their
-weights (a CNN with batch norm, a concat and squeeze-and-excitation; GPT-2 and
-BERT in small configs, dropout 0).
+weights (a CNN with batch norm, a concat and squeeze-and-excitation; GPT-2,
+BERT, ALBERT and the other families of weighted_models.py in small configs,
+dropout 0).
 
 For each file, tests/tools/dump_step imports it, plans one fp32 SGD step on
 one CPU rank, sets every parameter from the file's initializers (--init, the
