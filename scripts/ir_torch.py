@@ -86,6 +86,11 @@ OPS = {
     "clip": (1, {"min": _REQUIRED, "max": _REQUIRED}),
     "hardsigmoid": (1, {}),
     "hardswish": (1, {}),
+    "leaky_relu": (1, {"slope": 0.01}),
+    "elu": (1, {"alpha": 1.0}),
+    "softplus": (1, {}),
+    "mish": (1, {}),
+    "prelu": (1, {"shape": _REQUIRED}),
     "add": (2, {}),
     "mul": (2, {}),
     "matmul": (2, {}),
@@ -98,7 +103,7 @@ OPS = {
     "pow": (1, {"exponent": _REQUIRED}),
     "sqrt": (1, {}),
     "reciprocal": (1, {}),
-    "reduce_mean": (1, {"keepdims": False}),
+    "reduce_mean": (1, {"keepdims": False, "axis": -1}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
     "reshape": (1, {"shape": _REQUIRED}),
@@ -304,12 +309,13 @@ def _plan(ir):
             out = tuple(int(d) for d in a["shape"])
             if _numel(out) != _numel(x):
                 raise ValueError(f"node '{n.name}': cannot reshape {x} to {out}")
-        elif op == "scale":
+        elif op in ("scale", "prelu"):
             if tuple(torch.broadcast_shapes(x, tuple(int(d) for d in a["shape"]))) != x:
                 raise ValueError(f"node '{n.name}': shape {a['shape']} does not broadcast to {x}")
             out = x
-        elif op == "reduce_mean":  # over the last per-sample axis
-            out = x[:-1] + (1,) if a["keepdims"] else x[:-1]
+        elif op == "reduce_mean":  # over one per-sample axis (the last by default)
+            ax = int(a["axis"]) % len(x)
+            out = x[:ax] + ((1,) if a["keepdims"] else ()) + x[ax + 1:]
         elif op == "flatten":
             out = (_numel(x),)
         elif op == "tokens":
@@ -442,7 +448,7 @@ class IRModule(nn.Module):
                 add("bias", P(x[-1]), False)
         elif op == "rmsnorm":
             add("weight", P(x[-1]), False)
-        elif op == "scale":
+        elif op in ("scale", "prelu"):
             add("weight", P(*[int(d) for d in a["shape"]]), False)
         elif op == "attention":
             D, H, KV, hd = x[1], int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
@@ -618,6 +624,14 @@ class IRModule(nn.Module):
             return F.hardsigmoid(x)
         if op == "hardswish":
             return F.hardswish(x)
+        if op == "leaky_relu":
+            return F.leaky_relu(x, float(a["slope"]))
+        if op == "elu":
+            return F.elu(x, float(a["alpha"]))
+        if op == "softplus":
+            return F.softplus(x)
+        if op == "mish":
+            return F.mish(x)
         if op == "add":
             return x + xs[1]
         if op == "mul":
@@ -650,6 +664,8 @@ class IRModule(nn.Module):
         if op == "scale":
             w = self._p(n, "weight")
             return x * (w + float(a["offset"]) if float(a["offset"]) else w)
+        if op == "prelu":  # the slope broadcast as scale's gamma (F.prelu's own broadcasting is by channel)
+            return torch.where(x > 0, x, self._p(n, "weight") * x)
         if op == "affine":
             return x * float(a["scale"]) + float(a["shift"])
         if op == "pow":
@@ -659,7 +675,8 @@ class IRModule(nn.Module):
         if op == "reciprocal":
             return torch.reciprocal(x)
         if op == "reduce_mean":
-            return x.mean(-1, keepdim=bool(a["keepdims"]))
+            ax = int(a["axis"])  # per sample; the module's tensors lead with the batch
+            return x.mean(ax if ax < 0 else ax + 1, keepdim=bool(a["keepdims"]))
         if op == "slice":
             return x.narrow(int(a["axis"]) + 1, int(a["start"]), int(a["end"]) - int(a["start"]))
         if op == "reshape":
@@ -928,6 +945,10 @@ def _node_flops(n):
         return 2.0 * out, 2.0 * out
     if op in ("hardsigmoid", "hardswish"):
         return 4.0 * out, 4.0 * out
+    if op == "leaky_relu":
+        return 2.0 * out, 2.0 * out
+    if op in ("elu", "softplus", "mish"):
+        return 4.0 * out, 4.0 * out
     if op == "add":
         return out, 0.0
     if op == "mul":
@@ -943,6 +964,8 @@ def _node_flops(n):
         return 3.0 * out, 3.0 * out
     if op == "scale":
         return out, 2.0 * out
+    if op == "prelu":
+        return 2.0 * out, 4.0 * out
     if op == "affine":
         return out, out
     if op == "pow":

@@ -110,6 +110,11 @@ class CpuBackend final : public Backend {
       case OpKind::sigmoid: return sigmoid_forward(c);
       case OpKind::clip: return clip_forward(c);
       case OpKind::hardsigmoid: return hardsigmoid_forward(c);
+      case OpKind::leaky_relu: return leaky_relu_forward(c);
+      case OpKind::elu: return elu_forward(c);
+      case OpKind::softplus: return softplus_forward(c);
+      case OpKind::mish: return mish_forward(c);
+      case OpKind::prelu: return prelu_forward(c);
       case OpKind::hardswish: return hardswish_forward(c);
       case OpKind::concat: return concat_forward(c);
       case OpKind::add: return add_forward(c);
@@ -161,6 +166,11 @@ class CpuBackend final : public Backend {
       case OpKind::sigmoid: return sigmoid_backward(c);
       case OpKind::clip: return clip_backward(c);
       case OpKind::hardsigmoid: return hardsigmoid_backward(c);
+      case OpKind::leaky_relu: return leaky_relu_backward(c);
+      case OpKind::elu: return elu_backward(c);
+      case OpKind::softplus: return softplus_backward(c);
+      case OpKind::mish: return mish_backward(c);
+      case OpKind::prelu: return prelu_backward(c);
       case OpKind::hardswish: return hardswish_backward(c);
       case OpKind::concat: return concat_backward(c);
       case OpKind::add: return add_backward(c);

@@ -164,6 +164,104 @@ void clip_backward(OpContext& c) {
   });
 }
 
+// ---- leaky_relu, elu, softplus (torch.nn's activations) ----------------------------
+// Each derivative is PyTorch's (derivatives.yaml), read from the kept input:
+//   leaky_relu: 1 for x > 0, else slope;
+//   elu:        1 for x > 0, else alpha exp(x) (elu_backward with is_result false);
+//   softplus:   log1p(exp(x)), x above the threshold 20; derivative
+//               z / (z + 1) with z = exp(x), 1 above the threshold.
+
+void leaky_relu_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  const auto slope = static_cast<float>(c.node->attrs.number("slope"));
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] > 0.0f ? x[i] : slope * x[i];
+  });
+}
+
+void leaky_relu_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  const auto slope = static_cast<float>(c.node->attrs.number("slope"));
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = dy[i];
+      dx[i] += x[i] > 0.0f ? g : slope * g;
+    }
+  });
+}
+
+void elu_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  const auto alpha = static_cast<float>(c.node->attrs.number("alpha"));
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] > 0.0f ? x[i] : alpha * std::expm1(x[i]);
+  });
+}
+
+void elu_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  const auto alpha = static_cast<float>(c.node->attrs.number("alpha"));
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dx[i] += x[i] > 0.0f ? dy[i] : dy[i] * alpha * std::exp(x[i]);
+  });
+}
+
+constexpr float kSoftplusThreshold = 20.0f;  // nn.Softplus's default (beta 1)
+
+void softplus_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] > kSoftplusThreshold ? x[i] : std::log1p(std::exp(x[i]));
+  });
+}
+
+void softplus_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float z = std::exp(x[i]);
+      dx[i] += x[i] > kSoftplusThreshold ? dy[i] : dy[i] * z / (z + 1.0f);
+    }
+  });
+}
+
+// mish(x) = x tanh(softplus(x)), softplus without a threshold (PyTorch's
+// kernel); mish'(x) = t + x sigmoid(x) (1 - t^2) with t = tanh(softplus(x)),
+// as PyTorch's mish_backward. Keeps its input.
+
+void mish_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] * std::tanh(std::log1p(std::exp(x[i])));
+  });
+}
+
+void mish_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float t = std::tanh(std::log1p(std::exp(x[i]))), s = 1.0f / (1.0f + std::exp(-x[i]));
+      dx[i] += dy[i] * (t + x[i] * s * (1.0f - t * t));
+    }
+  });
+}
+
 // ---- hardsigmoid, hardswish (MobileNetV3) -------------------------------------------
 // h(x) = min(max(x + 3, 0), 6) / 6;  h'(x) = 1/6 on (-3, 3), else 0.
 // hardswish(x) = x h(x);  its derivative, as PyTorch's hardswish_backward:
@@ -365,6 +463,46 @@ void scale_backward(OpContext& c) {
       const auto k = static_cast<size_t>(g_at[static_cast<size_t>(i)]);
       if (dx) dx[e] += dy[e] * (g[k] + off);
       if (dg) dg[k] += dy[e] * x[e];
+    }
+}
+
+// ---- prelu: y = x for x > 0, else a x, the slope a broadcast as scale's gamma --------
+// dx = dy for x > 0, else a dy;  da += dy x where x <= 0 (PyTorch's
+// _prelu_kernel_backward).
+
+void prelu_forward(OpContext& c) {
+  const Shape& x_shape = in_shape(c, 0);
+  const auto a_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
+  const int64_t per = numel(x_shape);
+  const float* x = c.in[0].f();
+  const float* a = c.params[0].f();
+  float* y = c.out.f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) {
+      const float v = x[s * per + i];
+      y[s * per + i] = v > 0.0f ? v : a[a_at[static_cast<size_t>(i)]] * v;
+    }
+}
+
+void prelu_backward(OpContext& c) {
+  const Shape& x_shape = in_shape(c, 0);
+  const auto a_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
+  const int64_t per = numel(x_shape);
+  const float* x = c.in[0].f();
+  const float* dy = c.dout.f();
+  const float* a = c.params[0].f();
+  float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
+  float* da = grad_or_null(c.dparams[0]);
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) {
+      const int64_t e = s * per + i;
+      const auto k = static_cast<size_t>(a_at[static_cast<size_t>(i)]);
+      if (x[e] > 0.0f) {
+        if (dx) dx[e] += dy[e];
+      } else {
+        if (dx) dx[e] += a[k] * dy[e];
+        if (da) da[k] += dy[e] * x[e];
+      }
     }
 }
 

@@ -79,30 +79,51 @@ void reciprocal_backward(OpContext& c) {
   accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return -y[i] * y[i]; });
 }
 
-// ---- reduce_mean over the last axis: y[r] = sum_j x[r, j] / D;  dx[r, j] = dy[r] / D ----
+// ---- reduce_mean over one axis ------------------------------------------------------
+// The input as [rows, D, inner] around the reduced axis (the batch and the axes
+// before it in rows; inner 1 for the last axis):
+//   y[r, i] = sum_j x[r, j, i] / D;  dx[r, j, i] = dy[r, i] / D.
+
+struct MeanLayout {
+  int64_t rows, D, inner;
+};
+
+MeanLayout mean_layout(const OpContext& c) {
+  const Shape& s = in_shape(c, 0);  // per sample
+  const auto rank = static_cast<int64_t>(s.size());
+  int64_t axis = c.node->attrs.integer("axis");
+  if (axis < 0) axis += rank;
+  int64_t inner = 1;
+  for (int64_t k = axis + 1; k < rank; ++k) inner *= s[static_cast<size_t>(k)];
+  const int64_t D = s[static_cast<size_t>(axis)];
+  return {total(c) / (D * inner), D, inner};
+}
 
 void reduce_mean_forward(OpContext& c) {
-  const int64_t D = in_shape(c, 0).back(), rows = total(c) / D;
+  const MeanLayout l = mean_layout(c);
   const float* x = c.in[0].f();
   float* y = c.out.f();
-  parallel_for(rows, grain_elements() / D + 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
+  parallel_for(l.rows * l.inner, grain_elements() / l.D + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int64_t r = o / l.inner, i = o % l.inner;
+      const float* xr = x + r * l.D * l.inner + i;
       double sum = 0;  // in double: a row of 4096 fp32 terms loses digits otherwise
-      for (int64_t j = 0; j < D; ++j) sum += x[r * D + j];
-      y[r] = static_cast<float>(sum / static_cast<double>(D));
+      for (int64_t j = 0; j < l.D; ++j) sum += xr[j * l.inner];
+      y[o] = static_cast<float>(sum / static_cast<double>(l.D));
     }
   });
 }
 
 void reduce_mean_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
-  const int64_t D = in_shape(c, 0).back(), rows = total(c) / D;
-  const float inv = 1.0f / static_cast<float>(D);
+  const MeanLayout l = mean_layout(c);
+  const float inv = 1.0f / static_cast<float>(l.D);
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
-  parallel_for(rows, grain_elements() / D + 1, [&](int64_t begin, int64_t end) {
+  parallel_for(l.rows, grain_elements() / (l.D * l.inner) + 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      for (int64_t j = 0; j < D; ++j) dx[r * D + j] += dy[r] * inv;
+      for (int64_t j = 0; j < l.D; ++j)
+        for (int64_t i = 0; i < l.inner; ++i) dx[(r * l.D + j) * l.inner + i] += dy[r * l.inner + i] * inv;
   });
 }
 

@@ -806,6 +806,11 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::clip:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
     case OpKind::hardsigmoid:
     case OpKind::hardswish:
+    case OpKind::leaky_relu:
+    case OpKind::elu:
+    case OpKind::softplus:
+    case OpKind::mish:
+    case OpKind::prelu:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
@@ -857,6 +862,11 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::clip:
     case OpKind::hardsigmoid:
     case OpKind::hardswish:
+    case OpKind::leaky_relu:
+    case OpKind::elu:
+    case OpKind::softplus:
+    case OpKind::mish:
+    case OpKind::prelu:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:

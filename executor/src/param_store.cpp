@@ -35,7 +35,7 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
   }
 }
 
-enum class Init { uniform_fan_in, normal_002, ones, zeros };
+enum class Init { uniform_fan_in, normal_002, ones, zeros, quarter };
 
 Init init_of(const Node& n, const std::string& suffix) {
   // LoRA (Hu et al. 2021, Sec. 4.1; peft's default): A as the layer's weight,
@@ -54,6 +54,7 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::rmsnorm:  // scale w + offset starts at 1: HF GemmaRMSNorm (offset 1) initialises w to 0
     case OpKind::scale:    // (a written-out GemmaRMSNorm's weight)
       return n.attrs.number("offset") == 1.0 ? Init::zeros : Init::ones;
+    case OpKind::prelu: return Init::quarter;  // nn.PReLU's slope starts at 0.25
     default: return suffix == "weight" ? Init::ones : Init::zeros;  // norms: weight 1, bias 0
   }
 }
@@ -205,6 +206,7 @@ void ParamStore::initialize(const Model& m, uint64_t seed) {
           }
           case Init::ones: v = 1.0f; break;
           case Init::zeros: v = 0.0f; break;
+          case Init::quarter: v = 0.25f; break;
         }
         dst[static_cast<size_t>(flat - lo)] = v;
       }

@@ -350,6 +350,15 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = 4.0 * out_elems;
       d.bwd_flops = 4.0 * out_elems;
       break;
+    case OpKind::leaky_relu:  // leaky_relu_backward(grad, self, negative_slope, false)
+    case OpKind::elu:         // elu_backward(grad, alpha, scale, input_scale, false, self)
+    case OpKind::softplus:    // softplus_backward(grad, self, beta, threshold)
+    case OpKind::mish:        // mish_backward(grad, self)
+      // derivatives.yaml: each keeps its input (not in place, as nn's are by default).
+      d.saved = {keep_input(0)};
+      d.fwd_flops = (n.op == OpKind::leaky_relu ? 2.0 : 4.0) * out_elems;
+      d.bwd_flops = (n.op == OpKind::leaky_relu ? 2.0 : 4.0) * out_elems;
+      break;
     case OpKind::relu:
     case OpKind::tanh:
     case OpKind::sigmoid:
@@ -406,6 +415,16 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.saved = {keep_input(0)};
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = 2.0 * out_elems;
+      break;
+    }
+    case OpKind::prelu: {
+      // derivatives.yaml: _prelu_kernel_backward(grad, self, weight) keeps the
+      // input (the weight is a parameter). No weight decay, as scale's gamma.
+      const Shape slope = n.attrs.ints("shape");
+      d.params = {{"weight", numel(slope), false, slope}};
+      d.saved = {keep_input(0)};
+      d.fwd_flops = 2.0 * out_elems;
+      d.bwd_flops = 4.0 * out_elems;
       break;
     }
     case OpKind::slice:  // keeps nothing (derivatives.yaml: slice_backward needs only the sizes)

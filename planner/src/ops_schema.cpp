@@ -68,6 +68,19 @@ const std::vector<OpSpec>& op_table() {
       // (MobileNetV3); ONNX HardSigmoid (alpha 1/6, beta 0.5) and HardSwish
       {OpKind::hardsigmoid, "hardsigmoid", 1, {}},
       {OpKind::hardswish, "hardswish", 1, {}},
+      // PyTorch's LeakyReLU (ONNX LeakyRelu, alpha): x for x > 0, else slope x
+      {OpKind::leaky_relu, "leaky_relu", 1, {{"slope", T::number, 0.01}}},
+      // ELU (ONNX Elu): x for x > 0, else alpha (exp(x) - 1)
+      {OpKind::elu, "elu", 1, {{"alpha", T::number, 1.0}}},
+      // Softplus (ONNX Softplus): log(1 + exp(x)), and x above PyTorch's
+      // threshold 20 (beta 1; torch exports another beta around it)
+      {OpKind::softplus, "softplus", 1, {}},
+      // Mish (Misra 2019): x tanh(softplus(x)); torch exports nn.Mish below
+      // opset 18 as Softplus, Tanh and Mul, which the importer fuses back
+      {OpKind::mish, "mish", 1, {}},
+      // PReLU: x for x > 0, else a x with a learned slope a of `shape`,
+      // broadcast as scale's gamma ([1]: one slope; [C, 1, 1]: one a channel)
+      {OpKind::prelu, "prelu", 1, {{"shape", T::int_list, nullptr}}},
       {OpKind::add, "add", 2, {}},
       // Elementwise math that Python writes out (Hugging Face's NewGELUActivation,
       // LlamaRMSNorm), planned op by op as PyTorch's eager autograd runs it
@@ -78,8 +91,9 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::pow, "pow", 1, {{"exponent", T::number, nullptr}}},
       {OpKind::sqrt, "sqrt", 1, {}},
       {OpKind::reciprocal, "reciprocal", 1, {}},
-      // x.mean(-1, keepdim): the mean over the last per-sample axis
-      {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}}},
+      // x.mean(axis, keepdim): the mean over one per-sample axis (negative:
+      // from the last; -1, the last, by default)
+      {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}, {"axis", T::integer, -1}}},
       {OpKind::mul, "mul", 2, {}},
       // The product of two activations outside an attention pattern (torch's
       // matmul, bmm, @): a [..., M, K] x b [..., K, N] -> [..., M, N], the
@@ -481,6 +495,10 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::clip:
     case OpKind::hardsigmoid:
     case OpKind::hardswish:
+    case OpKind::leaky_relu:
+    case OpKind::elu:
+    case OpKind::softplus:
+    case OpKind::mish:
     case OpKind::affine:
     case OpKind::pow:
     case OpKind::sqrt:
@@ -526,9 +544,12 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
                               : "at least two dimensions (the mean of a sample's one axis is a scalar; give keepdims)";
       const auto& x = expect_rank(m, n, 0, keep ? 1 : 2, any_rank, want, fail);
       expect_float(x, fail);
+      const auto rank = static_cast<int64_t>(x.shape.size()), axis = n.attrs.integer("axis");
+      if (axis < -rank || axis >= rank) fail("axis {} is outside the input's {} per-sample axes", axis, rank);
+      const auto a = static_cast<size_t>(axis < 0 ? axis + rank : axis);
       out.shape = x.shape;
-      if (keep) out.shape.back() = 1;
-      else out.shape.pop_back();
+      if (keep) out.shape[a] = 1;
+      else out.shape.erase(out.shape.begin() + static_cast<std::ptrdiff_t>(a));
       break;
     }
     case OpKind::add:    // NumPy broadcasting of the per-sample shapes, as mul (x - x.mean(-1, keepdim=True))
@@ -562,6 +583,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       checked_numel(out.shape, fail);
       break;
     }
+    case OpKind::prelu:
     case OpKind::scale: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);

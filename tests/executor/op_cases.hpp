@@ -153,6 +153,13 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("clip_hardtanh", arr({3, 4}), Json{{"op", "clip"}, {"min", -1.0}, {"max", 1.0}}, Gen::away_one));
   v.push_back(unary("hardsigmoid", arr({3, 4}), Json{{"op", "hardsigmoid"}}, Gen::away_three));
   v.push_back(unary("hardswish", arr({3, 4}), Json{{"op", "hardswish"}}, Gen::away_three));
+  // torch.nn's LeakyReLU, ELU and Softplus (a user's own model)
+  v.push_back(unary("leaky_relu", arr({3, 4}), Json{{"op", "leaky_relu"}, {"slope", 0.1}}, Gen::away));
+  v.push_back(unary("elu", arr({3, 4}), Json{{"op", "elu"}, {"alpha", 0.7}}, Gen::away));
+  v.push_back(unary("softplus", arr({3, 4}), Json{{"op", "softplus"}}));
+  v.push_back(unary("mish", arr({3, 4}), Json{{"op", "mish"}}));
+  v.push_back(unary("prelu_one", arr({3, 4}), Json{{"op", "prelu"}, {"shape", {1}}}, Gen::away));
+  v.push_back(unary("prelu_channels", arr({3, 2, 2}), Json{{"op", "prelu"}, {"shape", {3, 1, 1}}}, Gen::away));
   // Written-out math (--fusion eager): gelu_new's pieces and LlamaRMSNorm's
   v.push_back(unary("affine", arr({3, 4}), Json{{"op", "affine"}, {"scale", -0.75}, {"shift", 0.5}}));
   v.push_back(unary("pow_cube", arr({3, 4}), Json{{"op", "pow"}, {"exponent", 3.0}}));
@@ -162,6 +169,9 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("reciprocal", arr({3, 4}), Json{{"op", "reciprocal"}}, Gen::positive));
   v.push_back(unary("reduce_mean_keepdims", arr({3, 5}), Json{{"op", "reduce_mean"}, {"keepdims", true}}));
   v.push_back(unary("reduce_mean", arr({2, 3, 5}), Json{{"op", "reduce_mean"}}));
+  // over a middle or the first per-sample axis (a mean over the sequence)
+  v.push_back(unary("reduce_mean_axis1", arr({2, 3, 5}), Json{{"op", "reduce_mean"}, {"axis", 1}}));
+  v.push_back(unary("reduce_mean_axis0_keepdims", arr({3, 4}), Json{{"op", "reduce_mean"}, {"axis", 0}, {"keepdims", true}}));
   // Outside an attention pattern: softmax over the last axis, and the product
   // of two activations, batched, and with Falcon's one KV head broadcast
   // against the query heads ([2, 3, 4] x [1, 4, 5]).

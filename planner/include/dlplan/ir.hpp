@@ -43,7 +43,7 @@ enum class OpKind {
   rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale,
   affine, pow, sqrt, reciprocal, reduce_mean, concat, transpose, reshape, slice, attention, moe, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
-  relative_position_bias, matmul, softmax, causal_mask, alibi, rope,
+  relative_position_bias, matmul, softmax, causal_mask, alibi, rope, leaky_relu, elu, softplus, mish, prelu,
 };
 const char* to_string(OpKind op);
 
