@@ -475,6 +475,11 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     }
     case OpKind::global_avgpool:
+      // PyTorch 1.13 runs adaptive_avg_pool2d(x, 1) and x.mean([2, 3]) as
+      // mean.dim, which keeps its input (measured with the pack hook, as
+      // reduce_mean's): free where the op before keeps the same tensor
+      // (ReLU keeps its output), a tensor of its own after SiLU or PReLU.
+      d.saved = {keep_input(0)};
       d.fwd_flops = static_cast<double>(numel(in_shape(0)));
       d.bwd_flops = d.fwd_flops;
       break;
