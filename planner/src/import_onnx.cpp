@@ -177,6 +177,7 @@ class Importer {
       if (in.empty() || g_.is_const(in)) continue;
       if (op == "MatMul" && k == 1 && g_.matmul_weight(in)) continue;  // Transpose(W): a weight, not data
       if (op == "Mul" && g_.offset_weight(in)) continue;                 // 1 + w: a weight (Gemma's RMSNorm)
+      if (op == "PRelu" && k == 1 && prelu_slope(in, n.input(0))) continue;  // Unsqueeze(a): a weight
       out.push_back(in);
     }
     return out;
@@ -395,9 +396,26 @@ class Importer {
   // a module parameter (its own constants are 'onnx::...'), which broadcasts to
   // x without growing it. Nothing when it is not one.
   std::optional<Dims> learned_scale(const std::string& t, const std::string& x) const {
-    if (!g_.is_learned(t)) return std::nullopt;
+    if (!g_.is_learned(t) || !g_.shape(t)) return std::nullopt;
+    return broadcast_per_sample(*g_.shape(t), x);
+  }
+
+  // nn.PReLU's slope: an initializer, or for an image (PReLU(C) on
+  // [b, C, H, W]) the initializer [C] through an Unsqueeze to [C, 1, 1]. The
+  // initializer and the slope's per-sample shape; nothing for other slopes.
+  std::optional<std::pair<std::string, Dims>> prelu_slope(const std::string& t, const std::string& x) const {
+    if (const auto s = learned_scale(t, x)) return std::make_pair(t, *s);
+    const int p = g_.producer_of(t);
+    if (p < 0 || g_.node(p).op_type() != "Unsqueeze" || !g_.is_learned(g_.node(p).input(0)) || !g_.shape(t))
+      return std::nullopt;
+    if (const auto s = broadcast_per_sample(*g_.shape(t), x)) return std::make_pair(g_.node(p).input(0), *s);
+    return std::nullopt;
+  }
+
+  // `gamma` as a learned tensor multiplying x [b, ...] per sample: without a
+  // leading batch axis of 1, and broadcasting to x's per-sample shape.
+  std::optional<Dims> broadcast_per_sample(Dims gamma, const std::string& x) const {
     const auto full = g_.shape(x);
-    Dims gamma = *g_.shape(t);
     if (!full || full->size() < 2) return std::nullopt;
     if (gamma.size() == full->size()) {  // [1, C, 1, 1]: a leading batch axis of 1
       if (gamma[0] != 1) return std::nullopt;
@@ -614,6 +632,10 @@ class Importer {
         {"HardSigmoid", &Importer::map_hard_sigmoid},
         {"Relu", &Importer::map_activation},
         {"Tanh", &Importer::map_activation},
+        {"LeakyRelu", &Importer::map_activation},
+        {"Elu", &Importer::map_activation},
+        {"Softplus", &Importer::map_activation},
+        {"PRelu", &Importer::map_prelu},
         {"Pow", &Importer::map_pow},
         {"Sqrt", &Importer::map_unary_math},
         {"Softmax", &Importer::map_softmax},
@@ -860,11 +882,25 @@ class Importer {
   }
 
   // Relu, Tanh, Sigmoid
+  // Relu, Tanh, Sigmoid, LeakyRelu (alpha: the slope), Elu (alpha), Softplus
   void map_activation(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto& op = n.op_type();
-    std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";
-    return emit(ir_name_for(n), irop.c_str(), {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0),
-                n.name());
+    OJson a = OJson::object();
+    std::string irop = op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : op == "Sigmoid" ? "sigmoid" : "";
+    if (op == "LeakyRelu") irop = "leaky_relu", a["slope"] = attr_float(n, "alpha", 0.01);
+    if (op == "Elu") irop = "elu", a["alpha"] = attr_float(n, "alpha", 1.0);
+    if (op == "Softplus") irop = "softplus";
+    return emit(ir_name_for(n), irop.c_str(), {ir_of(first_data(n, i, data), n, i)}, a, n.output(0), n.name());
+  }
+
+  // PRelu(x, slope) with a learned slope (nn.PReLU: [1], or one a channel,
+  // [C, 1, 1] for an image); any other slope is planned as opaque.
+  void map_prelu(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (data.size() != 1 || n.input_size() != 2 || n.input(0) != data[0]) return unknown(n, i, data);
+    const auto slope = prelu_slope(n.input(1), data[0]);
+    if (!slope) return unknown(n, i, data);
+    emit(ir_name_for(n), "prelu", {ir_of(data[0], n, i)}, OJson{{"shape", slope->second}}, n.output(0), n.name());
+    return weigh("weight", WeightRef{slope->first});
   }
 
   // x^p with a constant exponent p (torch.pow(x, 3.0), x.pow(2))
@@ -1227,10 +1263,14 @@ class Importer {
       OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
       return emit(ir_name_for(n), "global_avgpool", {ir_of(x, n, i)}, a, n.output(0), n.name());
     }
-    // x.mean(-1): the last axis, a per-sample one (not the batch)
-    if (s && s->size() >= 2 && axes == std::vector<int64_t>{static_cast<int64_t>(s->size()) - 1})
-      return emit(ir_name_for(n), "reduce_mean", {ir_of(x, n, i)}, OJson{{"keepdims", attr_int(n, "keepdims", 1) != 0}},
-                  n.output(0), n.name());
+    // x.mean(k) over one per-sample axis (not the batch's): the last (RMSNorm's
+    // x^2), or another (a text classifier's mean over the sequence)
+    if (s && s->size() >= 2 && axes.size() == 1 && axes[0] < static_cast<int64_t>(s->size()))
+      if (const auto a = per_sample_axis(x, axes[0]); a && !(batch_axes(x) == 0 && *a == 0)) {
+        OJson attrs{{"keepdims", attr_int(n, "keepdims", 1) != 0}};
+        if (axes[0] != static_cast<int64_t>(s->size()) - 1) attrs["axis"] = *a;
+        return emit(ir_name_for(n), "reduce_mean", {ir_of(x, n, i)}, attrs, n.output(0), n.name());
+      }
     return unknown(n, i, data);
   }
 
@@ -1338,7 +1378,7 @@ class Importer {
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
     static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm",
-                                                "rope"};
+                                                "rope", "mish"};
     if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
     const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);

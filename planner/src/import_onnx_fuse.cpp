@@ -932,6 +932,26 @@ std::optional<int> sole_consumer(const Graph& g, const std::string& t, const cha
   return cons[0];
 }
 
+// x * Tanh(Softplus(x)): nn.Mish, which torch exports below opset 18 (no
+// Mish op) as these three nodes, and PyTorch runs as one op keeping only x,
+// so it is one mish under both fusions.
+std::optional<Fusion> match_mish(const Graph& g, int softplus) {
+  const auto& sp = g.node(softplus);
+  const auto tanh = sole_consumer(g, sp.output(0), "Tanh");
+  if (!tanh) return std::nullopt;
+  const auto& t = g.node(*tanh);
+  const auto mul = sole_consumer(g, t.output(0), "Mul");
+  if (!mul || other_operand(g.node(*mul), t.output(0)) != sp.input(0)) return std::nullopt;
+  Fusion f;
+  f.kind = "mish";
+  f.x = sp.input(0);
+  f.out = g.node(*mul).output(0);
+  f.nodes = {softplus, *tanh, *mul};
+  f.unit_source = sp.name();
+  f.name = sp.name().empty() ? "mish" : normalize_name(sp.name()) + ".mish";
+  return f;
+}
+
 // LayerNorm over the last axis as torch exports it below opset 17, which has
 // no LayerNormalization op (anchored at the Sqrt):
 //   d = x - ReduceMean(x); Div(d, Sqrt(ReduceMean(Pow(d, 2)) + eps)) * w [+ b]
@@ -1114,6 +1134,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     }
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
+    else if (op == "Softplus") take(match_mish(g, i));
     else if (op == "Sqrt") {
       auto f = match_layernorm(g, i);
       take(f ? std::move(f) : eager ? std::nullopt : match_rmsnorm(g, i));

@@ -150,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // views, cut again for backward), the MLPs whose Sub, Div and Split
 // became a broadcasting add, reciprocal and mul, and slices, and ALBERT,
 // whose second layer applies the first's parameters (`shares`: gradients of
-// both depths summed into one set, which ZeRO shards once).
+// both depths summed into one set, which ZeRO shards once), and torch.nn's
+// LeakyReLU, ELU, Softplus, Mish and a mean over a middle axis (tiny-acts).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -161,7 +162,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   for (const char* file : {"tiny-llama-opset17.onnx", "squeezenet1_1-opset17.onnx", "tiny-opt-opset17.onnx",
                            "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx",
                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
-                           "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx", "tiny-albert-opset17.onnx"}) {
+                           "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx", "tiny-albert-opset17.onnx",
+                           "weights/tiny-acts-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
