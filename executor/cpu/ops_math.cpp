@@ -1,9 +1,10 @@
 // Written-out elementwise math, planned op by op as PyTorch's eager autograd
 // runs it (ONNX import with --fusion eager; docs/onnx.md): affine, pow, sqrt,
-// reciprocal and the mean over the last axis. Backward reads pow's input and
+// reciprocal and the mean over one axis. Backward reads pow's input and
 // sqrt's and reciprocal's output, which their declarations keep (ops_decl.cpp);
 // affine and reduce_mean read nothing but sizes (reduce_mean's declaration
-// still keeps its input, as PyTorch 1.13's mean does).
+// still keeps its input, as PyTorch 1.13's mean does). Then torch.nn's
+// LeakyReLU, ELU, Softplus and Mish, whose backward reads the kept input.
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
 
@@ -124,6 +125,64 @@ void reduce_mean_backward(OpContext& c) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t j = 0; j < l.D; ++j)
         for (int64_t i = 0; i < l.inner; ++i) dx[(r * l.D + j) * l.inner + i] += dy[r * l.inner + i] * inv;
+  });
+}
+
+// ---- torch.nn's activations ---------------------------------------------------------
+// Each derivative is PyTorch's (derivatives.yaml), read from the kept input:
+//   leaky_relu: x for x > 0, else slope x;  1, else slope;
+//   elu:        x for x > 0, else alpha (exp(x) - 1);  1, else alpha exp(x)
+//               (elu_backward with is_result false);
+//   softplus:   log1p(exp(x)), x above nn.Softplus's threshold 20 (beta 1);
+//               z / (z + 1) with z = exp(x), 1 above the threshold;
+//   mish:       x tanh(softplus(x)), softplus without a threshold (PyTorch's
+//               kernel);  t + x sigmoid(x) (1 - t^2) with t = tanh(softplus(x)).
+
+constexpr float kSoftplusThreshold = 20.0f;
+
+void leaky_relu_forward(OpContext& c) {
+  const float a = number(c, "slope");
+  map_elements(c, grain_elements(), [=](float x) { return x > 0.0f ? x : a * x; });
+}
+
+void leaky_relu_backward(OpContext& c) {
+  const float a = number(c, "slope");
+  const float* x = c.in[0].f();
+  accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return x[i] > 0.0f ? 1.0f : a; });
+}
+
+void elu_forward(OpContext& c) {
+  const float a = number(c, "alpha");
+  map_elements(c, grain_elements(), [=](float x) { return x > 0.0f ? x : a * std::expm1(x); });
+}
+
+void elu_backward(OpContext& c) {
+  const float a = number(c, "alpha");
+  const float* x = c.in[0].f();
+  accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return x[i] > 0.0f ? 1.0f : a * std::exp(x[i]); });
+}
+
+void softplus_forward(OpContext& c) {
+  map_elements(c, grain_elements(), [](float x) { return x > kSoftplusThreshold ? x : std::log1p(std::exp(x)); });
+}
+
+void softplus_backward(OpContext& c) {
+  const float* x = c.in[0].f();
+  accumulate_input_grad(c, grain_elements(), [=](int64_t i) {
+    const float z = std::exp(x[i]);
+    return x[i] > kSoftplusThreshold ? 1.0f : z / (z + 1.0f);
+  });
+}
+
+void mish_forward(OpContext& c) {
+  map_elements(c, grain_elements(), [](float x) { return x * std::tanh(std::log1p(std::exp(x))); });
+}
+
+void mish_backward(OpContext& c) {
+  const float* x = c.in[0].f();
+  accumulate_input_grad(c, grain_elements(), [=](int64_t i) {
+    const float t = std::tanh(std::log1p(std::exp(x[i]))), s = 1.0f / (1.0f + std::exp(-x[i]));
+    return t + x[i] * s * (1.0f - t * t);
   });
 }
 
