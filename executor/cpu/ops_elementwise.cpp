@@ -337,35 +337,40 @@ void mul_backward(OpContext& c) {
 // (ConvNeXt's layer_scale [C, 1, 1]): dx += dy gamma; dgamma += the sum of
 // dy x over the samples and the elements gamma was repeated to.
 
-void scale_forward(OpContext& c) {
+namespace {
+
+// fn(e, k) for every element e of the batch and the element k of the
+// learned tensor of per-sample shape `shape` broadcast to it (scale, prelu).
+template <typename Fn>
+void for_each_broadcast_param(const OpContext& c, Fn fn) {
   const Shape& x_shape = in_shape(c, 0);
-  const auto g_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
+  const auto at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
   const int64_t per = numel(x_shape);
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < per; ++i) fn(s * per + i, static_cast<size_t>(at[static_cast<size_t>(i)]));
+}
+
+}  // namespace
+
+void scale_forward(OpContext& c) {
   const float* x = c.in[0].f();
   const float* g = c.params[0].f();
   const auto off = static_cast<float>(c.node->attrs.number("offset"));
   float* y = c.out.f();
-  for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < per; ++i) y[s * per + i] = x[s * per + i] * (g[g_at[static_cast<size_t>(i)]] + off);
+  for_each_broadcast_param(c, [&](int64_t e, size_t k) { y[e] = x[e] * (g[k] + off); });
 }
 
 void scale_backward(OpContext& c) {
-  const Shape& x_shape = in_shape(c, 0);
-  const auto g_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
-  const int64_t per = numel(x_shape);
   const float* dy = c.dout.f();
   const float* g = c.params[0].f();
   float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
   float* dg = grad_or_null(c.dparams[0]);
   const float* x = dg ? c.in[0].f() : nullptr;  // kept only when gamma trains
   const auto off = static_cast<float>(c.node->attrs.number("offset"));
-  for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < per; ++i) {
-      const int64_t e = s * per + i;
-      const auto k = static_cast<size_t>(g_at[static_cast<size_t>(i)]);
-      if (dx) dx[e] += dy[e] * (g[k] + off);
-      if (dg) dg[k] += dy[e] * x[e];
-    }
+  for_each_broadcast_param(c, [&](int64_t e, size_t k) {
+    if (dx) dx[e] += dy[e] * (g[k] + off);
+    if (dg) dg[k] += dy[e] * x[e];
+  });
 }
 
 // ---- prelu: y = x for x > 0, else a x, the slope a broadcast as scale's gamma --------
@@ -373,39 +378,26 @@ void scale_backward(OpContext& c) {
 // _prelu_kernel_backward).
 
 void prelu_forward(OpContext& c) {
-  const Shape& x_shape = in_shape(c, 0);
-  const auto a_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
-  const int64_t per = numel(x_shape);
   const float* x = c.in[0].f();
   const float* a = c.params[0].f();
   float* y = c.out.f();
-  for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < per; ++i) {
-      const float v = x[s * per + i];
-      y[s * per + i] = v > 0.0f ? v : a[a_at[static_cast<size_t>(i)]] * v;
-    }
+  for_each_broadcast_param(c, [&](int64_t e, size_t k) { y[e] = x[e] > 0.0f ? x[e] : a[k] * x[e]; });
 }
 
 void prelu_backward(OpContext& c) {
-  const Shape& x_shape = in_shape(c, 0);
-  const auto a_at = broadcast_offsets(x_shape, c.node->attrs.ints("shape"));
-  const int64_t per = numel(x_shape);
   const float* x = c.in[0].f();
   const float* dy = c.dout.f();
   const float* a = c.params[0].f();
   float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
   float* da = grad_or_null(c.dparams[0]);
-  for (int64_t s = 0; s < c.batch; ++s)
-    for (int64_t i = 0; i < per; ++i) {
-      const int64_t e = s * per + i;
-      const auto k = static_cast<size_t>(a_at[static_cast<size_t>(i)]);
-      if (x[e] > 0.0f) {
-        if (dx) dx[e] += dy[e];
-      } else {
-        if (dx) dx[e] += a[k] * dy[e];
-        if (da) da[k] += dy[e] * x[e];
-      }
+  for_each_broadcast_param(c, [&](int64_t e, size_t k) {
+    if (x[e] > 0.0f) {
+      if (dx) dx[e] += dy[e];
+      return;
     }
+    if (dx) dx[e] += a[k] * dy[e];
+    if (da) da[k] += dy[e] * x[e];
+  });
 }
 
 // ---- concat ----------------------------------------------------------------------
