@@ -381,7 +381,9 @@ class IRModule(nn.Module):
         self._names = []  # dlplan's parameter names, in order
         self._decay = []  # weight decay flag per parameter (ParamInfo::weight_decay)
         used = set()
+        built = {}  # name -> node, for `shares` (owners come first)
         for n in self._nodes:
+            built[n.name] = n
             key = n.name.replace(".", "_")
             while key in used or not key or hasattr(self.nodes, key):  # "update", "keys": ModuleDict's own
                 key += "_"
@@ -390,7 +392,7 @@ class IRModule(nn.Module):
             plist = self._declare(n, m)  # [(suffix, weight_decay)]
             n.mod = key
             if n.shares is not None:  # the owner's module: its parameters, not new ones (loader.cpp)
-                owner = next(o for o in self._nodes if o.name == n.shares)
+                owner = built[n.shares]
                 n.mod, n.params = owner.mod, owner.params
                 continue
             n.params = [s for s, _ in plist]
