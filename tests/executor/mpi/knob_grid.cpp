@@ -3,6 +3,10 @@
 // a few steps of a tiny model on the CPU engine; on every rank the measured
 // memory equals the plan's byte for byte, at the peak and after every op.
 // Rank 0 prints "N passed, M failed"; every rank exits non-zero on a failure.
+// Then every single-knob change again on tests/fixtures/tiny-shared.json,
+// whose second block applies the first's parameters (`shares`): one set of
+// parameters in the root unit that both blocks' backwards add into, sharded
+// and gathered once.
 #include "../knob_grid.hpp"
 
 #include <fmt/format.h>
@@ -18,18 +22,26 @@ int main(int argc, char** argv) {
   std::vector<knobs::Config> configs = knobs::single_knob_changes();
   const auto pairs = knobs::pairwise();
   configs.insert(configs.end(), pairs.begin(), pairs.end());
+  std::vector<std::string> models(configs.size());  // "": the grid's own model knob
+  for (const auto& k : knobs::single_knob_changes())
+    if (k[knobs::kModel] == 0 && k[knobs::kSyncBn] == 0) {  // the model is the file; it has no BatchNorm
+      configs.push_back(k);
+      models.push_back(DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-shared.json");
+    }
   double failed = 0, passed = 0;
-  for (const auto& k : configs) {
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const auto& k = configs[c];
     knobs::Outcome o;
     bool ok = false;
     try {
-      o = knobs::run_config(k, *comm, *backend);
+      o = knobs::run_config(k, *comm, *backend, 3, 0, false, models[c]);
       ok = o.equal() && std::isfinite(o.loss);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "rank {}: {}: {}\n", comm->rank(), knobs::describe(k), e.what());
+      fmt::print(stderr, "rank {}: {} {}: {}\n", comm->rank(), models[c], knobs::describe(k), e.what());
     }
     if (!ok && o.peak_predicted > 0)
-      fmt::print(stderr, "FAILED rank {}: {}: {}\n", comm->rank(), knobs::describe(k), knobs::mismatch(o));
+      fmt::print(stderr, "FAILED rank {}: {} {}: {}\n", comm->rank(), models[c], knobs::describe(k),
+                 knobs::mismatch(o));
     (ok ? passed : failed) += 1;
   }
   double totals[2] = {passed, failed};
