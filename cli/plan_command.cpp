@@ -87,6 +87,9 @@ Runner add_plan_command(CLI::App& app) {
   app.add_option("--capacity-factor", f->capacity_factor,
                  "Mixture of experts: each expert takes capacity-factor x tokens x top_k / experts tokens of a sample "
                  "and drops the rest (default: the model's, 1.25; experts / top_k drops none)");
+  app.add_flag("--expert-units", r.expert_units,
+               "Mixture of experts: each expert its own ZeRO-3 / checkpointing unit inside its layer's, gathered "
+               "just before it runs (FSDP wrapping each MixtralBlockSparseTop2MLP); default: the layer's unit");
   app.add_option("--precision", r.precision, "fp32, bf16-mixed or fp16-mixed (loss-scaled, as GradScaler); default: bf16-mixed where the device has bf16, else fp16-mixed, fp32 on the cpu device");
   app.add_option("--optimizer", r.optimizer, "adamw, sgd or sgd-momentum")->capture_default_str();
   app.add_option("--lr", f->lr, "Peak learning rate (default 3e-4)");

@@ -113,8 +113,10 @@ OPS = {
                        "rope_theta": 10000.0, "rotary_dim": _DERIVED, "cross": _NULL, "position_bias": _NULL,
                        "scale": _NULL}),
     "relative_position_bias": (1, {"heads": _REQUIRED, "buckets": 32, "max_distance": 128, "bidirectional": True}),
-    "moe": (1, {"experts": _REQUIRED, "top_k": 2, "hidden": _REQUIRED, "capacity_factor": 1.25,
-                "capacity": _DERIVED, "normalize": True}),
+    "moe_router": (1, {"experts": _REQUIRED}),
+    "moe_expert": (2, {"expert": _REQUIRED, "hidden": _REQUIRED, "top_k": 2, "capacity_factor": 1.25,
+                       "capacity": _DERIVED}),
+    "moe_combine": (-1, {"top_k": 2, "capacity_factor": 1.25, "capacity": _DERIVED, "normalize": True}),
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL, "eager": _NULL}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {"keepdims": _NULL}),
@@ -268,11 +270,13 @@ def _plan(ir):
             out = x
         elif op == "relative_position_bias":
             out = (int(a["heads"]), x[0], x[0])
-        elif op == "moe":
+        elif op == "moe_router":
+            out = (x[0], int(a["experts"]))
+        elif op in ("moe_expert", "moe_combine"):
+            T, E = n.in_shapes[1] if op == "moe_expert" else n.in_shapes[0]
             if a["capacity"] is None:  # GShard's capacity, at most every token
-                E, k = int(a["experts"]), int(a["top_k"])
-                a["capacity"] = min(x[0], math.ceil(float(a["capacity_factor"]) * x[0] * k / E))
-            out = x
+                a["capacity"] = min(T, math.ceil(float(a["capacity_factor"]) * T * int(a["top_k"]) / E))
+            out = (int(a["capacity"]), x[1]) if op == "moe_expert" else (T, n.in_shapes[1][1])
         elif op in ("maxpool2d", "avgpool2d"):
             if a["stride"] is None:
                 a["stride"] = a["kernel"]
@@ -476,13 +480,13 @@ class IRModule(nn.Module):
                 add("o.bias", P(D), False)
         elif op == "relative_position_bias":
             add("weight", P(int(a["buckets"]), int(a["heads"])), False)
-        elif op == "moe":
-            D, E, Fh = x[1], int(a["experts"]), int(a["hidden"])
-            add("gate.weight", P(E, D), True)
-            for e in range(E):
-                add(f"experts.{e}.w1.weight", P(Fh, D), True)
-                add(f"experts.{e}.w2.weight", P(D, Fh), True)
-                add(f"experts.{e}.w3.weight", P(Fh, D), True)
+        elif op == "moe_router":
+            add("weight", P(int(a["experts"]), x[1]), True)
+        elif op == "moe_expert":
+            D, Fh = x[1], int(a["hidden"])
+            add("w1.weight", P(Fh, D), True)
+            add("w2.weight", P(D, Fh), True)
+            add("w3.weight", P(Fh, D), True)
         return out
 
     def reset_parameters(self):
@@ -691,8 +695,12 @@ class IRModule(nn.Module):
             return self._attention(n, xs)
         if op == "relative_position_bias":
             return self._relative_position_bias(n, x)
-        if op == "moe":
-            return self._moe(n, x)
+        if op == "moe_router":
+            return F.softmax(x @ self._p(n, "weight").t(), dim=-1, dtype=torch.float32).to(x.dtype)
+        if op == "moe_expert":
+            return self._moe_expert(n, x, xs[1])
+        if op == "moe_combine":
+            return self._moe_combine(n, xs[0], xs[1:])
         if op == "maxpool2d":
             return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=bool(a.get("ceil_mode")))
@@ -734,31 +742,49 @@ class IRModule(nn.Module):
         x1, x2, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
-    def _moe(self, n, x):
-        """Top-k routing with a capacity per expert (ops_schema.cpp's moe), as
-        GShard assigns places: every token's first choice in token order,
-        then its second, ...; a choice past an expert's capacity is dropped.
-        Each expert is Mixtral's SwiGLU MLP w2(silu(w1 x) * w3 x)."""
-        a = n.a
-        B, T, D = x.shape
-        E, k, C = int(a["experts"]), int(a["top_k"]), int(a["capacity"])
-        probs = F.softmax(x @ self._p(n, "gate.weight").t(), dim=-1, dtype=torch.float32)
-        top_p, top_e = probs.topk(k, dim=-1)  # [B, T, k], best first
-        gates = top_p / top_p.sum(dim=-1, keepdim=True) if a["normalize"] else top_p
-        # Place of each choice in its expert, choices ordered rank-major.
+    @staticmethod
+    def _moe_routing(a, probs):
+        """Top-k routing with a capacity per expert (ops_schema.cpp's
+        moe_expert and moe_combine), as GShard assigns places: every token's
+        first choice in token order, then its second, ...; a choice past its
+        expert's capacity is dropped. Returns the chosen experts [B, T, k]
+        (best first), their places [B, T, k] and which are kept."""
+        B, T, E = probs.shape
+        k, C = int(a["top_k"]), int(a["capacity"])
+        top_p, top_e = probs.detach().topk(k, dim=-1)  # the choice passes no gradient
         chosen = F.one_hot(top_e.transpose(1, 2).reshape(B, k * T), E)  # [B, k T, E]
         place = ((chosen.cumsum(dim=1) - 1) * chosen).sum(dim=-1).reshape(B, k, T).transpose(1, 2)  # [B, T, k]
-        kept = place < C
-        y = torch.zeros_like(x)
-        for e in range(E):
-            w1, w2, w3 = (self._p(n, f"experts.{e}.{w}.weight") for w in ("w1", "w2", "w3"))
-            for b in range(B):
-                tok, rank = torch.nonzero((top_e[b] == e) & kept[b], as_tuple=True)
-                if tok.numel() == 0:
-                    continue
-                h = x[b, tok]
-                out = (F.silu(h @ w1.t()) * (h @ w3.t())) @ w2.t()
-                y[b] = y[b].index_add(0, tok, out * gates[b, tok, rank, None].to(x.dtype))
+        return top_e, place, place < C
+
+    def _moe_expert(self, n, x, probs):
+        """Expert e, Mixtral's SwiGLU MLP w2(silu(w1 x) * w3 x), on the tokens
+        routed to it, in place order; empty places stay zero."""
+        a = n.a
+        e, C = int(a["expert"]), int(a["capacity"])
+        top_e, place, kept = self._moe_routing(a, probs)
+        w1, w2, w3 = (self._p(n, f"{w}.weight") for w in ("w1", "w2", "w3"))
+        out = torch.zeros(x.shape[0], C, x.shape[2], dtype=x.dtype, device=x.device)
+        for b in range(x.shape[0]):
+            tok, rank = torch.nonzero((top_e[b] == e) & kept[b], as_tuple=True)
+            if tok.numel() == 0:
+                continue
+            h = x[b, tok]
+            out[b, place[b, tok, rank]] = (F.silu(h @ w1.t()) * (h @ w3.t())) @ w2.t()
+        return out
+
+    def _moe_combine(self, n, probs, places):
+        """Each token's expert outputs times its gates (the chosen
+        probabilities, renormalised when normalize)."""
+        a = n.a
+        top_e, place, kept = self._moe_routing(a, probs)
+        top_p = probs.gather(-1, top_e)  # differentiable in the probabilities
+        gates = top_p / top_p.sum(dim=-1, keepdim=True) if a["normalize"] else top_p
+        B, T, _ = top_e.shape
+        y = torch.zeros(B, T, places[0].shape[-1], dtype=places[0].dtype, device=places[0].device)
+        for e, out in enumerate(places):
+            b, t, j = torch.nonzero((top_e == e) & kept, as_tuple=True)
+            if b.numel():
+                y = y.index_put((b, t), out[b, place[b, t, j]] * gates[b, t, j, None].to(y.dtype), accumulate=True)
         return y
 
     def _relative_position_bias(self, n, ids):
@@ -987,10 +1013,15 @@ def _node_flops(n):
         return f, 2 * f
     if op == "relative_position_bias":
         return 0.0, out
-    if op == "moe":  # the router, and the SwiGLU experts on the T k routed rows
-        T, D = x
-        E, k, Fh = int(a["experts"]), int(a["top_k"]), int(a["hidden"])
-        f = 2.0 * T * D * E + T * k * (6.0 * D * Fh + Fh + D)
+    if op == "moe_router":
+        f = 2.0 * x[0] * x[1] * int(a["experts"])
+        return f, 2 * f
+    if op == "moe_expert":  # the SwiGLU MLP on the T k / E rows an expert gets on average
+        T, E = n.in_shapes[1]
+        f = T * int(a["top_k"]) / E * (6.0 * x[1] * int(a["hidden"]) + int(a["hidden"]))
+        return f, 2 * f
+    if op == "moe_combine":
+        f = float(n.in_shapes[0][0] * int(a["top_k"]) * n.in_shapes[1][1])
         return f, 2 * f
     if op in ("maxpool2d", "avgpool2d"):
         k = _pair(a["kernel"])

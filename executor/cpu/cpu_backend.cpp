@@ -134,7 +134,9 @@ class CpuBackend final : public Backend {
       case OpKind::slice: return slice_forward(c);
       case OpKind::attention: return attention_forward(c);
       case OpKind::relative_position_bias: return relative_position_bias_forward(c);
-      case OpKind::moe: return moe_forward(c);
+      case OpKind::moe_router: return moe_router_forward(c);
+      case OpKind::moe_expert: return moe_expert_forward(c);
+      case OpKind::moe_combine: return moe_combine_forward(c);
       case OpKind::maxpool2d: return maxpool2d_forward(c);
       case OpKind::avgpool2d: return avgpool2d_forward(c);
       case OpKind::global_avgpool: return global_avgpool_forward(c);
@@ -190,7 +192,9 @@ class CpuBackend final : public Backend {
       case OpKind::slice: return slice_backward(c);
       case OpKind::attention: return attention_backward(c);
       case OpKind::relative_position_bias: return relative_position_bias_backward(c);
-      case OpKind::moe: return moe_backward(c);
+      case OpKind::moe_router: return moe_router_backward(c);
+      case OpKind::moe_expert: return moe_expert_backward(c);
+      case OpKind::moe_combine: return moe_combine_backward(c);
       case OpKind::maxpool2d: return maxpool2d_backward(c);
       case OpKind::avgpool2d: return avgpool2d_backward(c);
       case OpKind::global_avgpool: return global_avgpool_backward(c);

@@ -115,8 +115,12 @@ void global_avgpool_forward(OpContext& c);
 void global_avgpool_backward(OpContext& c);
 
 // ---- ops_moe.cpp: mixture of experts ------------------------------------------
-void moe_forward(OpContext& c);
-void moe_backward(OpContext& c);
+void moe_router_forward(OpContext& c);
+void moe_router_backward(OpContext& c);
+void moe_expert_forward(OpContext& c);
+void moe_expert_backward(OpContext& c);
+void moe_combine_forward(OpContext& c);
+void moe_combine_backward(OpContext& c);
 
 // ---- ops_norm.cpp --------------------------------------------------------------
 void batchnorm_forward(OpContext& c);

@@ -828,7 +828,9 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::add: return add_fwd(rt, c);
     case OpKind::mul: return mul_fwd(rt, c);
     case OpKind::attention: return attention_fwd(rt, c);
-    case OpKind::moe:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
+    case OpKind::moe_router:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
+    case OpKind::moe_expert:
+    case OpKind::moe_combine:
     case OpKind::relative_position_bias: break;
     case OpKind::maxpool2d: return maxpool2d_fwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_fwd(rt, c);
@@ -884,7 +886,9 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::add: return binary_bwd(rt, c, false);
     case OpKind::mul: return binary_bwd(rt, c, true);
     case OpKind::attention: return attention_bwd(rt, c);
-    case OpKind::moe:
+    case OpKind::moe_router:
+    case OpKind::moe_expert:
+    case OpKind::moe_combine:
     case OpKind::relative_position_bias: break;
     case OpKind::maxpool2d: return maxpool2d_bwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_bwd(rt, c);

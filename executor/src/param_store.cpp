@@ -28,9 +28,9 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
       const bool on_memory = suffix.rfind("k.", 0) == 0 || suffix.rfind("v.", 0) == 0;
       return on_memory ? attention_shape(m, n).Dm : x.back();  // k and v read the memory under cross attention
     }
-    case OpKind::moe:  // w2 [D, F] reads the hidden width; the router, w1 and w3 read x
-      return suffix.size() >= 9 && suffix.compare(suffix.size() - 9, 9, "w2.weight") == 0 ? n.attrs.integer("hidden")
-                                                                                          : x.back();
+    case OpKind::moe_router: return x.back();
+    case OpKind::moe_expert:  // w2 [D, F] reads the hidden width; w1 and w3 read x
+      return suffix == "w2.weight" ? n.attrs.integer("hidden") : x.back();
     default: return 1;
   }
 }
@@ -45,7 +45,8 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::linear:
     case OpKind::conv2d:
     case OpKind::attention:
-    case OpKind::moe: return Init::uniform_fan_in;
+    case OpKind::moe_router:
+    case OpKind::moe_expert: return Init::uniform_fan_in;
     case OpKind::embedding:
     case OpKind::pos_embedding:
     case OpKind::cls_token:

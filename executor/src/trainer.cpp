@@ -82,8 +82,8 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::relative_position_bias)
       return fmt::format("node '{}' is a relative position bias (T5), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);
-    if (n.op == OpKind::moe)
-      return fmt::format("node '{}' is a mixture of experts, which the CPU engine trains and the CUDA engine does "
+    if (n.op == OpKind::moe_router || n.op == OpKind::moe_expert || n.op == OpKind::moe_combine)
+      return fmt::format("node '{}' is part of a mixture of experts, which the CPU engine trains and the CUDA engine does "
                          "not yet", n.name);
     if (n.attrs.has("shares"))
       return fmt::format("node '{}' applies the parameters of '{}' (weights shared between layers, as ALBERT's), which "

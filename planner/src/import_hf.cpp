@@ -19,9 +19,9 @@
 //   - phi: parallel attention and MLP blocks, partial rotary.
 //   - mixtral: the llama family with each MLP a mixture of
 //     num_local_experts SwiGLU experts, num_experts_per_tok per token (the
-//     moe op). Mixtral trains dropless; dlplan gives each expert a fixed
-//     capacity of 1.25 x tokens x top_k / experts (GShard's, the moe op's
-//     default) and drops the tokens over it, which the plan's notes say
+//     moe_router, moe_expert and moe_combine ops). Mixtral trains dropless;
+//     dlplan gives each expert a fixed capacity of 1.25 x tokens x top_k /
+//     experts (GShard's, the ops' default) and drops the tokens over it, which the plan's notes say
 //     (`dlplan plan --capacity-factor` changes it). The router's
 //     load-balancing loss (output_router_logits) is not planned: its tensors
 //     are [tokens, experts].

@@ -369,6 +369,10 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())
     if (spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = seq_len;
+  // An expert's places are a share of the sample's tokens: derived anew from
+  // its capacity_factor at the new length.
+  for (auto& node : ir["nodes"])
+    if (node.value("op", "") == "moe_expert" || node.value("op", "") == "moe_combine") node.erase("capacity");
   Model out = parse_model(ir, m.source);
   out.notes = m.notes;
   out.unaccounted_bytes = m.unaccounted_bytes;
@@ -399,16 +403,34 @@ Model with_capacity_factor(const Model& m, double capacity_factor) {
   if (!(capacity_factor > 0) || !std::isfinite(capacity_factor))
     throw Error(fmt::format("{}: --capacity-factor must be positive, got {}", m.source, capacity_factor));
   Json ir = m.ir;
-  int moe = 0;
+  int combines = 0;
+  for (auto& node : ir["nodes"]) {
+    const std::string op = node.value("op", "");
+    if (op != "moe_expert" && op != "moe_combine") continue;
+    node["capacity_factor"] = capacity_factor;
+    node.erase("capacity");
+    combines += op == "moe_combine";
+  }
+  if (combines == 0)
+    throw Error(fmt::format("{}: the model has no mixture of experts (moe_combine node), so --capacity-factor does not "
+                            "apply", m.source));
+  Model out = parse_model(ir, m.source);
+  out.notes = m.notes;
+  out.unaccounted_bytes = m.unaccounted_bytes;
+  return out;
+}
+
+Model with_expert_units(const Model& m) {
+  Json ir = m.ir;
+  int experts = 0;
   for (auto& node : ir["nodes"])
-    if (node.value("op", "") == "moe") {
-      node["capacity_factor"] = capacity_factor;
-      node.erase("capacity");
-      ++moe;
+    if (node.value("op", "") == "moe_expert") {
+      node["unit"] = node["name"];
+      ++experts;
     }
-  if (moe == 0)
-    throw Error(fmt::format("{}: the model has no mixture-of-experts (moe) node, so --capacity-factor does not apply",
-                            m.source));
+  if (experts == 0)
+    throw Error(fmt::format("{}: the model has no mixture of experts (moe_expert nodes), so --expert-units does not "
+                            "apply", m.source));
   Model out = parse_model(ir, m.source);
   out.notes = m.notes;
   out.unaccounted_bytes = m.unaccounted_bytes;

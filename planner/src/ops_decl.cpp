@@ -109,43 +109,57 @@ void declare_relative_position_bias(const Model& m, const Node& n, OpDecl& d) {
   d.bwd_flops = static_cast<double>(H * T * T);  // one add per element
 }
 
-// Mixture of experts (MoeShape). Forward: the router's logits x Wg^T and
-// their softmax; top-k per token; each routed token copied into its
-// expert's slot (dispatch); per expert h1 = X W1^T, h3 = X W3^T,
-// act = silu(h1) * h3, out = act W2^T; the output sums each token's expert
-// outputs times its gates. Kept for backward, as autograd keeps them in
-// Mixtral's eager loop (the input for the router's weight gradient, the
-// softmax output, each expert's gathered input, h1 for the SiLU, silu(h1)
-// and h3 for the product, the product for w2, and each expert's output for
-// the gates' gradient) with the routing itself (slot and gate per choice).
-// FLOPs are model FLOPs: the T * k routed rows, not the empty slots.
-void declare_moe(const Model& m, const Node& n, OpDecl& d) {
-  const MoeShape s = moe_shape(m, n);
-  const int64_t T = s.T, D = s.D, E = s.E, F = s.F, R = s.rows();
-  d.params.push_back({"gate.weight", E * D, true, {E, D}});
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string p = fmt::format("experts.{}.", e);
-    d.params.push_back({p + "w1.weight", F * D, true, {F, D}});
-    d.params.push_back({p + "w2.weight", D * F, true, {D, F}});
-    d.params.push_back({p + "w3.weight", F * D, true, {F, D}});
-  }
-  const double routed = static_cast<double>(T * s.k);
-  d.fwd_flops = 2.0 * T * D * E + routed * (6.0 * D * F + F + D);
+// Mixture of experts (MoeRouting), as autograd keeps it in Mixtral's eager
+// loop. The router: logits x W^T and their softmax; it keeps its input (for
+// the weight gradient) and its output (the softmax's backward).
+void declare_moe_router(const Model& m, const Node& n, OpDecl& d) {
+  const Shape& x = m.tensor(n.inputs[0]).shape;
+  const int64_t T = x[0], D = x[1], E = n.attrs.integer("experts");
+  d.params.push_back({"weight", E * D, true, {E, D}});
+  d.fwd_flops = 2.0 * T * D * E;
   d.bwd_flops = 2 * d.fwd_flops;
-  d.gemms = 1 + 3 * static_cast<int>(E);
-  d.saved = {keep_input(0),
-             keep_own("probs", T * E, Elem::f32),
-             keep_own("route", T * s.k, Elem::i32),
-             keep_own("gates", T * s.k, Elem::f32),
-             keep_own("dispatched", R * D, Elem::compute),
-             keep_own("h1", R * F, Elem::compute),
-             keep_own("silu", R * F, Elem::compute),
-             keep_own("h3", R * F, Elem::compute),
-             keep_own("act", R * F, Elem::compute),
-             keep_own("expert_out", R * D, Elem::compute)};
-  d.bwd_temps = {{"dexpert_out", R * D, Elem::compute}, {"dact", R * F, Elem::compute},
-                 {"dh1", R * F, Elem::compute},         {"dh3", R * F, Elem::compute},
-                 {"ddispatched", R * D, Elem::compute}, {"dprobs", T * E, Elem::compute}};
+  d.gemms = 1;
+  d.saved = {keep_input(0), keep_output()};
+  d.bwd_temps = {{"dlogits", T * E, Elem::compute}};
+}
+
+// An expert: its routed tokens copied into its C places (the dispatch),
+// h1 = X W1^T, h3 = X W3^T, act = silu(h1) * h3, out = act W2^T. It keeps
+// the probabilities (to find its tokens again in backward), its gathered
+// input (for w1's and w3's gradients), h1 (the SiLU's), silu(h1) and h3 (the
+// product's) and the product (w2's). FLOPs are model FLOPs: the T k / E rows
+// an expert gets on average, not its empty places.
+void declare_moe_expert(const Model& m, const Node& n, OpDecl& d) {
+  const MoeRouting r = moe_routing(m, n);
+  const int64_t D = m.tensor(n.inputs[0]).shape[1], F = n.attrs.integer("hidden"), C = r.C;
+  d.params.push_back({"w1.weight", F * D, true, {F, D}});
+  d.params.push_back({"w2.weight", D * F, true, {D, F}});
+  d.params.push_back({"w3.weight", F * D, true, {F, D}});
+  const double rows = static_cast<double>(r.T * r.k) / static_cast<double>(r.E);
+  d.fwd_flops = rows * (6.0 * D * F + F);
+  d.bwd_flops = 2 * d.fwd_flops;
+  d.gemms = 3;
+  d.saved = {keep_input(1),
+             keep_own("dispatched", C * D, Elem::compute),
+             keep_own("h1", C * F, Elem::compute),
+             keep_own("silu", C * F, Elem::compute),
+             keep_own("h3", C * F, Elem::compute),
+             keep_own("act", C * F, Elem::compute)};
+  d.bwd_temps = {{"dact", C * F, Elem::compute},
+                 {"dh1", C * F, Elem::compute},
+                 {"dh3", C * F, Elem::compute},
+                 {"ddispatched", C * D, Elem::compute}};
+}
+
+// The combine: y_t = sum over t's choices not dropped of gate * out[place].
+// It keeps the probabilities (the gates' gradient goes back through them)
+// and every expert's places (each gate's gradient is dy . out[place]).
+void declare_moe_combine(const Model& m, const Node& n, OpDecl& d) {
+  const MoeRouting r = moe_routing(m, n);
+  const int64_t D = m.tensor(n.output).shape[1];
+  d.fwd_flops = static_cast<double>(r.T * r.k * D);
+  d.bwd_flops = 2 * d.fwd_flops;
+  for (int i = 0; i < static_cast<int>(n.inputs.size()); ++i) d.saved.push_back(keep_input(i));
 }
 
 // LoRA (Hu et al. 2021, Sec. 4.1; peft's Linear layer): h = x W^T + (alpha/r)
@@ -222,18 +236,15 @@ int64_t relative_position_bucket(int64_t offset, int64_t buckets, int64_t max_di
   return bucket + std::min(large, buckets - 1);
 }
 
-MoeShape moe_shape(const Model& m, const Node& n) {
-  const Shape& x = m.tensor(n.inputs[0]).shape;
-  MoeShape s;
-  s.T = x[0];
-  s.D = x[1];
-  s.E = n.attrs.integer("experts");
-  s.k = n.attrs.integer("top_k");
-  s.F = n.attrs.integer("hidden");
-  s.C = n.attrs.integer("capacity");
-  s.normalize = n.attrs.flag("normalize");
-  check_size(m, n, "the experts' buffers (experts x capacity x hidden)", {s.E, s.C, std::max(s.F, s.D)});
-  return s;
+MoeRouting moe_routing(const Model& m, const Node& n) {
+  const Shape& probs = m.tensor(n.inputs[n.op == OpKind::moe_expert ? 1 : 0]).shape;
+  MoeRouting r;
+  r.T = probs[0];
+  r.E = probs[1];
+  r.k = n.attrs.integer("top_k");
+  r.C = n.attrs.integer("capacity");
+  r.normalize = n.op == OpKind::moe_combine ? n.attrs.flag("normalize") : true;
+  return r;
 }
 
 bool keeps_log_sum_exp(const OpDecl& d) {
@@ -455,8 +466,14 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::attention:
       declare_attention(m, n, opt, d);
       break;
-    case OpKind::moe:
-      declare_moe(m, n, d);
+    case OpKind::moe_router:
+      declare_moe_router(m, n, d);
+      break;
+    case OpKind::moe_expert:
+      declare_moe_expert(m, n, d);
+      break;
+    case OpKind::moe_combine:
+      declare_moe_combine(m, n, d);
       break;
     case OpKind::maxpool2d: {
       const auto k = n.attrs.pair("kernel");

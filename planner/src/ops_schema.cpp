@@ -165,16 +165,25 @@ const std::vector<OpSpec>& op_table() {
        {{"heads", T::integer, nullptr}, {"buckets", T::integer, 32}, {"max_distance", T::integer, 128},
         {"bidirectional", T::boolean, true}}},
       // A mixture-of-experts feed-forward layer (Mixtral's block_sparse_moe;
-      // GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021): a router
-      // [experts, D] picks top_k experts per token, each a SwiGLU MLP of width
-      // `hidden`; every expert takes at most `capacity` tokens of a sample
-      // (derived: min(T, ceil(capacity_factor T top_k / experts))) and tokens
-      // over it are dropped, so that its buffers are fixed and declared.
-      // normalize: the chosen gates are renormalised to sum to one (Mixtral);
-      // false keeps the softmax probabilities (Switch).
-      {OpKind::moe, "moe", 1,
-       {{"experts", T::integer, nullptr}, {"top_k", T::integer, 2}, {"hidden", T::integer, nullptr},
-        {"capacity_factor", T::number, 1.25}, {"capacity", T::integer, kDerived}, {"normalize", T::boolean, true}}},
+      // GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021) as 2 + E
+      // nodes (ops.hpp, MoeRouting). moe_router: x [T, D] -> softmax(x W^T)
+      // [T, experts]. moe_expert `expert` of width `hidden`: (x, the router's
+      // probabilities) -> the SwiGLU MLP on the tokens routed to it, in
+      // place order [capacity, D]. moe_combine: (probabilities, the experts'
+      // places in expert order) -> each token's expert outputs times its
+      // gates [T, D]. Experts and combine route alike: the top_k experts of
+      // each token; every expert takes at most `capacity` tokens of a sample
+      // (derived: min(T, ceil(capacity_factor T top_k / experts))) and the
+      // choices over it are dropped, so that every buffer is fixed and
+      // declared. normalize: the chosen gates are renormalised to sum to one
+      // (Mixtral); false keeps the softmax probabilities (Switch).
+      {OpKind::moe_router, "moe_router", 1, {{"experts", T::integer, nullptr}}},
+      {OpKind::moe_expert, "moe_expert", 2,
+       {{"expert", T::integer, nullptr}, {"hidden", T::integer, nullptr}, {"top_k", T::integer, 2},
+        {"capacity_factor", T::number, 1.25}, {"capacity", T::integer, kDerived}}},
+      {OpKind::moe_combine, "moe_combine", kVariadic,
+       {{"top_k", T::integer, 2}, {"capacity_factor", T::number, 1.25}, {"capacity", T::integer, kDerived},
+        {"normalize", T::boolean, true}}},
       // ceil_mode (absent: false): PyTorch's, rounding the output size up (SqueezeNet).
       // eager (absent: false): keep what PyTorch's max_pool2d_with_indices keeps
       // for backward (derivatives.yaml: self and the int64 indices), as
@@ -288,6 +297,50 @@ void check_weight(const char* what, std::initializer_list<int64_t> dims, const N
   for (int64_t d : dims) n *= static_cast<double>(d);
   if (n > static_cast<double>(kMaxElems))
     fail("{} would hold {:.3g} elements, too large (more than 2^48)", what, n);
+}
+
+// A mixture of experts' routing input: the router's probabilities [T, E]
+// (T = tokens when given).
+const TensorInfo& moe_probabilities(const Model& m, const Node& n, int input, int64_t tokens, const NodeError& fail) {
+  const TensorInfo& p = expect_rank(m, n, input, 2, 2, "the router's probabilities [T, experts]", fail);
+  expect_float(p, fail);
+  if (tokens >= 0 && p.shape[0] != tokens)
+    fail("the router's probabilities '{}' {} are not over the {} tokens of its input", p.name, to_string(p.shape), tokens);
+  return p;
+}
+
+// Places per expert: `capacity`, or GShard's capacity_factor * T * top_k /
+// experts (rounded up), at most every token of the sample.
+int64_t fill_capacity(Node& n, int64_t T, int64_t E, const NodeError& fail) {
+  const int64_t k = positive(n, "top_k", fail);
+  if (k > E) fail("top_k {} exceeds the router's {} experts", k, E);
+  const double cf = n.attrs.number("capacity_factor");
+  if (!(cf > 0 && std::isfinite(cf))) fail("attribute 'capacity_factor' must be positive, got {}", cf);
+  if (!n.attrs.has("capacity")) {
+    const double c = std::ceil(cf * static_cast<double>(T) * static_cast<double>(k) / static_cast<double>(E));
+    n.attrs.values["capacity"] = static_cast<int64_t>(std::min(static_cast<double>(T), c));
+  }
+  const int64_t C = positive(n, "capacity", fail);
+  if (C > T) fail("capacity {} exceeds the {} tokens of a sample", C, T);
+  return C;
+}
+
+// moe_combine's input e + 1, when a moe_expert made it, must be expert e of
+// the same router, routing as the combine does: else a token's gate would
+// weigh another token's output.
+void check_expert_routes_alike(const Model& m, const Node& combine, int e, const NodeError& fail) {
+  const TensorInfo& places = m.tensor(combine.inputs[static_cast<size_t>(e + 1)]);
+  if (places.producer < 0) return;
+  const Node& x = m.nodes[static_cast<size_t>(places.producer)];
+  if (x.op != OpKind::moe_expert) return;
+  if (x.attrs.integer("expert") != e)
+    fail("input {} is expert {}'s places ('{}'), where expert {}'s belong", e + 1, x.attrs.integer("expert"), x.name, e);
+  if (x.inputs[1] != combine.inputs[0])
+    fail("expert '{}' is routed by '{}', the combine by '{}'", x.name, m.tensor(x.inputs[1]).name,
+         m.tensor(combine.inputs[0]).name);
+  for (const char* key : {"top_k", "capacity"})
+    if (x.attrs.integer(key) != combine.attrs.integer(key))
+      fail("expert '{}' has {} {}, the combine {}", x.name, key, x.attrs.integer(key), combine.attrs.integer(key));
 }
 
 // Output size of a window op (conv, pooling): floor((in + 2p - k) / s) + 1.
@@ -733,22 +786,41 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = {heads, x.shape[0], x.shape[0]};
       break;
     }
-    case OpKind::moe: {
+    case OpKind::moe_router: {
       const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
       expect_float(x, fail);
-      const int64_t T = x.shape[0], D = x.shape[1];
-      const int64_t E = positive(n, "experts", fail), k = positive(n, "top_k", fail), F = positive(n, "hidden", fail);
-      if (k > E) fail("top_k {} exceeds experts {}", k, E);
-      const double cf = n.attrs.number("capacity_factor");
-      if (!(cf > 0 && std::isfinite(cf))) fail("attribute 'capacity_factor' must be positive, got {}", cf);
-      if (!n.attrs.has("capacity")) {  // GShard's expert capacity: cf * tokens * k / E, at most every token
-        const double c = std::ceil(cf * static_cast<double>(T) * static_cast<double>(k) / static_cast<double>(E));
-        n.attrs.values["capacity"] = static_cast<int64_t>(std::min(static_cast<double>(T), c));
+      const int64_t E = positive(n, "experts", fail);
+      check_weight("the router's weight [experts, D]", {E, x.shape[1]}, fail);
+      out.shape = {x.shape[0], E};
+      break;
+    }
+    case OpKind::moe_expert: {
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
+      const auto& probs = moe_probabilities(m, n, 1, x.shape[0], fail);
+      expect_float(x, fail);
+      const int64_t E = probs.shape[1], e = n.attrs.integer("expert"), F = positive(n, "hidden", fail);
+      if (e < 0 || e >= E) fail("expert {} is not one of the router's {} experts", e, E);
+      const int64_t C = fill_capacity(n, x.shape[0], E, fail);
+      check_weight("the expert's weights [3, hidden, D]", {3, F, x.shape[1]}, fail);
+      out.shape = {C, x.shape[1]};
+      break;
+    }
+    case OpKind::moe_combine: {
+      const auto& probs = moe_probabilities(m, n, 0, -1, fail);
+      const int64_t T = probs.shape[0], E = probs.shape[1];
+      if (static_cast<int64_t>(n.inputs.size()) != E + 1)
+        fail("takes the router's probabilities and its {} experts' places, got {} inputs", E, n.inputs.size());
+      const int64_t C = fill_capacity(n, T, E, fail);
+      const int64_t D = in(1).shape.size() == 2 ? in(1).shape[1] : -1;
+      for (int64_t e = 0; e < E; ++e) {
+        const auto& places = in(static_cast<int>(e + 1));
+        expect_float(places, fail);
+        if (places.shape != Shape{C, D})
+          fail("input {} ('{}') must be expert {}'s places [{}, {}], got {}", e + 1, places.name, e, C, D,
+               to_string(places.shape));
+        check_expert_routes_alike(m, n, static_cast<int>(e), fail);
       }
-      const int64_t C = positive(n, "capacity", fail);
-      if (C > T) fail("capacity {} exceeds the {} tokens of a sample", C, T);
-      check_weight("the experts' weights [experts, 3, hidden, D]", {E, 3, F, D}, fail);
-      out.shape = x.shape;
+      out.shape = {T, D};
       break;
     }
     case OpKind::maxpool2d:

@@ -124,18 +124,18 @@ void note_dropped_tokens(Model& m) {
   const Node* first = nullptr;
   int dropping = 0;
   for (const auto& n : m.nodes)
-    if (n.op == OpKind::moe && moe_shape(m, n).C < moe_shape(m, n).T) {
+    if (n.op == OpKind::moe_combine && moe_routing(m, n).C < moe_routing(m, n).T) {
       if (!first) first = &n;
       ++dropping;
     }
   if (!first) return;
-  const MoeShape s = moe_shape(m, *first);
+  const MoeRouting r = moe_routing(m, *first);
   m.notes.push_back(fmt::format(
       "mixture of experts: in node '{}'{}, each of {} experts takes at most {} of a sample's {} tokens (capacity factor "
       "{}) and drops the choices over it, as GShard and Switch train; Mixtral trains dropless (--capacity-factor {} "
       "drops none, with {} rows per expert buffer)",
-      first->name, dropping > 1 ? fmt::format(" and {} more", dropping - 1) : "", s.E, s.C, s.T,
-      first->attrs.number("capacity_factor"), static_cast<double>(s.E) / static_cast<double>(s.k), s.T));
+      first->name, dropping > 1 ? fmt::format(" and {} more", dropping - 1) : "", r.E, r.C, r.T,
+      first->attrs.number("capacity_factor"), static_cast<double>(r.E) / static_cast<double>(r.k), r.T));
 }
 
 }  // namespace
@@ -211,10 +211,17 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
   if (f.capacity_factor) {
     if (!(*f.capacity_factor > 0) || !std::isfinite(*f.capacity_factor))
       throw UsageError(fmt::format("--capacity-factor must be positive, got {}", *f.capacity_factor));
-    if (std::none_of(r.model.nodes.begin(), r.model.nodes.end(), [](const Node& n) { return n.op == OpKind::moe; }))
+    if (std::none_of(r.model.nodes.begin(), r.model.nodes.end(), [](const Node& n) { return n.op == OpKind::moe_combine; }))
       throw UsageError(fmt::format(
-          "{}: the model has no mixture-of-experts (moe) node, so --capacity-factor does not apply", r.model.source));
+          "{}: the model has no mixture of experts (moe_combine node), so --capacity-factor does not apply",
+          r.model.source));
     r.model = with_capacity_factor(r.model, *f.capacity_factor);
+  }
+  if (f.expert_units) {
+    if (std::none_of(r.model.nodes.begin(), r.model.nodes.end(), [](const Node& n) { return n.op == OpKind::moe_expert; }))
+      throw UsageError(fmt::format(
+          "{}: the model has no mixture of experts (moe_expert nodes), so --expert-units does not apply", r.model.source));
+    r.model = with_expert_units(r.model);
   }
   note_dropped_tokens(r.model);
 

@@ -336,11 +336,15 @@ class Emitter {
                         d(a.Tk)};
         break;
       }
-      case OpKind::moe: {  // the router, then per expert w1 and w3 [C, D] x [D, F] and w2 [C, F] x [F, D]
-        const MoeShape s = moe_shape(m_, n);
-        ev.gemms.push_back({b * d(s.T), d(s.E), d(s.D), 1});
-        ev.gemms.push_back({b * d(s.C), d(s.F), d(s.D), d(2 * s.E)});
-        ev.gemms.push_back({b * d(s.C), d(s.D), d(s.F), d(s.E)});
+      case OpKind::moe_router: {  // [T, D] x [D, E]
+        const Shape& x = m_.tensor(n.inputs[0]).shape;
+        ev.gemms.push_back({b * d(x[0]), d(n.attrs.integer("experts")), d(x[1]), 1});
+        break;
+      }
+      case OpKind::moe_expert: {  // on its C places: w1 and w3 [C, D] x [D, F], w2 [C, F] x [F, D]
+        const int64_t C = moe_routing(m_, n).C, D = m_.tensor(n.inputs[0]).shape[1], F = n.attrs.integer("hidden");
+        ev.gemms.push_back({b * d(C), d(F), d(D), 2});
+        ev.gemms.push_back({b * d(C), d(D), d(F), 1});
         break;
       }
       default: break;

@@ -36,8 +36,19 @@ std::string llama_block(IrBuilder& b, const LlamaConfig& c, int i, const std::st
     // Dropless: a factor of experts / top_k gives every expert room for
     // every token of a sample, whatever the sequence length.
     const double cf = c.capacity_factor > 0 ? c.capacity_factor : static_cast<double>(c.experts) / c.top_k;
-    const Json moe{{"experts", c.experts}, {"top_k", c.top_k}, {"hidden", c.intermediate}, {"capacity_factor", cf}};
-    h = b.add(p + ".block_sparse_moe", "moe", {h}, moe);
+    // The router (Mixtral's `gate`), each expert (`experts.e`, w1 / w2 / w3)
+    // and the weighted sum, under transformers' module names.
+    const std::string moe = p + ".block_sparse_moe";
+    const auto probs = b.add(moe + ".gate", "moe_router", {h}, Json{{"experts", c.experts}});
+    const Json routing{{"top_k", c.top_k}, {"capacity_factor", cf}};
+    std::vector<std::string> combined{probs};
+    for (int e = 0; e < c.experts; ++e) {
+      Json expert = routing;
+      expert["expert"] = e;
+      expert["hidden"] = c.intermediate;
+      combined.push_back(b.add(moe + ".experts." + std::to_string(e), "moe_expert", {h, probs}, expert));
+    }
+    h = b.add(moe, "moe_combine", combined, routing);
     return b.add(p + ".add_2", "add", {mid, h});
   }
   const auto gate = b.add(p + ".mlp.gate_proj", "linear", {h}, up);

@@ -121,7 +121,21 @@ TEST(CliCapacityFactor, SetsTheExpertsPlacesAndTheNoteSaysWhatIsDropped) {
   EXPECT_FALSE(contains(dropless.out, "mixture of experts")) << dropless.out;
   EXPECT_NE(planning("--model mixtral-8x7b --gpus 8 --capacity-factor 4"), planning("--model mixtral-8x7b --gpus 8"));
   expect_usage_error("--model mixtral-8x7b --capacity-factor 0", {"--capacity-factor"});
-  expect_usage_error("--model tiny-gpt --capacity-factor 2", {"tiny-gpt", "no mixture-of-experts", "--capacity-factor"});
+  expect_usage_error("--model tiny-gpt --capacity-factor 2", {"tiny-gpt", "no mixture of experts", "--capacity-factor"});
+}
+
+// --expert-units makes each expert a unit of its own: under ZeRO-3 the plan
+// gathers less at once; a model without experts is refused, naming the flag.
+TEST(CliExpertUnits, EachExpertIsAUnitAndAModelWithoutExpertsIsRefused) {
+  auto gathered = [](const nlohmann::json& j) {
+    for (const auto& s : j["strategies"])
+      if (s["strategy"] == "zero3") return s["memory_max"]["gathered"].get<double>();
+    ADD_FAILURE() << "no zero3 row";
+    return 0.0;
+  };
+  const std::string base = "--model mixtral-8x7b --gpus 8 --strategy zero3";
+  EXPECT_LT(gathered(planning(base + " --expert-units")), gathered(planning(base)));
+  expect_usage_error("--model tiny-gpt --expert-units", {"tiny-gpt", "no mixture of experts", "--expert-units"});
 }
 
 TEST(CliSeqLen, LearnedPositionsRefuseRopeExtrapolatesWithANote) {

@@ -505,4 +505,32 @@ TEST_F(Checkpoints, SharedLayersTrainOnTwoRanksAsOnOne) {
   EXPECT_GT(std::fabs(lb - first), 1e-4) << "the first step changed nothing";
 }
 
+// Mixtral's experts each a ZeRO-3 unit of their own (--expert-units), on
+// two ranks: each expert's shard gathered on its own inside its layer's, its
+// gradient reduce-scattered on its own. The two ranks take the step one
+// rank takes on the whole batch (dropless, so that the routing of a sample
+// does not depend on its neighbours').
+TEST_F(Checkpoints, ExpertUnitsTrainOnTwoRanksAsOnOne) {
+  const std::string hf = DLPLAN_SOURCE_DIR "/tests/fixtures/hf/tiny-mixtral.json";
+  const std::vector<std::string> common = {"--precision", "fp32", "--seq-len", "16", "--capacity-factor", "2"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return more;
+  };
+  const std::string z3 = make_plan(hf, 2, 2, "mixtral_z3.json", with({"--strategy", "zero3", "--expert-units"}));
+  const std::string one = make_plan(hf, 1, 4, "mixtral_one.json", with({"--strategy", "ddp"}));
+  cleanup_.insert(cleanup_.end(), {z3, one});
+  const Json plan = read_json(z3);
+  int expert_units = 0;
+  for (const auto& n : plan["model"]["ir"]["nodes"])
+    expert_units += n.value("op", "") == "moe_expert" && n.value("unit", "") == n.value("name", "");
+  EXPECT_EQ(expert_units, 2 * 4);  // tiny-mixtral: 2 layers of 4 experts
+  const Job a = mpi_train(2, {"--plan", z3, "--steps", "2", "--progress", "json"});
+  const Job b = train({"--plan", one, "--steps", "2", "--progress", "json"});
+  ASSERT_TRUE(a.exit_code == 0 && b.exit_code == 0) << a.all() << b.all();
+  const double first = loss_value(losses(b.out), 1), la = loss_value(losses(a.out), 2), lb = loss_value(losses(b.out), 2);
+  EXPECT_NEAR(la, lb, 1e-5 * lb);
+  EXPECT_GT(std::fabs(lb - first), 1e-4) << "the first step changed nothing";
+}
+
 }  // namespace

@@ -168,11 +168,13 @@ inline std::vector<Config> full_grid() {
 // fused_loss, the model's cross_entropy is the fused one (keeps logits + lse);
 // a `model` file or zoo name replaces the model factor's level, imported
 // with `import` (an ONNX file's sequence, --fusion).
+// expert_units: each expert of a mixture of experts a unit of its own (with_expert_units).
 inline PlanDocument plan_of(const Config& k, int world, int64_t granularity = 0, bool fused_loss = false,
-                            const std::string& model = "", const ImportOptions& import = {}) {
+                            const std::string& model = "", const ImportOptions& import = {}, bool expert_units = false) {
   const auto& L = levels();
   PlanRequest req;
   req.model = load_model(model.empty() ? L[kModel][k[kModel]] : model, import);
+  if (expert_units) req.model = with_expert_units(req.model);
   if (fused_loss)
     for (Node& n : req.model.nodes)
       if (n.op == OpKind::cross_entropy) n.attrs.values["fused"] = true;
@@ -238,8 +240,8 @@ class RoundingHostMemory final : public MemoryResource {
 
 inline Outcome run_config(const Config& k, Communicator& comm, Backend& backend, int steps = 3,
                           int64_t granularity = 0, bool fused_loss = false, const std::string& model = "",
-                          const ImportOptions& import = {}) {
-  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss, model, import);
+                          const ImportOptions& import = {}, bool expert_units = false) {
+  const PlanDocument plan = plan_of(k, comm.size(), granularity, fused_loss, model, import, expert_units);
   TrainOptions opt;
   opt.steps = steps;
   Trainer t(plan, comm, backend, opt,

@@ -31,6 +31,7 @@ enum class Gen {
   away_three,  // N(0, 2.5) with ||x| - 3| >= 0.2 (kinks at -3 and 3: hardsigmoid, hardswish)
   distinct,  // a shuffled grid 0.05 apart (max pooling: no near-ties)
   positive,  // 0.5 + |N(0, 1)| (sqrt, reciprocal, a fractional power)
+  distinct_positive,  // the grid shifted to start at 0.5 (a top-k of probabilities: no ties, even in bf16)
 };
 
 struct OpCase {
@@ -385,15 +386,42 @@ inline std::vector<OpCase> op_cases() {
   }
 
   // Mixture of experts (ops_moe.cpp), T = 6 tokens of width 4, 4 experts of
-  // hidden width 5: capacity factor 0.5 gives 2 places per expert, 8 for 12
-  // choices, so that at least 4 are dropped; 2 gives 6 places (none
-  // dropped); Switch's top-1 keeps the raw softmax gate.
-  v.push_back(unary("moe_drops", arr({6, 4}),
-                    Json{{"op", "moe"}, {"experts", 4}, {"top_k", 2}, {"hidden", 5}, {"capacity_factor", 0.5}}));
-  v.push_back(unary("moe_dropless", arr({6, 4}),
-                    Json{{"op", "moe"}, {"experts", 4}, {"top_k", 2}, {"hidden", 5}, {"capacity_factor", 2.0}}));
-  v.push_back(unary("moe_switch_top1", arr({6, 4}),
-                    Json{{"op", "moe"}, {"experts", 4}, {"top_k", 1}, {"hidden", 5}, {"normalize", false}}));
+  // hidden width 5. The expert and the combine read probabilities: a factor
+  // of 0.5 gives 2 places per expert, 8 for 12 choices, so that at least 4
+  // are dropped; 2 gives 6 places (none dropped); Switch's top-1 keeps the
+  // raw gate. The expert's routing passes no gradient to the probabilities
+  // (finite differences find none either: the choices do not move). The
+  // probabilities are positive, as a softmax's, so that the renormalising sum
+  // stays away from zero, and apart, so that no top-k has a tie (bf16's
+  // rounding makes ties of random values, across which the finite
+  // differences jump).
+  v.push_back(unary("moe_router", arr({6, 4}), Json{{"op", "moe_router"}, {"experts", 4}}));
+  for (const auto& [name, factor] : {std::pair{"moe_expert_drops", 0.5}, std::pair{"moe_expert_dropless", 2.0}}) {
+    OpCase c;
+    c.name = name;
+    c.ir = make_ir(name, Json{{"x", f32(arr({6, 4}))}, {"probs", f32(arr({6, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "moe_expert"}, {"in", {"x", "probs"}}, {"expert", 1},
+                                     {"hidden", 5}, {"top_k", 2}, {"capacity_factor", factor}}}));
+    c.gen = Gen::distinct_positive;
+    v.push_back(c);
+  }
+  for (const auto& [name, top_k, factor, places] :
+       {std::tuple{"moe_combine_drops", 2, 0.5, 2}, std::tuple{"moe_combine_dropless", 2, 2.0, 6},
+        std::tuple{"moe_combine_switch_top1", 1, 1.25, 2}}) {
+    OpCase c;
+    c.name = name;
+    Json inputs{{"probs", f32(arr({6, 4}))}};
+    Json in = Json::array({"probs"});
+    for (int e = 0; e < 4; ++e) {
+      inputs["out" + std::to_string(e)] = f32(arr({places, 4}));
+      in.push_back("out" + std::to_string(e));
+    }
+    Json node{{"name", "op"}, {"op", "moe_combine"}, {"in", in}, {"top_k", top_k}, {"capacity_factor", factor}};
+    if (top_k == 1) node["normalize"] = false;
+    c.ir = make_ir(name, inputs, Json::array({node}));
+    c.gen = Gen::distinct_positive;
+    v.push_back(c);
+  }
 
   {  // cross_entropy on [K] logits (one label per sample) and on [T, K]
     OpCase c;
@@ -436,12 +464,18 @@ struct OpRun {
   }
 };
 
+// An input whose gradient is zero by definition: an expert's routing is a
+// top-k of the probabilities, which passes no gradient (the gates do, in
+// moe_combine).
+inline bool input_grad_is_zero(const OpRun& r, size_t input) { return r.n().op == OpKind::moe_expert && input == 1; }
+
 inline void fill(Tensor& t, Gen gen, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int64_t n = t.numel();
-  if (gen == Gen::distinct) {
+  if (gen == Gen::distinct || gen == Gen::distinct_positive) {
+    const int64_t first = gen == Gen::distinct ? -(n / 2) : 10;  // 0.5 = 10 steps of 0.05
     std::vector<float> vals(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) vals[static_cast<size_t>(i)] = 0.05f * static_cast<float>(i - n / 2);
+    for (int64_t i = 0; i < n; ++i) vals[static_cast<size_t>(i)] = 0.05f * static_cast<float>(first + i);
     std::shuffle(vals.begin(), vals.end(), rng);
     for (int64_t i = 0; i < n; ++i) t.f()[i] = vals[static_cast<size_t>(i)];
     return;

@@ -225,7 +225,7 @@ TEST_P(OpBf16, GradientsMatchFp32FiniteDifferences) {
   };
   for (int i : run.float_inputs)
     check("d input " + std::to_string(i), run.ctx.in[static_cast<size_t>(i)], b.ctx.din[static_cast<size_t>(i)],
-          run.ctx.din[static_cast<size_t>(i)], false);
+          run.ctx.din[static_cast<size_t>(i)], input_grad_is_zero(run, static_cast<size_t>(i)));
   for (int pass = 0; pass < 2; ++pass)  // the exactly-zero gradients last, once the scale is known
     for (size_t p = 0; p < run.ctx.params.size(); ++p) {
       const std::string suffix = p < tied ? "tied weight" : run.decl.params[p - tied].suffix;

@@ -46,7 +46,7 @@ TEST_P(OpGrad, MatchesFiniteDifferences) {
   for (int i : run.float_inputs) {
     const Tensor& d = run.ctx.din[static_cast<size_t>(i)];
     checks.push_back({"d input " + std::to_string(i), &run.ctx.in[static_cast<size_t>(i)],
-                      std::vector<float>(d.f(), d.f() + d.numel())});
+                      std::vector<float>(d.f(), d.f() + d.numel()), input_grad_is_zero(run, static_cast<size_t>(i))});
   }
   const size_t tied = run.ctx.params.size() - run.decl.params.size();  // the tied embedding weight comes first
   for (size_t p = 0; p < run.ctx.params.size(); ++p) {

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <string>
 
 using namespace dlplan;
@@ -292,13 +293,24 @@ TEST(ImportHf, MixtralMoeBlockKeepsWhatAutogradKeeps) {
   const auto torch = counts["models"]["tiny-mixtral"]["moe_block_saved_bytes"].get<int64_t>();
   ASSERT_EQ(counts["seq_len"], 32);
   const Model m = with_capacity_factor(load_model(hf("tiny-mixtral.json")), 1.0);
-  const Node* moe = find_op(m, OpKind::moe);
-  const MoeShape s = moe_shape(m, *moe);
-  ASSERT_EQ(s.rows(), s.T * s.k);  // capacity 16: 64 places for 64 choices
+  // Layer 0's block: its router, experts and combine, each kept tensor once
+  // (the input and the probabilities are kept by several of them).
+  const std::string block = "layers.0.block_sparse_moe";
+  const Node* combine = &m.nodes[static_cast<size_t>(m.node_index(block))];
+  const MoeRouting r = moe_routing(m, *combine);
+  ASSERT_EQ(r.E * r.C, r.T * r.k);  // capacity 16: 64 places for 64 choices
+  std::set<int> kept_tensors;
   int64_t kept = 0;
-  for (const SavedTensor& t : declare(m, *moe).saved)
-    kept += t.ref == SavedTensor::Ref::input ? numel(m.tensor(moe->inputs[0]).shape) * 4 : t.numel * 4;
-  const int64_t gated_output = s.T * s.k * s.D * 4;
+  for (const Node& n : m.nodes) {
+    if (n.name.rfind(block, 0) != 0) continue;
+    for (const SavedTensor& t : declare(m, n).saved) {
+      if (t.ref == SavedTensor::Ref::own) kept += t.numel * 4;
+      else kept_tensors.insert(t.ref == SavedTensor::Ref::input ? n.inputs[static_cast<size_t>(t.input)] : n.output);
+    }
+  }
+  for (int t : kept_tensors) kept += numel(m.tensor(t).shape) * 4;
+  const int64_t D = m.tensor(combine->output).shape[1];
+  const int64_t gated_output = r.T * r.k * D * 4;
   const double error = static_cast<double>(kept + gated_output) / static_cast<double>(torch) - 1;
   EXPECT_LE(std::fabs(error), 0.05) << kept << " B kept + " << gated_output << " B, transformers keeps " << torch;
   std::cout << fmt::format("MixtralSparseMoeBlock at T = 32: dlplan keeps {} B, transformers {} B ({:+.1f} %; with "
@@ -352,20 +364,32 @@ TEST(ImportHf, EagerFusionPlansWhatTransformersKeeps) {
 
 TEST(ImportHf, MixtralRoutesEachTokenToTwoOfEightExperts) {
   Model m = load_model(hf("mixtral-8x7b.json"));
-  int moes = 0, linears = 0;
+  int routers = 0, experts = 0, combines = 0, linears = 0;
   for (const auto& n : m.nodes) {
-    moes += n.op == OpKind::moe;
+    routers += n.op == OpKind::moe_router;
+    experts += n.op == OpKind::moe_expert;
+    combines += n.op == OpKind::moe_combine;
     linears += n.op == OpKind::linear;
   }
-  EXPECT_EQ(moes, 32);
+  EXPECT_EQ(routers, 32);
+  EXPECT_EQ(experts, 32 * 8);
+  EXPECT_EQ(combines, 32);
   EXPECT_EQ(linears, 1);  // lm_head: no dense MLP is left
-  const Node* moe = find_op(m, OpKind::moe);
-  EXPECT_EQ(moe->name, "layers.0.block_sparse_moe");  // MixtralDecoderLayer's module name
-  EXPECT_EQ(moe->attrs.integer("experts"), 8);
-  EXPECT_EQ(moe->attrs.integer("top_k"), 2);
-  EXPECT_EQ(moe->attrs.integer("hidden"), 14336);
-  EXPECT_DOUBLE_EQ(moe->attrs.number("capacity_factor"), 1.25);
-  EXPECT_EQ(moe->attrs.integer("capacity"), 10240);  // ceil(1.25 x 32768 x 2 / 8) at the config's 32768 tokens
+  // MixtralDecoderLayer's module names: block_sparse_moe, its gate and experts.E.
+  const Node& combine = m.nodes[static_cast<size_t>(m.node_index("layers.0.block_sparse_moe"))];
+  ASSERT_EQ(combine.op, OpKind::moe_combine);
+  EXPECT_EQ(m.tensor(combine.inputs[0]).name, "layers.0.block_sparse_moe.gate");
+  EXPECT_EQ(m.tensor(combine.inputs[8]).name, "layers.0.block_sparse_moe.experts.7");
+  const MoeRouting r = moe_routing(m, combine);
+  EXPECT_EQ(r.E, 8);
+  EXPECT_EQ(r.k, 2);
+  EXPECT_DOUBLE_EQ(combine.attrs.number("capacity_factor"), 1.25);
+  EXPECT_EQ(r.C, 10240);  // ceil(1.25 x 32768 x 2 / 8) at the config's 32768 tokens
+  const Node& expert = m.nodes[static_cast<size_t>(m.node_index("layers.0.block_sparse_moe.experts.3"))];
+  EXPECT_EQ(expert.attrs.integer("expert"), 3);
+  EXPECT_EQ(expert.attrs.integer("hidden"), 14336);
+  EXPECT_EQ(moe_routing(m, expert).C, 10240);
+  EXPECT_EQ(expert.unit, combine.unit);  // the layer's unit, as FSDP wraps MixtralDecoderLayer
   const ParamInfo* gate = param_named(m, "layers.0.block_sparse_moe.gate.weight");
   ASSERT_NE(gate, nullptr);
   EXPECT_EQ(gate->numel, 8 * 4096);
@@ -384,9 +408,11 @@ TEST(ImportHf, MixtralRoutesEachTokenToTwoOfEightExperts) {
 // anew; the plan's notes say when tokens are dropped, and dropless says nothing.
 TEST(ImportHf, CapacityFactorSetsTheExpertsBuffersAndTheNotesSayWhatIsDropped) {
   Model m = with_seq_len(load_model(hf("tiny-mixtral.json")), 32);
-  EXPECT_EQ(find_op(m, OpKind::moe)->attrs.integer("capacity"), 20);  // ceil(1.25 x 32 x 2 / 4)
-  EXPECT_EQ(find_op(with_capacity_factor(m, 2.0), OpKind::moe)->attrs.integer("capacity"), 32);
-  EXPECT_EQ(find_op(with_capacity_factor(m, 0.5), OpKind::moe)->attrs.integer("capacity"), 8);
+  for (OpKind op : {OpKind::moe_expert, OpKind::moe_combine}) {
+    EXPECT_EQ(find_op(m, op)->attrs.integer("capacity"), 20);  // ceil(1.25 x 32 x 2 / 4)
+    EXPECT_EQ(find_op(with_capacity_factor(m, 2.0), op)->attrs.integer("capacity"), 32);
+    EXPECT_EQ(find_op(with_capacity_factor(m, 0.5), op)->attrs.integer("capacity"), 8);
+  }
   EXPECT_THROW(with_capacity_factor(load_model(hf("tiny-qwen2.json")), 1.0), Error);
   EXPECT_THROW(with_capacity_factor(m, 0.0), Error);
   auto notes_of = [](std::optional<double> cf) {

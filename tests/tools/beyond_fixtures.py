@@ -222,7 +222,7 @@ USER_MODELS = _user_models()
 # weight concatenated in the graph (Transpose of the embedding, Concat);
 # RoFormer adds sinusoidal positions computed without the batch axis; and
 # Mixtral's ONNX routing (OneHot, per-expert index lists) is no IR op:
-# a Mixtral config.json plans and trains through the moe op instead
+# a Mixtral config.json plans and trains through the moe_* ops instead
 # (docs/huggingface.md).
 REFUSED = {
     "maxvit_t": "node '/blocks.0/layers.0/layers/window_attention/attn_layer/attn_layer.1/Einsum' (Einsum): op "

@@ -2,7 +2,7 @@
 """One training step of dlplan's CPU executor against Hugging Face
 transformers' own model, for the families imported from config.json: Qwen2,
 Gemma, Phi, Mixtral and T5 (tests/fixtures/hf/tiny-*.json, written by
-transformers 4.38.2). Mixtral trains dropless: dlplan's moe op runs with a
+transformers 4.38.2). Mixtral trains dropless: dlplan's experts run with a
 capacity factor of experts / top_k (--capacity-factor), which drops no token,
 and its router, top-2 choice and renormalised gates must then give
 transformers' step; its expert weights share transformers' names

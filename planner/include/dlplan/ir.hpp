@@ -41,7 +41,8 @@ std::vector<int64_t> broadcast_offsets(const Shape& out, const Shape& in);
 enum class OpKind {
   embedding, pos_embedding, cls_token, linear, conv2d, batchnorm, layernorm,
   rmsnorm, gelu, relu, silu, tanh, sigmoid, clip, hardsigmoid, hardswish, add, mul, scale,
-  affine, pow, sqrt, reciprocal, reduce_mean, concat, transpose, reshape, slice, attention, moe, maxpool2d,
+  affine, pow, sqrt, reciprocal, reduce_mean, concat, transpose, reshape, slice, attention, moe_router, moe_expert,
+  moe_combine, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
   relative_position_bias, matmul, softmax, causal_mask, alibi, rope, leaky_relu, elu, softplus, mish, prelu,
 };

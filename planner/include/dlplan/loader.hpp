@@ -24,12 +24,20 @@ Model load_model(const std::string& name_or_path);
 Model load_model(const std::string& name_or_path, const ImportOptions& opt);
 
 // The same model with every token input ([T] i32) of length `seq_len`. Checked
-// against position tables; a model without token inputs is an error.
+// against position tables; a model without token inputs is an error. A
+// mixture of experts' capacity is derived anew from its capacity_factor.
 Model with_seq_len(const Model& m, int64_t seq_len);
 
-// The same model with every mixture-of-experts node's capacity_factor set
-// (its capacity derived anew). A model without one is an error.
+// The same model with every mixture of experts' capacity_factor set (on its
+// moe_expert and moe_combine nodes, their capacity derived anew). A model
+// without one is an error.
 Model with_capacity_factor(const Model& m, double capacity_factor);
+// The same model with each moe_expert node a unit of its own, named as the
+// node (--expert-units): ZeRO-3 gathers an expert just before it runs and
+// frees it after, inside its layer's unit, as FSDP does when each Mixtral
+// MixtralBlockSparseTop2MLP is wrapped on its own. A model without experts is
+// an error.
+Model with_expert_units(const Model& m);
 // The input that makes a model encoder-decoder: its decoder's tokens (T5's
 // name, as Hugging Face calls it).
 inline constexpr const char* kDecoderInputIds = "decoder_input_ids";

@@ -150,22 +150,21 @@ struct AttentionShape {
   int own_params() const { return 4 + (qkv_bias ? 3 : 0) + (out_bias ? 1 : 0); }
 };
 AttentionShape attention_shape(const Model& m, const Node& n);
-// A mixture-of-experts node's shape (ops_schema.cpp says what it computes).
-// Per sample: T tokens of width D, E experts of hidden width F, top-k routing,
-// C slots per expert. The experts' buffers are rows() = E * C rows, slot
-// e * C + j holding expert e's j-th token. Parameters in declaration order:
-// the router gate.weight [E, D], then per expert w1 [F, D] (gate
-// projection), w2 [D, F] (down), w3 [F, D] (up), as Mixtral's
-// MixtralBlockSparseTop2MLP names them: y = w2(silu(w1 x) * w3 x).
-struct MoeShape {
-  int64_t T = 0, D = 0, E = 0, k = 0, F = 0, C = 0;
-  bool normalize = true;
-  int64_t rows() const { return E * C; }
-  static int w1(int64_t e) { return 1 + 3 * static_cast<int>(e); }
-  static int w2(int64_t e) { return w1(e) + 1; }
-  static int w3(int64_t e) { return w1(e) + 2; }
+// A mixture of experts (Mixtral's MixtralSparseMoeBlock) is 2 + E nodes
+// (ops_schema.cpp says what each computes): moe_router, x [T, D] -> the
+// router's softmax [T, E] (parameter weight [E, D], Mixtral's `gate`); one
+// moe_expert per expert e, (x, probabilities) -> its C places [C, D], place
+// j holding the j-th token routed to it (parameters w1 [F, D], w2 [D, F],
+// w3 [F, D]: Mixtral's MixtralBlockSparseTop2MLP, y = w2(silu(w1 x) * w3 x));
+// and moe_combine, (probabilities, the E experts' places) -> [T, D]. Experts
+// and combine find the same routing from the probabilities: top_k experts
+// per token, C places per expert. Being nodes, experts can be ZeRO-3 units
+// of their own (with_expert_units).
+struct MoeRouting {
+  int64_t T = 0, E = 0, k = 0, C = 0;
+  bool normalize = true;  // moe_combine: the chosen gates are renormalised
 };
-MoeShape moe_shape(const Model& m, const Node& n);
+MoeRouting moe_routing(const Model& m, const Node& n);  // n: a moe_expert or moe_combine node
 // T5's bucket of a key's offset j - i from its query (HF T5Attention.
 // _relative_position_bucket, in its float32 arithmetic): with bidirectional,
 // half the buckets for later keys; offsets below half of the (remaining)

@@ -29,7 +29,8 @@ struct RequestFlags {
   bool micro_batch_max = false;          // --micro-batch max
   std::optional<int64_t> global_batch, grad_accum, seq_len;
   std::optional<int64_t> decoder_seq_len;  // an encoder-decoder model's decoder tokens (with_decoder_seq_len)
-  std::optional<double> capacity_factor;  // every moe node's (with_capacity_factor)
+  std::optional<double> capacity_factor;  // every mixture of experts' (with_capacity_factor)
+  bool expert_units = false;             // each expert a unit of its own (with_expert_units)
   std::string fusion;                    // ONNX files: "engine" (default) or "eager" (ImportOptions::fusion)
   std::string precision;                 // "" : bf16-mixed where the device has bf16, else fp16-mixed (cpu: fp32)
   std::string optimizer = "adamw", checkpointing = "none", attention = "math", syncbn = "auto";

@@ -55,7 +55,7 @@ struct LlamaConfig {
   int padding_idx = -1;             // HF's pad_token_id: its embedding row gets no gradient (-1: none)
   // Mixtral: the MLP is a mixture of `experts` SwiGLU experts of width
   // `intermediate`, top_k per token (0: a dense MLP). capacity_factor: the
-  // moe op's, tokens over an expert's capacity are dropped (0: dropless,
+  // experts', tokens over an expert's capacity are dropped (0: dropless,
   // every token fits every expert, as Mixtral trains).
   int experts = 0;
   int top_k = 2;

@@ -7,6 +7,9 @@
 // whose second block applies the first's parameters (`shares`): one set of
 // parameters in the root unit that both blocks' backwards add into, sharded
 // and gathered once.
+// And on tiny-mixtral with each expert a unit of its own (--expert-units):
+// under ZeRO-3 each expert gathered inside its layer's unit, its gradient
+// reduce-scattered on its own.
 #include "../knob_grid.hpp"
 
 #include <fmt/format.h>
@@ -23,25 +26,29 @@ int main(int argc, char** argv) {
   const auto pairs = knobs::pairwise();
   configs.insert(configs.end(), pairs.begin(), pairs.end());
   std::vector<std::string> models(configs.size());  // "": the grid's own model knob
-  for (const auto& k : knobs::single_knob_changes())
-    if (k[knobs::kModel] == 0 && k[knobs::kSyncBn] == 0) {  // the model is the file; it has no BatchNorm
-      configs.push_back(k);
-      models.push_back(DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-shared.json");
-    }
+  std::vector<bool> expert_units(configs.size(), false);
+  for (const char* file : {"/tests/fixtures/tiny-shared.json", "/tests/fixtures/hf/tiny-mixtral.json"})
+    for (const auto& k : knobs::single_knob_changes())
+      if (k[knobs::kModel] == 0 && k[knobs::kSyncBn] == 0) {  // the model is the file; it has no BatchNorm
+        configs.push_back(k);
+        models.push_back(std::string(DLPLAN_SOURCE_DIR) + file);
+        expert_units.push_back(std::string(file).find("mixtral") != std::string::npos);
+      }
   double failed = 0, passed = 0;
   for (size_t c = 0; c < configs.size(); ++c) {
     const auto& k = configs[c];
     knobs::Outcome o;
     bool ok = false;
     try {
-      o = knobs::run_config(k, *comm, *backend, 3, 0, false, models[c]);
+      o = knobs::run_config(k, *comm, *backend, 3, 0, false, models[c], {}, expert_units[c]);
       ok = o.equal() && std::isfinite(o.loss);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "rank {}: {} {}: {}\n", comm->rank(), models[c], knobs::describe(k), e.what());
+      fmt::print(stderr, "rank {}: {}{} {}: {}\n", comm->rank(), models[c], expert_units[c] ? " (expert units)" : "",
+                 knobs::describe(k), e.what());
     }
     if (!ok && o.peak_predicted > 0)
-      fmt::print(stderr, "FAILED rank {}: {} {}: {}\n", comm->rank(), models[c], knobs::describe(k),
-                 knobs::mismatch(o));
+      fmt::print(stderr, "FAILED rank {}: {}{} {}: {}\n", comm->rank(), models[c],
+                 expert_units[c] ? " (expert units)" : "", knobs::describe(k), knobs::mismatch(o));
     (ok ? passed : failed) += 1;
   }
   double totals[2] = {passed, failed};
