@@ -320,6 +320,50 @@ TEST(LoaderError, SharesNamesAnEarlierNodeOfTheSameOpAndShapes) {
   expect_error(bad, {"node 'r2' (relu)", "shares parameters but has none"});
 }
 
+// A mixture of experts: tokens x [6, 8], a router over 2 experts, experts
+// of width 5 with 6 places each (top 2 of 2, factor 1), and the combine.
+// The combine's input e + 1 must be expert e's places, of the same router,
+// routed alike; each mistake is named.
+TEST(LoaderError, MixtureOfExpertsCombinesItsOwnExpertsInOrder) {
+  J ir = J::parse(R"({
+    "name": "moe",
+    "inputs": {"x": {"shape": [6, 8], "dtype": "f32"}, "label": {"shape": [6], "dtype": "i32"}},
+    "nodes": [
+      {"name": "gate", "op": "moe_router", "in": ["x"], "experts": 2},
+      {"name": "e0", "op": "moe_expert", "in": ["x", "gate"], "expert": 0, "hidden": 5, "capacity_factor": 1.0},
+      {"name": "e1", "op": "moe_expert", "in": ["x", "gate"], "expert": 1, "hidden": 5, "capacity_factor": 1.0},
+      {"name": "moe", "op": "moe_combine", "in": ["gate", "e0", "e1"], "capacity_factor": 1.0},
+      {"name": "fc", "op": "linear", "in": ["moe"], "out": 3},
+      {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+    ]
+  })");
+  const Model m = parse_model(ir, "ok.json");  // control
+  EXPECT_EQ(m.parameter_count(), 2 * 8 + 2 * 3 * 5 * 8 + (8 * 3 + 3));
+  EXPECT_EQ(m.output_of(m.nodes[1]).shape, (Shape{6, 8}));  // C = min(6, ceil(1 x 6 x 2 / 2)) places
+  EXPECT_EQ(with_expert_units(m).units.size(), m.units.size() + 2);  // e0 and e1
+
+  J bad = ir;
+  node(bad, "moe")["in"] = {"gate", "e1", "e0"};
+  expect_error(bad, {"node 'moe' (moe_combine)", "input 1 is expert 1's places ('e1'), where expert 0's belong"});
+  bad = ir;
+  node(bad, "moe")["in"] = {"gate", "e0"};
+  expect_error(bad, {"node 'moe'", "its 2 experts' places, got 2 inputs"});
+  bad = ir;
+  node(bad, "e1")["top_k"] = 1;
+  node(bad, "e1")["capacity_factor"] = 2.0;  // the same 6 places, routed by its first choice only
+  expect_error(bad, {"node 'moe'", "expert 'e1' has top_k 1, the combine 2"});
+  bad = ir;
+  node(bad, "e0")["expert"] = 2;
+  expect_error(bad, {"node 'e0' (moe_expert)", "expert 2 is not one of the router's 2 experts"});
+  bad = ir;
+  node(bad, "e0")["capacity"] = 7;
+  expect_error(bad, {"node 'e0'", "capacity 7 exceeds the 6 tokens of a sample"});
+  bad = ir;
+  bad["nodes"].insert(bad["nodes"].begin() + 1, J{{"name", "gate2"}, {"op", "moe_router"}, {"in", {"x"}}, {"experts", 2}});
+  node(bad, "e1")["in"] = {"x", "gate2"};
+  expect_error(bad, {"node 'moe'", "expert 'e1' is routed by 'gate2', the combine by 'gate'"});
+}
+
 TEST(LoaderError, CrossEntropyTargetsOfWrongShape) {
   J ir = base();
   ir["inputs"]["label"]["shape"] = {3};
