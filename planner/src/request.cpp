@@ -222,6 +222,12 @@ PlanRequest build_request(const RequestFlags& f, const ModelLoader& load) {
       throw UsageError(fmt::format(
           "{}: the model has no mixture of experts (moe_expert nodes), so --expert-units does not apply", r.model.source));
     r.model = with_expert_units(r.model);
+    const auto experts = std::count_if(r.model.nodes.begin(), r.model.nodes.end(),
+                                       [](const Node& n) { return n.op == OpKind::moe_expert; });
+    r.model.notes.push_back(fmt::format(
+        "each of the {} experts is a unit of its own (--expert-units): under zero3 / hsdp3 it is gathered just before "
+        "it runs, inside its layer's unit, and its gradient reduce-scattered on its own",
+        experts));
   }
   note_dropped_tokens(r.model);
 

@@ -135,6 +135,8 @@ TEST(CliExpertUnits, EachExpertIsAUnitAndAModelWithoutExpertsIsRefused) {
   };
   const std::string base = "--model mixtral-8x7b --gpus 8 --strategy zero3";
   EXPECT_LT(gathered(planning(base + " --expert-units")), gathered(planning(base)));
+  const Result table = run(base + " --expert-units");
+  EXPECT_TRUE(contains(table.out, "note     each of the 256 experts is a unit of its own (--expert-units)")) << table.out;
   expect_usage_error("--model tiny-gpt --expert-units", {"tiny-gpt", "no mixture of experts", "--expert-units"});
 }
 
