@@ -132,6 +132,13 @@ def _pair(v):
     return (int(v[0]), int(v[1])) if isinstance(v, (list, tuple)) else (int(v), int(v))
 
 
+def _window_1d(a, key):
+    """A 1-D convolution's kernel, stride or padding (the width's): an
+    integer, or the second of a pair whose first is the height's 1 (or 0)."""
+    v = a[key]
+    return int(v[1]) if isinstance(v, (list, tuple)) else int(v)
+
+
 def alibi_slopes(heads):
     """ALiBi's slopes (Press et al. 2022; BLOOM's closest-power-of-two rule),
     as planner/src/ir.cpp's alibi_slopes."""
@@ -257,6 +264,9 @@ def _plan(ir):
             out = (x[0] + 1, x[1])
         elif op == "linear":
             out = x[:-1] + (int(a["out"]),)
+        elif op == "conv2d" and len(x) == 2:  # 1-D over [C, L]: the width's window
+            k, s, p = _window_1d(a, "kernel"), _window_1d(a, "stride"), _window_1d(a, "padding")
+            out = (int(a["out"]), (x[1] + 2 * p - k) // s + 1)
         elif op == "conv2d":
             k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
             out = (int(a["out"]), (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
@@ -288,7 +298,7 @@ def _plan(ir):
                     return o - 1 if (o - 1) * s[d] >= i + p[d] else o
                 out = (x[0], ceil_out(x[1], 0), ceil_out(x[2], 1))
         elif op == "global_avgpool":
-            out = (x[0], 1, 1) if a.get("keepdims") else (x[0],)
+            out = (x[0],) + (1,) * (len(x) - 1) if a.get("keepdims") else (x[0],)
         elif op == "concat":
             ax = int(a["axis"])
             out = tuple(sum(s[ax] for s in n.in_shapes) if d == ax else x[d] for d in range(len(x)))
@@ -438,9 +448,12 @@ class IRModule(nn.Module):
             if a["bias"]:
                 add("bias", P(int(a["out"])), False)
         elif op == "conv2d":
-            k = _pair(a["kernel"])
             g = int(a["groups"])
-            add("weight", P(int(a["out"]), x[0] // g, k[0], k[1]), True)
+            if len(x) == 2:  # Conv1d's weight [out, C/groups, k]
+                add("weight", P(int(a["out"]), x[0] // g, _window_1d(a, "kernel")), True)
+            else:
+                k = _pair(a["kernel"])
+                add("weight", P(int(a["out"]), x[0] // g, k[0], k[1]), True)
             if a["bias"]:
                 add("bias", P(int(a["out"])), False)
         elif op == "batchnorm":
@@ -599,6 +612,9 @@ class IRModule(nn.Module):
             if a["scale"] is not None:  # the input's factor (T5's tied head)
                 x = x * float(a["scale"])
             return F.linear(x, w, self._p(n, "bias") if a["bias"] else None)
+        if op == "conv2d" and x.dim() == 3:  # 1-D: [B, C, L]
+            return F.conv1d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
+                            stride=_window_1d(a, "stride"), padding=_window_1d(a, "padding"), groups=int(a["groups"]))
         if op == "conv2d":
             return F.conv2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
                             stride=_pair(a["stride"]), padding=_pair(a["padding"]), groups=int(a["groups"]))
@@ -708,7 +724,7 @@ class IRModule(nn.Module):
             return F.avg_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=False, count_include_pad=True)
         if op == "global_avgpool":
-            return x.mean(dim=(2, 3), keepdim=bool(a.get("keepdims")))
+            return x.mean(dim=tuple(range(2, x.dim())), keepdim=bool(a.get("keepdims")))
         if op == "flatten":
             return x.reshape(x.shape[0], -1)
         if op == "tokens":
@@ -958,8 +974,8 @@ def _node_flops(n):
         f = 2.0 * rows * x[-1] * int(a["out"])
         return f, 2 * f
     if op == "conv2d":
-        k = _pair(a["kernel"])
-        f = 2.0 * out * (x[0] // int(a["groups"])) * k[0] * k[1]
+        window = _window_1d(a, "kernel") if len(x) == 2 else _pair(a["kernel"])[0] * _pair(a["kernel"])[1]
+        f = 2.0 * out * (x[0] // int(a["groups"])) * window
         return f, 2 * f
     if op in ("batchnorm", "layernorm"):
         return 8.0 * out, 12.0 * out

@@ -9,6 +9,7 @@
 // and no padding needs no columns: the input already is the [C, P] matrix.
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
+#include "dlplan/conv_window.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -27,12 +28,17 @@ struct ConvGeom {
   bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
+// A 1-D convolution's [C, L] runs as [C, 1, L] (conv_window.hpp).
 ConvGeom geometry(const OpContext& c) {
   const Shape& x = in_shape(c, 0);
   const Shape& y = out_shape(c);
+  if (c.node->op == OpKind::conv2d) {
+    const ConvWindow w = conv_window(x, c.node->attrs);
+    return {w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
+            c.node->attrs.integer("groups")};
+  }
   const auto k = c.node->attrs.pair("kernel"), s = c.node->attrs.pair("stride"), p = c.node->attrs.pair("padding");
-  const int64_t groups = c.node->op == OpKind::conv2d ? c.node->attrs.integer("groups") : 1;
-  return {x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1], groups};
+  return {x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1], 1};
 }
 
 // The output columns ow whose input column ow*sw - pw + kj lies inside [0, W):
@@ -360,9 +366,10 @@ void avgpool2d_backward(OpContext& c) {
 // ---- global_avgpool ------------------------------------------------------------
 // x: [b, C, H, W] -> out: [b, C], the mean of each plane.
 
+// The mean of each channel's plane: [H, W], or [L] (1-D).
 void global_avgpool_forward(OpContext& c) {
   const Shape& x = in_shape(c, 0);
-  const int64_t planes = c.batch * x[0], hw = x[1] * x[2];
+  const int64_t planes = c.batch * x[0], hw = numel(x) / x[0];
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float* xp = c.in[0].f() + pl * hw;
     double acc = 0;
@@ -374,7 +381,7 @@ void global_avgpool_forward(OpContext& c) {
 void global_avgpool_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
   const Shape& x = in_shape(c, 0);
-  const int64_t planes = c.batch * x[0], hw = x[1] * x[2];
+  const int64_t planes = c.batch * x[0], hw = numel(x) / x[0];
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float d = c.dout.f()[pl] / static_cast<float>(hw);
     float* dx = c.din[0].f() + pl * hw;

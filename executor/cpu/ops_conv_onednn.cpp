@@ -9,6 +9,7 @@
 #include "cpu/parallel.hpp"
 
 #ifdef DLPLAN_HAVE_ONEDNN
+#include "dlplan/conv_window.hpp"
 #include "dlplan/onednn_conv.hpp"
 
 #include <map>
@@ -18,11 +19,10 @@ namespace {
 
 using dnnl::memory;
 
-ConvGeometry conv_geometry(const OpContext& c) {
-  const Shape& x = in_shape(c, 0);
+ConvGeometry conv_geometry(const OpContext& c) {  // a 1-D convolution's [C, L] as [C, 1, L]
   const Shape& y = out_shape(c);
-  const auto k = c.node->attrs.pair("kernel"), s = c.node->attrs.pair("stride"), p = c.node->attrs.pair("padding");
-  return {c.batch, x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1],
+  const ConvWindow w = conv_window(in_shape(c, 0), c.node->attrs);
+  return {c.batch, w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
           c.node->attrs.integer("groups"), c.node->attrs.flag("bias")};
 }
 

@@ -1,5 +1,6 @@
 #include "dlplan/exec/param_store.hpp"
 
+#include "dlplan/conv_window.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/ops.hpp"
@@ -20,8 +21,8 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
   switch (n.op) {
     case OpKind::linear: return x.back();
     case OpKind::conv2d: {
-      auto k = n.attrs.pair("kernel");
-      return x[0] / n.attrs.integer("groups") * k[0] * k[1];
+      const ConvWindow w = conv_window(x, n.attrs);
+      return x[0] / n.attrs.integer("groups") * w.kh * w.kw;
     }
     case OpKind::attention: {
       if (suffix.rfind("o.", 0) == 0) return n.attrs.integer("heads") * n.attrs.integer("head_dim");

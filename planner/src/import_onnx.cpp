@@ -314,6 +314,24 @@ class Importer {
     return attrs;
   }
 
+  // A 1-D window (Conv1d): kernel, stride and padding of the length, as
+  // integers (conv_window.hpp reads them as the width's of [C, 1, L]).
+  OJson window_1d(const onnx::NodeProto& n, int i, OJson attrs, int64_t k) {
+    auto strides = attr_ints(n, "strides");
+    auto pads = attr_ints(n, "pads");
+    const auto auto_pad = attr_text(n, "auto_pad", "NOTSET");
+    if (auto_pad != "NOTSET" && auto_pad != "VALID")
+      fail(fmt::format("{}: auto_pad {} is not supported (export with explicit pads)", label(n, i), auto_pad));
+    for (auto d : attr_ints(n, "dilations"))
+      if (d != 1) fail(fmt::format("{}: dilation {} is not supported", label(n, i), d));
+    if (!pads.empty() && (pads.size() != 2 || pads[0] != pads[1]))
+      fail(fmt::format("{}: asymmetric pads [{}] are not supported", label(n, i), fmt::join(pads, ", ")));
+    attrs["kernel"] = k;
+    attrs["stride"] = strides.size() == 1 ? strides[0] : 1;
+    attrs["padding"] = pads.empty() ? 0 : pads[0];
+    return attrs;
+  }
+
   // Absorbs a following Add of a bias initializer with `out` elements.
   std::optional<int> bias_add_after(const std::string& t, int64_t out) {
     const auto& cons = g_.consumers_of(t);
@@ -770,10 +788,10 @@ class Importer {
 
   void map_conv(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
     auto w = g_.shape(n.input(1));
-    if (!g_.is_init(n.input(1)) || !w || w->size() != 4)
-      fail(fmt::format("{}: only 2-D convolutions with an initializer weight are supported", label(n, i)));
+    if (!g_.is_init(n.input(1)) || !w || (w->size() != 4 && w->size() != 3))
+      fail(fmt::format("{}: only 1-D and 2-D convolutions with an initializer weight are supported", label(n, i)));
     OJson a{{"out", (*w)[0]}};
-    a = pool_geometry(n, i, a, (*w)[2], (*w)[3]);
+    a = w->size() == 3 ? window_1d(n, i, a, (*w)[2]) : pool_geometry(n, i, a, (*w)[2], (*w)[3]);
     a["groups"] = attr_int(n, "group", 1);
     a["bias"] = n.input_size() > 2 && !n.input(2).empty();
     if (a["bias"].get<bool>()) {

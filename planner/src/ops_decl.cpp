@@ -7,12 +7,14 @@
 // even when causal, as model-FLOPs conventions do (PaLM, appendix B).
 #include "dlplan/ops.hpp"
 
+#include "dlplan/conv_window.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/limits.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <initializer_list>
 
@@ -291,19 +293,21 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     }
     case OpKind::conv2d: {
       const int64_t c = in_shape(0)[0], o = n.attrs.integer("out"), g = n.attrs.integer("groups");
-      const auto k = n.attrs.pair("kernel");
-      d.params = {{"weight", o * (c / g) * k[0] * k[1], true, {o, c / g, k[0], k[1]}}};
+      const ConvWindow w = conv_window(in_shape(0), n.attrs);
+      const std::array<int64_t, 2> k = {w.kh, w.kw};
+      const int64_t pixels = numel(out.shape) / o;  // OH OW, or OL (1-D)
+      d.params = {{"weight", o * (c / g) * k[0] * k[1], true,
+                   w.one_d ? Shape{o, c / g, k[1]} : Shape{o, c / g, k[0], k[1]}}};
       if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false, {o}});
       d.saved = {keep_input(0)};
       // im2col lowering (executor/cpu/ops_conv.cpp): one column matrix
       // [C kh kw, OH OW], reused sample by sample; backward rebuilds it for
       // the weight gradient and reuses it for the column gradient. A 1x1,
       // stride-1, unpadded convolution reads its input directly and needs none.
-      const auto s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
-      const bool direct = k[0] == 1 && k[1] == 1 && s[0] == 1 && s[1] == 1 && p[0] == 0 && p[1] == 0;
+      const bool direct = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
       if (!direct) {
-        check_size(m, n, "the im2col columns", {c, k[0], k[1], out.shape[1], out.shape[2]});
-        const int64_t cols = c * k[0] * k[1] * out.shape[1] * out.shape[2];
+        check_size(m, n, "the im2col columns", {c, k[0], k[1], pixels});
+        const int64_t cols = c * k[0] * k[1] * pixels;
         d.fwd_temps = {{"im2col", cols, Elem::compute, true}};
         d.bwd_temps = {{"im2col", cols, Elem::compute, true}};
       }

@@ -1,4 +1,5 @@
 // Attribute schemas and shape inference for every op of DESIGN.md's table.
+#include "dlplan/conv_window.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/ops.hpp"
 
@@ -521,15 +522,19 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       break;
     }
     case OpKind::conv2d: {
-      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
       expect_float(x, fail);
       int64_t o = positive(n, "out", fail), g = positive(n, "groups", fail);
       if (x.shape[0] % g != 0 || o % g != 0)
         fail("groups {} must divide both the input channels {} and out {}", g, x.shape[0], o);
-      auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
-      out.shape = {o, window_out(x.shape[1], k[0], s[0], p[0], "height", fail),
-                   window_out(x.shape[2], k[1], s[1], p[1], "width", fail)};
-      check_weight("the weight [out, C/groups, kh, kw]", {o, x.shape[0] / g, k[0], k[1]}, fail);
+      const ConvWindow w = conv_window(x.shape, n.attrs);
+      if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0))
+        fail("a 1-D convolution over [C, L] takes the width's kernel, stride and padding: integers, or pairs "
+             "[1, k], [1, s], [0, p]");
+      const int64_t OH = window_out(w.H, w.kh, w.sh, w.ph, "height", fail);
+      const int64_t OW = window_out(w.W, w.kw, w.sw, w.pw, w.one_d ? "length" : "width", fail);
+      out.shape = w.one_d ? Shape{o, OW} : Shape{o, OH, OW};
+      check_weight("the weight [out, C/groups, kh, kw]", {o, x.shape[0] / g, w.kh, w.kw}, fail);
       break;
     }
     case OpKind::batchnorm: {
@@ -836,10 +841,11 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         for (size_t d = 0; d < 2; ++d) out.shape[d + 1] = ceil_window_out(x.shape[d + 1], k[d], s[d], p[d]);
       break;
     }
-    case OpKind::global_avgpool: {
-      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+    case OpKind::global_avgpool: {  // the mean of each channel: over [H, W], or over [L] (1-D)
+      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
       expect_float(x, fail);
-      out.shape = n.attrs.has("keepdims") && n.attrs.flag("keepdims") ? Shape{x.shape[0], 1, 1} : Shape{x.shape[0]};
+      const bool keep = n.attrs.has("keepdims") && n.attrs.flag("keepdims");
+      out.shape = !keep ? Shape{x.shape[0]} : x.shape.size() == 2 ? Shape{x.shape[0], 1} : Shape{x.shape[0], 1, 1};
       break;
     }
     case OpKind::flatten: {

@@ -2,6 +2,7 @@
 #include "dlplan/step_program.hpp"
 
 #include "dlplan/caching_allocator.hpp"
+#include "dlplan/conv_window.hpp"
 #include "dlplan/cpu_conv.hpp"
 #include "dlplan/error.hpp"
 
@@ -318,9 +319,9 @@ class Emitter {
       case OpKind::conv2d: {  // implicit GEMM per group: [N OH OW, C/g kh kw] x [C/g kh kw, out/g]
         const Shape& x = in_shape(0);
         const Shape& y = m_.output_of(n).shape;
-        const auto k = n.attrs.pair("kernel");
+        const ConvWindow w = conv_window(x, n.attrs);
         const int64_t g = n.attrs.integer("groups");
-        ev.gemms.push_back({b * d(y[1] * y[2]), d(n.attrs.integer("out") / g), d(x[0] / g * k[0] * k[1]), d(g)});
+        ev.gemms.push_back({b * d(numel(y) / y[0]), d(n.attrs.integer("out") / g), d(x[0] / g * w.kh * w.kw), d(g)});
         break;
       }
       case OpKind::attention: {  // QKV and output projections around the T x Tk core
@@ -503,10 +504,9 @@ class Emitter {
     for (size_t i = 0; i < m_.nodes.size(); ++i) {
       const Node& n = m_.nodes[i];
       if (n.op != OpKind::conv2d) continue;
-      const Shape& x = m_.tensor(n.inputs[0]).shape;
       const Shape& y = m_.tensor(n.output).shape;
-      const auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
-      const ConvGeometry g{b_,   x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1],
+      const ConvWindow w = conv_window(m_.tensor(n.inputs[0]).shape, n.attrs);  // a 1-D one as [C, 1, L]
+      const ConvGeometry g{b_,   w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
                            n.attrs.integer("groups"), n.attrs.flag("bias")};
       const bool dx = !is_model_input(n.inputs[0]) && input_needs_grad(static_cast<int>(i), 0);
       const bool dw = base_trains_[i];

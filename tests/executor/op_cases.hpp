@@ -128,11 +128,18 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("conv2d_3x3_nobias", arr({3, 5, 5}),
                     Json{{"op", "conv2d"}, {"out", 4}, {"kernel", 3}, {"padding", 1}, {"bias", false}}));
   v.push_back(unary("conv2d_1x1_direct", arr({3, 4, 3}), Json{{"op", "conv2d"}, {"out", 5}, {"kernel", 1}}));
+  // A 1-D convolution over [C, L] (PyTorch's Conv1d: conv_window.hpp): strided
+  // and padded with groups, and the pair form [1, k] of the width's window.
+  v.push_back(unary("conv1d_strided_groups", arr({4, 9}),
+                    Json{{"op", "conv2d"}, {"out", 6}, {"kernel", 3}, {"stride", 2}, {"padding", 1}, {"groups", 2}}));
+  v.push_back(unary("conv1d_pair_window", arr({3, 7}),
+                    Json{{"op", "conv2d"}, {"out", 4}, {"kernel", arr({1, 4})}, {"padding", arr({0, 1})}}));
   v.push_back(unary("maxpool2d_pad", arr({2, 7, 7}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
                     Gen::distinct));
   v.push_back(unary("avgpool2d_pad", arr({2, 6, 5}),
                     Json{{"op", "avgpool2d"}, {"kernel", arr({3, 2})}, {"stride", arr({2, 1})}, {"padding", 1}}));
   v.push_back(unary("global_avgpool", arr({3, 4, 5}), Json{{"op", "global_avgpool"}}));
+  v.push_back(unary("global_avgpool_1d", arr({3, 5}), Json{{"op", "global_avgpool"}, {"keepdims", true}}));
   v.push_back(unary("batchnorm_2d", arr({3, 4, 4}), Json{{"op", "batchnorm"}}));
   v.push_back(unary("batchnorm_1d", arr({4}), Json{{"op", "batchnorm"}, {"eps", 1e-3}}));
   {

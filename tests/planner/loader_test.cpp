@@ -364,6 +364,29 @@ TEST(LoaderError, MixtureOfExpertsCombinesItsOwnExpertsInOrder) {
   expect_error(bad, {"node 'moe'", "expert 'e1' is routed by 'gate2', the combine by 'gate'"});
 }
 
+// A conv2d over [C, L] is a 1-D convolution (PyTorch's Conv1d): its weight is
+// [out, C/groups, k]; a window with a height other than 1 is refused by name.
+TEST(LoaderError, OneDimensionalConvolutionTakesTheWidthsWindow) {
+  J ir = base();
+  ir["inputs"]["x"]["shape"] = {2, 16};
+  ir["nodes"] = J::parse(R"([
+    {"name": "conv", "op": "conv2d", "in": ["x"], "out": 4, "kernel": 5, "stride": 2, "padding": 2},
+    {"name": "pool", "op": "global_avgpool", "in": ["conv"]},
+    {"name": "fc", "op": "linear", "in": ["pool"], "out": 4},
+    {"name": "loss", "op": "cross_entropy", "in": ["fc", "label"]}
+  ])");
+  const Model m = parse_model(ir, "ok.json");  // control
+  EXPECT_EQ(m.output_of(m.nodes[0]).shape, (Shape{4, 8}));  // (16 + 2 x 2 - 5) / 2 + 1
+  EXPECT_EQ(m.params[0].shape, (Shape{4, 2, 5}));
+  EXPECT_EQ(m.output_of(m.nodes[1]).shape, (Shape{4}));
+  J bad = ir;
+  node(bad, "conv")["kernel"] = {3, 5};
+  expect_error(bad, {"node 'conv' (conv2d)", "a 1-D convolution over [C, L] takes the width's kernel"});
+  bad = ir;
+  node(bad, "conv")["kernel"] = 21;
+  expect_error(bad, {"node 'conv'", "kernel 21 does not fit the input's length of 16 with padding 2"});
+}
+
 TEST(LoaderError, CrossEntropyTargetsOfWrongShape) {
   J ir = base();
   ir["inputs"]["label"]["shape"] = {3};

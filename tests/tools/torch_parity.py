@@ -77,11 +77,15 @@ CASES = {
     # tiny-gpt with h.1 applying h.0's parameters (`shares`, ALBERT's shared
     # layers): each shared gradient is the sum of both depths'.
     "tiny-shared": ("tests/fixtures/tiny-shared.json", 4, []),
+    # Conv1d over [C, L] (conv2d of a [C, L] input): padded, strided, grouped
+    # and 1x1, then AdaptiveAvgPool1d(1); four convolutions, so that the CPU
+    # engine runs them through oneDNN as 2-D ones of height 1.
+    "tiny-conv1d": ("tests/fixtures/tiny-conv1d.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
-           "tiny-t5", "tiny-t5-flash", "tiny-shared"]
+           "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d"]
 
 
 def read_f32(path):

@@ -1,0 +1,39 @@
+// conv2d's window over its per-sample input: [C, H, W], or [C, L] taken as
+// [C, 1, L], a 1-D convolution (PyTorch's Conv1d, whose weight is then
+// [out, C/groups, k]). Over [C, L] the kernel, stride and padding are the
+// width's: integers, or pairs whose height part is 1, 1 and 0 (ops_schema.cpp
+// refuses any other).
+#pragma once
+
+#include "dlplan/ir.hpp"
+
+#include <cstdint>
+
+namespace dlplan {
+
+struct ConvWindow {
+  int64_t C = 0, H = 1, W = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
+  bool one_d = false;  // the input is [C, L]
+};
+
+inline ConvWindow conv_window(const Shape& x, const Attrs& a) {
+  ConvWindow w;
+  w.one_d = x.size() == 2;
+  w.C = x[0];
+  w.H = w.one_d ? 1 : x[1];
+  w.W = x.back();
+  // A 1-D window's integer is the width's; its height is 1 (padding 0).
+  auto window = [&](const char* key, int64_t height_of_1d, int64_t& h, int64_t& wd) {
+    const auto p = a.pair(key);
+    const bool scalar = a.values.contains(key) && a.values[key].is_number_integer();
+    h = w.one_d && scalar ? height_of_1d : p[0];
+    wd = p[1];
+  };
+  window("kernel", 1, w.kh, w.kw);
+  window("stride", 1, w.sh, w.sw);
+  window("padding", 0, w.ph, w.pw);
+  return w;
+}
+
+}  // namespace dlplan
