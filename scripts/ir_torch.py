@@ -287,6 +287,15 @@ def _plan(ir):
             if a["capacity"] is None:  # GShard's capacity, at most every token
                 a["capacity"] = min(T, math.ceil(float(a["capacity_factor"]) * T * int(a["top_k"]) / E))
             out = (int(a["capacity"]), x[1]) if op == "moe_expert" else (T, n.in_shapes[1][1])
+        elif op in ("maxpool2d", "avgpool2d") and len(x) == 2:  # 1-D over [C, L]: the width's window
+            if a["stride"] is None:
+                a["stride"] = a["kernel"]
+            k, s, p = _window_1d(a, "kernel"), _window_1d(a, "stride"), _window_1d(a, "padding")
+            if a.get("ceil_mode"):
+                o = -(-(x[1] + 2 * p - k) // s) + 1
+                out = (x[0], o - 1 if (o - 1) * s >= x[1] + p else o)
+            else:
+                out = (x[0], (x[1] + 2 * p - k) // s + 1)
         elif op in ("maxpool2d", "avgpool2d"):
             if a["stride"] is None:
                 a["stride"] = a["kernel"]
@@ -717,6 +726,11 @@ class IRModule(nn.Module):
             return self._moe_expert(n, x, xs[1])
         if op == "moe_combine":
             return self._moe_combine(n, xs[0], xs[1:])
+        if op in ("maxpool2d", "avgpool2d") and x.dim() == 3:  # 1-D: [B, C, L]
+            k, st, p = _window_1d(a, "kernel"), _window_1d(a, "stride"), _window_1d(a, "padding")
+            if op == "maxpool2d":
+                return F.max_pool1d(x, k, st, p, ceil_mode=bool(a.get("ceil_mode")))
+            return F.avg_pool1d(x, k, st, p, ceil_mode=False, count_include_pad=True)
         if op == "maxpool2d":
             return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=bool(a.get("ceil_mode")))
@@ -1040,8 +1054,8 @@ def _node_flops(n):
         f = float(n.in_shapes[0][0] * int(a["top_k"]) * n.in_shapes[1][1])
         return f, 2 * f
     if op in ("maxpool2d", "avgpool2d"):
-        k = _pair(a["kernel"])
-        return out * k[0] * k[1], (out if op == "maxpool2d" else out * k[0] * k[1])
+        window = _window_1d(a, "kernel") if len(x) == 2 else _pair(a["kernel"])[0] * _pair(a["kernel"])[1]
+        return out * window, (out if op == "maxpool2d" else out * window)
     if op == "global_avgpool":
         return float(_numel(x)), float(_numel(x))
     if op == "dropout":

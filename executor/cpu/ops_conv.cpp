@@ -28,17 +28,12 @@ struct ConvGeom {
   bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
-// A 1-D convolution's [C, L] runs as [C, 1, L] (conv_window.hpp).
+// A 1-D convolution's or pooling's [C, L] runs as [C, 1, L] (conv_window.hpp).
 ConvGeom geometry(const OpContext& c) {
-  const Shape& x = in_shape(c, 0);
   const Shape& y = out_shape(c);
-  if (c.node->op == OpKind::conv2d) {
-    const ConvWindow w = conv_window(x, c.node->attrs);
-    return {w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
-            c.node->attrs.integer("groups")};
-  }
-  const auto k = c.node->attrs.pair("kernel"), s = c.node->attrs.pair("stride"), p = c.node->attrs.pair("padding");
-  return {x[0], x[1], x[2], y[0], y[1], y[2], k[0], k[1], s[0], s[1], p[0], p[1], 1};
+  const ConvWindow w = conv_window(in_shape(c, 0), c.node->attrs);
+  const int64_t groups = c.node->op == OpKind::conv2d ? c.node->attrs.integer("groups") : 1;
+  return {w.C, w.H, w.W, y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, groups};
 }
 
 // The output columns ow whose input column ow*sw - pw + kj lies inside [0, W):

@@ -96,7 +96,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::pos_embedding && n.attrs.has("row"))
       return fmt::format("node '{}' adds one row of its table at every position (BERT's token types), which the CPU "
                          "engine trains and the CUDA engine does not yet", n.name);
-    if ((n.op == OpKind::conv2d || n.op == OpKind::global_avgpool) && m.tensor(n.inputs[0]).shape.size() == 2)
+    if ((n.op == OpKind::conv2d || n.op == OpKind::global_avgpool || n.op == OpKind::maxpool2d ||
+         n.op == OpKind::avgpool2d) &&
+        m.tensor(n.inputs[0]).shape.size() == 2)
       return fmt::format("node '{}' is a 1-D {} (over [C, L]), which the CPU engine trains and the CUDA engine does "
                          "not yet", n.name, n.op == OpKind::conv2d ? "convolution" : "pooling");
     if (n.op == OpKind::clip)

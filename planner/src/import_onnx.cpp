@@ -1252,12 +1252,15 @@ class Importer {
   void map_pool(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto& op = n.op_type();
     auto k = attr_ints(n, "kernel_shape");
-    if (k.size() != 2) fail(fmt::format("{}: only 2-D pooling is supported", label(n, i)));
+    if (k.size() != 2 && k.size() != 1) fail(fmt::format("{}: only 1-D and 2-D pooling is supported", label(n, i)));
     const bool ceil = attr_int(n, "ceil_mode", 0) != 0;
     if (ceil && op == "AveragePool") fail(fmt::format("{}: ceil_mode 1 is supported for MaxPool only", label(n, i)));
-    auto a = pool_geometry(n, i, OJson::object(), k[0], k[1]);
+    auto a = k.size() == 1 ? window_1d(n, i, OJson::object(), k[0]) : pool_geometry(n, i, OJson::object(), k[0], k[1]);
     const auto padded = padded_for_pool_.find(n.input(0));
-    if (padded != padded_for_pool_.end()) a["padding"] = pair(padded->second.first, padded->second.second);
+    if (padded != padded_for_pool_.end()) {
+      if (k.size() == 1) fail(fmt::format("{}: a 1-D pooling after a Pad is not supported", label(n, i)));
+      a["padding"] = pair(padded->second.first, padded->second.second);
+    }
     if (ceil) a["ceil_mode"] = true;
     if (op == "MaxPool" && fusion_ == FusionMode::eager) a["eager"] = true;  // PyTorch's saved tensors
     if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0) &&

@@ -480,7 +480,8 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       declare_moe_combine(m, n, d);
       break;
     case OpKind::maxpool2d: {
-      const auto k = n.attrs.pair("kernel");
+      const ConvWindow w = conv_window(in_shape(0), n.attrs);
+      const std::array<int64_t, 2> k = {w.kh, w.kw};
       if (n.attrs.has("eager") && n.attrs.flag("eager"))
         d.saved = {keep_input(0), keep_own("argmax", out_elems, Elem::i64)};
       else
@@ -490,7 +491,8 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     }
     case OpKind::avgpool2d: {
-      const auto k = n.attrs.pair("kernel");
+      const ConvWindow w = conv_window(in_shape(0), n.attrs);
+      const std::array<int64_t, 2> k = {w.kh, w.kw};
       d.fwd_flops = static_cast<double>(out_elems) * k[0] * k[1];
       d.bwd_flops = d.fwd_flops;
       break;

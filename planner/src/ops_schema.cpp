@@ -829,16 +829,22 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       break;
     }
     case OpKind::maxpool2d:
-    case OpKind::avgpool2d: {
-      const auto& x = expect_rank(m, n, 0, 3, 3, "[C, H, W]", fail);
+    case OpKind::avgpool2d: {  // over [C, H, W], or [C, L] (1-D: MaxPool1d, AvgPool1d; conv_window.hpp)
+      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
       expect_float(x, fail);
       if (!n.attrs.has("stride")) n.attrs.values["stride"] = n.attrs.values["kernel"];
-      auto k = n.attrs.pair("kernel"), s = n.attrs.pair("stride"), p = n.attrs.pair("padding");
-      if (p[0] * 2 > k[0] || p[1] * 2 > k[1]) fail("padding must be at most half the kernel");
-      out.shape = {x.shape[0], window_out(x.shape[1], k[0], s[0], p[0], "height", fail),
-                   window_out(x.shape[2], k[1], s[1], p[1], "width", fail)};
-      if (n.attrs.has("ceil_mode") && n.attrs.flag("ceil_mode"))
-        for (size_t d = 0; d < 2; ++d) out.shape[d + 1] = ceil_window_out(x.shape[d + 1], k[d], s[d], p[d]);
+      const ConvWindow w = conv_window(x.shape, n.attrs);
+      if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0))
+        fail("a 1-D pooling over [C, L] takes the width's kernel, stride and padding: integers, or pairs "
+             "[1, k], [1, s], [0, p]");
+      if (w.ph * 2 > w.kh || w.pw * 2 > w.kw) fail("padding must be at most half the kernel");
+      int64_t OH = window_out(w.H, w.kh, w.sh, w.ph, "height", fail);
+      int64_t OW = window_out(w.W, w.kw, w.sw, w.pw, w.one_d ? "length" : "width", fail);
+      if (n.attrs.has("ceil_mode") && n.attrs.flag("ceil_mode")) {
+        OH = ceil_window_out(w.H, w.kh, w.sh, w.ph);
+        OW = ceil_window_out(w.W, w.kw, w.sw, w.pw);
+      }
+      out.shape = w.one_d ? Shape{x.shape[0], OW} : Shape{x.shape[0], OH, OW};
       break;
     }
     case OpKind::global_avgpool: {  // the mean of each channel: over [H, W], or over [L] (1-D)

@@ -140,6 +140,13 @@ inline std::vector<OpCase> op_cases() {
                     Json{{"op", "avgpool2d"}, {"kernel", arr({3, 2})}, {"stride", arr({2, 1})}, {"padding", 1}}));
   v.push_back(unary("global_avgpool", arr({3, 4, 5}), Json{{"op", "global_avgpool"}}));
   v.push_back(unary("global_avgpool_1d", arr({3, 5}), Json{{"op", "global_avgpool"}, {"keepdims", true}}));
+  // MaxPool1d and AvgPool1d over [C, L]: padded and strided, ceil_mode, eager.
+  v.push_back(unary("maxpool1d_pad", arr({2, 9}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
+                    Gen::distinct));
+  v.push_back(unary("maxpool1d_ceil_eager", arr({2, 8}),
+                    Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"ceil_mode", true}, {"eager", true}},
+                    Gen::distinct));
+  v.push_back(unary("avgpool1d_pad", arr({3, 7}), Json{{"op", "avgpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}}));
   v.push_back(unary("batchnorm_2d", arr({3, 4, 4}), Json{{"op", "batchnorm"}}));
   v.push_back(unary("batchnorm_1d", arr({4}), Json{{"op", "batchnorm"}, {"eps", 1e-3}}));
   {

@@ -175,14 +175,14 @@ def _user_models():
         def forward(self, x):
             return self.body(x)
 
-    # A 1-D signal (audio, a time series): two Conv1d (the second strided),
-    # 128 channels and 128 classes so that every tensor is a multiple of
-    # 512 bytes, as the MLPs'.
+    # A 1-D signal (audio, a time series): Conv1d, BatchNorm1d, ReLU,
+    # MaxPool1d, a strided Conv1d, AdaptiveAvgPool1d; 128 channels and 128
+    # classes so that every tensor is a multiple of 512 bytes, as the MLPs'.
     class Conv1dNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.body = nn.Sequential(nn.Conv1d(1, 128, 5, padding=2), nn.ReLU(),
-                                      nn.Conv1d(128, 128, 3, stride=2, padding=1), nn.ReLU(),
+            self.body = nn.Sequential(nn.Conv1d(1, 128, 5, padding=2), nn.BatchNorm1d(128), nn.ReLU(),
+                                      nn.MaxPool1d(2), nn.Conv1d(128, 128, 3, stride=2, padding=1), nn.ReLU(),
                                       nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(128, 128))
 
         def forward(self, x):
