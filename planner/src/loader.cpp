@@ -362,6 +362,19 @@ int64_t tokens_per_sample(const Model& m) {
   return 0;
 }
 
+namespace {
+
+// `m` changed as `ir` says, loaded anew (shapes, derived attributes, units),
+// with what loading `m` noted.
+Model reloaded(const Model& m, const Json& ir) {
+  Model out = parse_model(ir, m.source);
+  out.notes = m.notes;
+  out.unaccounted_bytes = m.unaccounted_bytes;
+  return out;
+}
+
+}  // namespace
+
 Model with_seq_len(const Model& m, int64_t seq_len) {
   if (seq_len <= 0) throw Error(fmt::format("{}: --seq-len must be positive, got {}", m.source, seq_len));
   if (tokens_per_sample(m) == 0)
@@ -373,10 +386,7 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
   // its capacity_factor at the new length.
   for (auto& node : ir["nodes"])
     if (node.value("op", "") == "moe_expert" || node.value("op", "") == "moe_combine") node.erase("capacity");
-  Model out = parse_model(ir, m.source);
-  out.notes = m.notes;
-  out.unaccounted_bytes = m.unaccounted_bytes;
-  return out;
+  return reloaded(m, ir);
 }
 
 Model with_decoder_seq_len(const Model& m, int64_t tokens) {
@@ -393,10 +403,7 @@ Model with_decoder_seq_len(const Model& m, int64_t tokens) {
     auto& spec = ir["inputs"][name];
     if (spec.contains("shape") && spec["dtype"] == "i32" && spec["shape"].size() == 1) spec["shape"][0] = tokens;
   }
-  Model out = parse_model(ir, m.source);
-  out.notes = m.notes;
-  out.unaccounted_bytes = m.unaccounted_bytes;
-  return out;
+  return reloaded(m, ir);
 }
 
 Model with_capacity_factor(const Model& m, double capacity_factor) {
@@ -414,10 +421,7 @@ Model with_capacity_factor(const Model& m, double capacity_factor) {
   if (combines == 0)
     throw Error(fmt::format("{}: the model has no mixture of experts (moe_combine node), so --capacity-factor does not "
                             "apply", m.source));
-  Model out = parse_model(ir, m.source);
-  out.notes = m.notes;
-  out.unaccounted_bytes = m.unaccounted_bytes;
-  return out;
+  return reloaded(m, ir);
 }
 
 Model with_expert_units(const Model& m) {
@@ -431,10 +435,7 @@ Model with_expert_units(const Model& m) {
   if (experts == 0)
     throw Error(fmt::format("{}: the model has no mixture of experts (moe_expert nodes), so --expert-units does not "
                             "apply", m.source));
-  Model out = parse_model(ir, m.source);
-  out.notes = m.notes;
-  out.unaccounted_bytes = m.unaccounted_bytes;
-  return out;
+  return reloaded(m, ir);
 }
 
 }  // namespace dlplan
