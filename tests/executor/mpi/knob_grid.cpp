@@ -10,6 +10,8 @@
 // And on tiny-mixtral with each expert a unit of its own (--expert-units):
 // under ZeRO-3 each expert gathered inside its layer's unit, its gradient
 // reduce-scattered on its own.
+// And on tests/fixtures/tiny-conv1d.json: 1-D convolutions (four, so oneDNN
+// runs them in fp32), BatchNorm1d (with the SyncBN knob too) and 1-D pooling.
 #include "../knob_grid.hpp"
 
 #include <fmt/format.h>
@@ -27,12 +29,18 @@ int main(int argc, char** argv) {
   configs.insert(configs.end(), pairs.begin(), pairs.end());
   std::vector<std::string> models(configs.size());  // "": the grid's own model knob
   std::vector<bool> expert_units(configs.size(), false);
-  for (const char* file : {"/tests/fixtures/tiny-shared.json", "/tests/fixtures/hf/tiny-mixtral.json"})
+  struct ModelFile {
+    const char* path;
+    bool expert_units, batchnorm;  // batchnorm: the SyncBN knob applies
+  };
+  for (const ModelFile& f : {ModelFile{"/tests/fixtures/tiny-shared.json", false, false},
+                             ModelFile{"/tests/fixtures/hf/tiny-mixtral.json", true, false},
+                             ModelFile{"/tests/fixtures/tiny-conv1d.json", false, true}})
     for (const auto& k : knobs::single_knob_changes())
-      if (k[knobs::kModel] == 0 && k[knobs::kSyncBn] == 0) {  // the model is the file; it has no BatchNorm
+      if (k[knobs::kModel] == 0 && (k[knobs::kSyncBn] == 0 || f.batchnorm)) {  // the model is the file
         configs.push_back(k);
-        models.push_back(std::string(DLPLAN_SOURCE_DIR) + file);
-        expert_units.push_back(std::string(file).find("mixtral") != std::string::npos);
+        models.push_back(std::string(DLPLAN_SOURCE_DIR) + f.path);
+        expert_units.push_back(f.expert_units);
       }
   double failed = 0, passed = 0;
   for (size_t c = 0; c < configs.size(); ++c) {
