@@ -8,8 +8,9 @@
 #   2. under every strategy (ddp only on one rank), `dlplan plan --cluster
 #      profile --gpus R` predicts the step and `dlplan train` measures it
 #      (median over the steps after the first, one BLAS thread per rank on
-#      two ranks, the engine's threads on one), three times, the strategies
-#      taking turns; the row is the median run. Progress is printed once at
+#      two ranks, the engine's threads on one), five times (gpt2, whose
+#      steps take seconds, three), the strategies taking turns; the row is
+#      the median run. Progress is printed once at
 #      the end: a line per 0.1 ms step wakes mpirun's output forwarding on
 #      the cores the ranks run on, which the step does not include;
 #   3. a table of predicted against measured step time, with the median and
@@ -28,17 +29,20 @@ trap 'rm -rf "$work"' EXIT
 models=("$@")
 [[ ${#models[@]} -gt 0 ]] || models=(tiny-mlp tiny-cnn tiny-vit tiny-gpt gpt2)
 
-# Per model: micro-batch, steps to measure, extra planning flags.
+# Per model: micro-batch, steps to measure, runs of each plan, extra planning
+# flags. A step of a millisecond or less moves by tens of percent from one
+# run to the next on a shared host (tiny-mlp: 0.165, 0.165, 0.217 ms for one
+# plan); the median of five runs stands on three of them.
 settings() {
   case "$1" in
-    gpt2) echo "2 6 --seq-len 128" ;;
-    *) echo "8 200" ;;
+    gpt2) echo "2 6 3 --seq-len 128" ;;
+    *) echo "8 200 5" ;;
   esac
 }
 
 printf '%-9s %5s %-6s %11s %11s %8s %10s %10s %6s\n' model ranks strategy predicted measured error "pred comm" "meas wait" band
 for model in "${models[@]}"; do
-  read -r mb steps extra <<<"$(settings "$model")"
+  read -r mb steps reps extra <<<"$(settings "$model")"
   for ranks in 1 2; do
     profile="$work/$model.$ranks.cluster.json"
     # shellcheck disable=SC2086
@@ -52,9 +56,9 @@ for model in "${models[@]}"; do
         --strategy "$s" --syncbn off --format json --out "$work/$model.$ranks.$s.plan.json" \
         > "$work/$model.$ranks.$s.planning.json" 2>/dev/null
     done
-    # Each plan trained three times, the strategies in turn, so that a slow
+    # Each plan trained $reps times, the strategies in turn, so that a slow
     # spell of a shared machine lands on one run of a row, not on all of it.
-    for rep in 1 2 3; do
+    for rep in $(seq "$reps"); do
       for s in "${strategies[@]}"; do
         base="$work/$model.$ranks.$s"
         mpirun -np "$ranks" --oversubscribe "$dlplan" train --plan "$base.plan.json" --steps "$steps" --log-every "$steps" \
@@ -63,14 +67,14 @@ for model in "${models[@]}"; do
     done
     for s in "${strategies[@]}"; do
       base="$work/$model.$ranks.$s"
-      python3 - "$base" "$model" "$ranks" "$s" "$work/errors.txt" <<'PY'
+      python3 - "$base" "$model" "$ranks" "$s" "$work/errors.txt" "$reps" <<'PY'
 import json, statistics, sys
 base = sys.argv[1]
-runs = [json.load(open(f"{base}.report.{rep}.json")) for rep in (1, 2, 3)]
+runs = [json.load(open(f"{base}.report.{rep}.json")) for rep in range(1, int(sys.argv[6]) + 1)]
 band = json.load(open(f"{base}.planning.json"))["recommendation"]["time_uncertainty"]["relative"]
 p = runs[0]["predicted"]
-# The measured row: the run whose step is the median of the three.
-m = sorted((r["measured"] for r in runs), key=lambda x: x["step_seconds"])[1]
+# The measured row: the run whose step is the median of the runs.
+m = sorted((r["measured"] for r in runs), key=lambda x: x["step_seconds"])[len(runs) // 2]
 err = (p["step_seconds"] - m["step_seconds"]) / m["step_seconds"]
 print(f'{sys.argv[2]:<9} {sys.argv[3]:>5} {sys.argv[4]:<6} {p["step_seconds"]*1e3:9.2f}ms {m["step_seconds"]*1e3:9.2f}ms '
       f'{err*100:+7.1f}% {p["comm"]["exposed_seconds"]*1e3:8.2f}ms {m["comm"]["exposed_seconds"]*1e3:8.2f}ms {band*100:5.0f}%')

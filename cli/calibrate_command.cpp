@@ -97,11 +97,11 @@ Runner add_calibrate_command(CLI::App& app) {
     if (const auto& t = cal.cluster.op_costs) {
       fmt::print("op costs: {} distinct ops of {} at micro-batch {}; optimizer {:.2f} GB/s; {:.1f} us between ops\n",
                  t->ops.size(), model->name, f->micro_batch, t->optimizer_bytes_per_s / 1e9, t->gap_per_op_s * 1e6);
-      fmt::print("{:<9} {:>12} {:>12} {:>8}   held-back steps the op table did not see\n", "strategy", "predicted ms",
-                 "measured ms", "error");
+      fmt::print("{:<9} {:>12} {:>12} {:>8} {:>6}   held-back steps the op table did not see\n", "strategy",
+                 "predicted ms", "measured ms", "error", "steps");
       for (const auto& h : cal.held_back)
-        fmt::print("{:<9} {:>12.2f} {:>12.2f} {:>7.1f}%\n", to_string(h.strategy), h.predicted_s * 1e3, h.measured_s * 1e3,
-                   h.error() * 100);
+        fmt::print("{:<9} {:>12.2f} {:>12.2f} {:>7.1f}% {:>6}\n", to_string(h.strategy), h.predicted_s * 1e3,
+                   h.measured_s * 1e3, h.error() * 100, h.steps);
       fmt::print("time uncertainty: +-{:.0f}% (the worst held-back error; plans made with this profile prefer the simpler "
                  "strategy unless another is faster by more)\n",
                  cal.cluster.device.time_uncertainty * 100);

@@ -3,6 +3,7 @@
 #include "calibrate_stats.hpp"
 
 #include "dlplan/collective_costs.hpp"
+#include "dlplan/exec/blas_core.hpp"
 #include "dlplan/exec/device_ops.hpp"
 
 #include "dlplan/loader.hpp"
@@ -294,7 +295,8 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   DeviceSpec d = host_cpu_device();
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  d.description = fmt::format("{} ({} ranks, calibrated)", host, n);
+  const std::string blas = describe(blas_core());
+  d.description = fmt::format("{} ({} ranks, calibrated{}{})", host, n, blas.empty() ? "" : "; ", blas);
   d.fp32_flops = flops / seconds;  // per rank, with the other ranks busy too
   // The CPU engine's bf16-mixed and fp16-mixed GEMMs are the same fp32 GEMMs
   // on widened copies (docs/precision.md): the measured rate is theirs too.
@@ -351,23 +353,24 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       cal.attempts = attempt;
       Cluster c = base;
       double jitter = 0;
-      c.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, &jitter));
+      c.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, kOpTableSeconds, &jitter));
       // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
       c.device.rank_jitter = std::min(jitter, 1.0);
-      std::vector<HeldBackRun> held = check_held_back(comm, backend, *model, micro_batch, c);
+      std::vector<HeldBackRun> held = check_held_back(comm, backend, *model, micro_batch, c, 3, kHeldBackSeconds);
       // The band: the worst strategy's held-back error, at least 1 % (three
       // steps cannot vouch for better), rounded up to the percent.
       double band = 0.01;
       std::string runs;
       for (const HeldBackRun& h : held) {
         band = std::max(band, std::fabs(h.error()));
-        runs += fmt::format("{}{} {:+.1f} %", runs.empty() ? "" : ", ", to_string(h.strategy), h.error() * 100);
+        runs += fmt::format("{}{} {:+.1f} % over {} steps", runs.empty() ? "" : ", ", to_string(h.strategy), h.error() * 100,
+                            h.steps);
       }
       band = std::ceil(band * 100) / 100;
       if (attempt > 1 && band >= cal.cluster.device.time_uncertainty) break;
       c.device.time_uncertainty = band;
       c.device.sources["time_uncertainty"] = fmt::format(
-          "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s), 3 steps each ({}), "
+          "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s) ({}), "
           "rounded up to the percent{}",
           model->name, micro_batch, n, runs, attempt > 1 ? " (second attempt: the first was further off)" : "");
       cal.cluster = c;

@@ -19,7 +19,7 @@ namespace dlplan::exec {
 double HeldBackRun::error() const { return measured_s > 0 ? predicted_s / measured_s - 1 : 0; }
 
 std::vector<HeldBackRun> check_held_back(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
-                                         const Cluster& profile, int steps) {
+                                         const Cluster& profile, int min_steps, double min_seconds) {
   // One rank: the strategies shard over nothing and run the same step.
   const std::vector<Strategy> strategies =
       comm.size() > 1 ? std::vector<Strategy>{Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3}
@@ -38,12 +38,15 @@ std::vector<HeldBackRun> check_held_back(Communicator& comm, Backend& backend, c
     if (!r || !r->fits) continue;  // ddp fitted (measure_op_costs), so only a sharded plan's runtime could not
     const PlanDocument doc = plan_from_json(nlohmann::json(plan_json(p, *r)), model.name + " (held-back check)");
     TrainOptions opt;
-    opt.steps = steps + 1;
+    opt.steps = detail::kMaxTimedSteps + 1;  // the count is known after the first timed step
     Trainer trainer(doc, comm, backend, opt);
     trainer.step();  // sets up, as in the op table's measurement
     std::vector<double> seconds;
-    for (int k = 0; k < steps; ++k) seconds.push_back(trainer.step().seconds);
-    out.push_back({s, r->step_seconds, detail::slowest(comm, detail::median(seconds))});
+    for (int k = 0, steps = min_steps; k < steps; ++k) {
+      seconds.push_back(trainer.step().seconds);
+      if (k == 0) steps = detail::steps_lasting(comm, seconds[0], min_steps, min_seconds);
+    }
+    out.push_back({s, r->step_seconds, detail::slowest(comm, detail::median(seconds)), static_cast<int>(seconds.size())});
   }
   return out;
 }

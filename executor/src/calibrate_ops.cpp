@@ -42,11 +42,11 @@ PlanDocument calibration_plan(const Model& model, int ranks, int64_t micro_batch
 
 }  // namespace
 
-OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps,
-                             double* rank_jitter) {
+OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int min_steps,
+                             double min_seconds, double* rank_jitter) {
   const PlanDocument plan = calibration_plan(model, comm.size(), micro_batch);
   TrainOptions opt;
-  opt.steps = steps + 1;
+  opt.steps = detail::kMaxTimedSteps + 1;  // the count is known after the first timed step
   opt.time_ops = true;
   Trainer trainer(plan, comm, backend, opt);
   trainer.step();  // the first step sets up (and its transients are not the step's)
@@ -54,8 +54,10 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
   std::vector<std::vector<double>> per_event(prog.compute.size());
   std::vector<double> gaps, skews, computes;
   const int N = comm.size();
+  int steps = min_steps;
   for (int s = 0; s < steps; ++s) {
     const StepStats st = trainer.step();
+    if (s == 0) steps = detail::steps_lasting(comm, st.seconds, min_steps, min_seconds);
     const std::vector<double>& t = trainer.op_seconds();
     for (size_t e = 0; e < t.size(); ++e) per_event[e].push_back(t[e]);
     const double compute = std::accumulate(t.begin(), t.end(), 0.0);

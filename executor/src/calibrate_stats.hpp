@@ -5,6 +5,7 @@
 #include "dlplan/exec/communicator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace dlplan::exec::detail {
@@ -20,6 +21,23 @@ inline double slowest(Communicator& comm, double seconds) {
   std::vector<double> all(static_cast<size_t>(comm.size()));
   comm.all_gather_bytes(&seconds, all.data(), sizeof(double));
   return *std::max_element(all.begin(), all.end());
+}
+
+// The most steps a calibration pass times (op table, held-back check).
+inline constexpr int kMaxTimedSteps = 1000;
+
+// How many steps to time: at least `min_steps`, and as many as last
+// `min_seconds` at the pace of `one_step` (the ranks' mean, so that every rank
+// runs the same count), at most kMaxTimedSteps. A short step is timed for
+// longer: tiny-mlp's 0.2 ms step, timed over 5 steps on a shared 2-core host,
+// gave op tables whose held-back check was 49 % off (docs/time.md). Collective.
+inline int steps_lasting(Communicator& comm, double one_step, int min_steps, double min_seconds) {
+  double pace = one_step;
+  comm.all_reduce_doubles(&pace, 1);
+  pace /= comm.size();
+  if (pace <= 0 || min_seconds <= 0) return min_steps;
+  const double wanted = std::ceil(min_seconds / pace);
+  return std::max(min_steps, static_cast<int>(std::min<double>(wanted, kMaxTimedSteps)));
 }
 
 }  // namespace dlplan::exec::detail

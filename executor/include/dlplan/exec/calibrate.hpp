@@ -42,6 +42,7 @@ struct CollectiveSample {
 struct HeldBackRun {
   Strategy strategy = Strategy::ddp;
   double predicted_s = 0, measured_s = 0;  // the step; measured: median over the steps, slowest rank
+  int steps = 0;                           // how many steps were timed
   double error() const;                    // predicted / measured - 1
 };
 
@@ -67,6 +68,14 @@ struct Calibration {
 // by 100 % on a shared 2-core VM, docs/time.md), and a profile that says so of
 // itself is worth one more try.
 inline constexpr double kCalibrationRetryAbove = 0.25;
+
+// How long calibrate --model times the op table and each held-back strategy
+// at least (5 and 3 steps at least, 1,000 at most): a step of a few
+// milliseconds or less is timed over many steps, so that its median does not
+// rest on a handful of steps that one preemption moves (tiny-mlp's 0.2 ms
+// step over 5 steps gave a table whose check was 49 % off, docs/time.md).
+inline constexpr double kOpTableSeconds = 0.5;
+inline constexpr double kHeldBackSeconds = 0.25;
 
 // The all-reduce fit t = latency + x / bandwidth, x = 2(n-1)/n S, by least
 // squares on the relative residual (weights 1/t^2). The sizes grow 4x a step
@@ -102,22 +111,24 @@ struct Contention {
 };
 Contention contention_from(double alone, double beside, double collective, double both);
 
-// Per-op costs (op_costs.hpp): `model` trained `steps` steps (after one to
-// set up) under DDP over `comm` at `micro_batch`, fp32, every compute
+// Per-op costs (op_costs.hpp): `model` trained at least `min_steps` steps,
+// and as many as last `min_seconds` (after one to set up; at most 1,000),
+// under DDP over `comm` at `micro_batch`, fp32, every compute
 // instruction timed; each (signature, phase) row is the mean over the ops that
 // share it of their median over the steps, the slowest rank's. Collective.
 // `rank_jitter` (when given) receives the ranks' measured drift in the
 // simulator's skew model (DeviceSpec::rank_jitter; 0 on one rank).
 // Throws dlplan::Error when the model does not fit this host at that size.
-OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int steps = 5,
-                             double* rank_jitter = nullptr);
+OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
+                             int min_steps = 5, double min_seconds = 0, double* rank_jitter = nullptr);
 
-// The held-back check: `model` trained `steps` steps (after one to set up)
+// The held-back check: `model` trained at least `min_steps` steps and as
+// many as last `min_seconds` (after one to set up; at most 1,000)
 // under each strategy the planner compares on these ranks (ddp alone on one
 // rank), at `micro_batch`, fp32 — steps the op table did not see — beside
 // what `profile` predicts for the same plan. Collective.
 std::vector<HeldBackRun> check_held_back(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
-                                         const Cluster& profile, int steps = 3);
+                                         const Cluster& profile, int min_steps = 3, double min_seconds = 0);
 
 // `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
 // [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
