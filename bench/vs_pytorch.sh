@@ -63,7 +63,14 @@ for c in "${cases[@]}"; do
       ((ranks > 1)) && cmd=(mpirun -n "$ranks" --oversubscribe -x OPENBLAS_NUM_THREADS "${cmd[@]}")
       OPENBLAS_NUM_THREADS="$threads" OMP_NUM_THREADS="$threads" "${cmd[@]}" >"$work/train.log" 2>&1 ||
         { cat "$work/train.log" >&2; exit 1; }
-      OMP_NUM_THREADS="$threads" "$python" "$here/scripts/torch_compare.py" --model "$file" --device cpu \
+      # Debian's PyTorch links the same OpenBLAS: it runs the kernel set
+      # dlplan ran (dlplan sets OPENBLAS_CORETYPE where OpenBLAS took the
+      # CPU for a generic one; docs/cpu-engine.md, "OpenBLAS's kernels").
+      core="$(sed -n 's/^GEMMs on OpenBLAS \([A-Za-z0-9_]*\) kernels.*/\1/p' "$work/train.log" | head -n 1)"
+      torch_env=(OMP_NUM_THREADS="$threads")
+      [[ -n "$core" && -z "${OPENBLAS_CORETYPE:-}" ]] && torch_env+=(OPENBLAS_CORETYPE="$core")
+      echo "$core" >"$work/blas_core"
+      env "${torch_env[@]}" "$python" "$here/scripts/torch_compare.py" --model "$file" --device cpu \
         --micro-batch "$mb" "${seq_flag[@]}" --steps "$steps" --ranks "$ranks" --threads "$threads" \
         >"$work/torch.json.$round" 2>"$work/torch.log" || { cat "$work/torch.log" >&2; exit 1; }
     done
@@ -86,3 +93,4 @@ print(f"{name:<9} {mb:>4} {T or '-':>5} {ranks + 'x' + threads + ' thr':<9} {rat
 PY
   done
 done
+if [[ -s "$work/blas_core" ]]; then echo "GEMMs on both sides: OpenBLAS $(cat "$work/blas_core") kernels"; fi

@@ -10,11 +10,13 @@
 // failed), 2 a usage error (unknown flag, bad value), 3 an internal error.
 #include "commands.hpp"
 #include "dlplan/error.hpp"
+#include "dlplan/exec/blas_core.hpp"
 #include "dlplan/planner.hpp"
 #include "shell_docs.hpp"
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,10 @@ std::string command_named(const CLI::App& app, const std::vector<std::string>& a
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The commands that run the CPU engine's GEMMs first make sure OpenBLAS
+  // runs the kernels this CPU has (blas_core.hpp); this may restart dlplan.
+  if (argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "calibrate") == 0))
+    dlplan::exec::restart_with_better_blas_core(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   // `dlplan --model ...` is `dlplan plan --model ...`.
   if (!args.empty() && args[0].rfind('-', 0) == 0 && !is_help_or_version(args[0])) args.insert(args.begin(), "plan");

@@ -32,6 +32,7 @@
 // one is a set-up error.
 #include "commands.hpp"
 #include "dlplan/error.hpp"
+#include "dlplan/exec/blas_core.hpp"
 #include "dlplan/exec/checkpoint.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/device.hpp"
@@ -327,6 +328,10 @@ Runner add_train_command(CLI::App& app) {
                    comm->size() == 1 ? "" : "s", to_string(plan.training.strategy),
                    f->device == "cpu" ? std::string() : fmt::format(", {} with {}", f->device, comm->name()), f->steps,
                    first > 0 ? fmt::format(" (from step {})", first) : std::string(), trainer->samples_per_step());
+      if (root && f->progress == "text" && f->device == "cpu") {
+        const std::string blas = exec::describe(exec::blas_core());
+        if (!blas.empty()) fmt::print("GEMMs on {}\n", blas);
+      }
       double busy_after_first = 0;
       for (int s = first; s < f->steps; ++s) {
         if (fault && fault->rank == comm->rank() && fault->step == s + 1) {

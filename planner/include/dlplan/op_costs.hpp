@@ -50,7 +50,10 @@ struct OpCostLookup {
 // 4: fp32 AdamW's update on AVX2 / AVX-512 lanes; the gradients' sum of
 // squares over eight lanes, and their zeroing, on the rank's threads (the
 // table's time between ops).
-constexpr int kCpuKernelRevision = 4;
+// 5: OpenBLAS's AVX-512 / AVX2 kernels where OpenBLAS took the CPU for a
+// generic SSE one (exec/blas_core.hpp: 4x the GEMM rate on an Emerald Rapids
+// Xeon).
+constexpr int kCpuKernelRevision = 5;
 
 struct OpCostTable {
   std::string source;          // "dlplan calibrate --model tiny-gpt --micro-batch 8 on host: 2 ranks x 1 thread"
