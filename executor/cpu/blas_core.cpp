@@ -48,7 +48,8 @@ BlasCore blas_core() {
   if (!openblas_get_corename || !openblas_get_config) return b;
   b.library = openblas_get_config();
   b.core = openblas_get_corename();
-  if (const char* before = std::getenv(kFellBackVariable)) b.fell_back = before;
+  const char* before = std::getenv(kFellBackVariable);
+  if (before && std::getenv("OPENBLAS_CORETYPE")) b.fell_back = before;
   return b;
 }
 
