@@ -23,6 +23,7 @@ and gradients:
       conv2d         weight [out, C/groups, kh, kw], bias [out]
       batchnorm      weight [C], bias [C]; buffers running_mean, running_var
       layernorm      weight [D] (, bias [D])
+      groupnorm      weight [C], bias [C]         (affine)
       rmsnorm        weight [D]                    (out = x rstd (weight + offset))
       attention      q.weight [H hd, D], k.weight [KV hd, Dm], v.weight [KV hd, Dm]
                      (Dm = D but for cross attention: the memory's width),
@@ -77,6 +78,7 @@ OPS = {
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
     "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
     "layernorm": (1, {"eps": 1e-5, "bias": True}),
+    "groupnorm": (1, {"groups": _REQUIRED, "eps": 1e-5, "affine": True}),
     "rmsnorm": (1, {"eps": 1e-6, "offset": 0.0}),
     "gelu": (1, {"approximate": "none"}),
     "relu": (1, {}),
@@ -120,6 +122,7 @@ OPS = {
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL, "eager": _NULL}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {"keepdims": _NULL}),
+    "upsample": (1, {"scale": _REQUIRED}),
     "flatten": (1, {}),
     "tokens": (1, {}),
     "select": (1, {"index": 0}),
@@ -306,6 +309,9 @@ def _plan(ir):
                     o = -(-(i + 2 * p[d] - k[d]) // s[d]) + 1
                     return o - 1 if (o - 1) * s[d] >= i + p[d] else o
                 out = (x[0], ceil_out(x[1], 0), ceil_out(x[2], 1))
+        elif op == "upsample":  # nearest, whole factors; over [C, L] an integer is the length's
+            s = (1, _window_1d(a, "scale")) if len(x) == 2 else _pair(a["scale"])
+            out = (x[0], x[1] * s[1]) if len(x) == 2 else (x[0], x[1] * s[0], x[2] * s[1])
         elif op == "global_avgpool":
             out = (x[0],) + (1,) * (len(x) - 1) if a.get("keepdims") else (x[0],)
         elif op == "concat":
@@ -476,6 +482,10 @@ class IRModule(nn.Module):
                 add("bias", P(x[-1]), False)
         elif op == "rmsnorm":
             add("weight", P(x[-1]), False)
+        elif op == "groupnorm":
+            if a["affine"]:
+                add("weight", P(x[0]), False)
+                add("bias", P(x[0]), False)
         elif op in ("scale", "prelu"):
             add("weight", P(*[int(d) for d in a["shape"]]), False)
         elif op == "attention":
@@ -634,6 +644,10 @@ class IRModule(nn.Module):
         if op == "layernorm":
             return F.layer_norm(x, (x.shape[-1],), self._p(n, "weight"),
                                 self._p(n, "bias") if a["bias"] else None, float(a["eps"]))
+        if op == "groupnorm":
+            affine = a["affine"]
+            return F.group_norm(x, int(a["groups"]), self._p(n, "weight") if affine else None,
+                                self._p(n, "bias") if affine else None, float(a["eps"]))
         if op == "rmsnorm":
             xf = x.float()
             y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + float(a["eps"]))
@@ -737,6 +751,9 @@ class IRModule(nn.Module):
         if op == "avgpool2d":
             return F.avg_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=False, count_include_pad=True)
+        if op == "upsample":
+            s = _window_1d(a, "scale") if x.dim() == 3 else tuple(_pair(a["scale"]))
+            return F.interpolate(x, scale_factor=s, mode="nearest")
         if op == "global_avgpool":
             return x.mean(dim=tuple(range(2, x.dim())), keepdim=bool(a.get("keepdims")))
         if op == "flatten":
@@ -991,7 +1008,7 @@ def _node_flops(n):
         window = _window_1d(a, "kernel") if len(x) == 2 else _pair(a["kernel"])[0] * _pair(a["kernel"])[1]
         f = 2.0 * out * (x[0] // int(a["groups"])) * window
         return f, 2 * f
-    if op in ("batchnorm", "layernorm"):
+    if op in ("batchnorm", "layernorm", "groupnorm"):
         return 8.0 * out, 12.0 * out
     if op == "rmsnorm":
         return 6.0 * out, 10.0 * out
@@ -1058,6 +1075,8 @@ def _node_flops(n):
         return out * window, (out if op == "maxpool2d" else out * window)
     if op == "global_avgpool":
         return float(_numel(x)), float(_numel(x))
+    if op == "upsample":
+        return 0.0, float(out)
     if op == "dropout":
         return 2.0 * out, out
     if op == "cross_entropy":

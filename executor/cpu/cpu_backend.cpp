@@ -102,6 +102,8 @@ class CpuBackend final : public Backend {
       case OpKind::conv2d: return conv2d_forward(c);
       case OpKind::batchnorm: return batchnorm_forward(c);
       case OpKind::layernorm: return layernorm_forward(c);
+      case OpKind::groupnorm: return groupnorm_forward(c);
+      case OpKind::upsample: return upsample_forward(c);
       case OpKind::rmsnorm: return rmsnorm_forward(c);
       case OpKind::gelu: return gelu_forward(c);
       case OpKind::relu: return relu_forward(c);
@@ -160,6 +162,8 @@ class CpuBackend final : public Backend {
       case OpKind::conv2d: return conv2d_backward(c);
       case OpKind::batchnorm: return batchnorm_backward(c);
       case OpKind::layernorm: return layernorm_backward(c);
+      case OpKind::groupnorm: return groupnorm_backward(c);
+      case OpKind::upsample: return upsample_backward(c);
       case OpKind::rmsnorm: return rmsnorm_backward(c);
       case OpKind::gelu: return gelu_backward(c);
       case OpKind::relu: return relu_backward(c);

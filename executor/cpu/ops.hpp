@@ -127,6 +127,10 @@ void batchnorm_forward(OpContext& c);
 void batchnorm_backward(OpContext& c);
 void layernorm_forward(OpContext& c);
 void layernorm_backward(OpContext& c);
+void groupnorm_forward(OpContext& c);
+void groupnorm_backward(OpContext& c);
+void upsample_forward(OpContext& c);
+void upsample_backward(OpContext& c);
 void rmsnorm_forward(OpContext& c);
 void rmsnorm_backward(OpContext& c);
 

@@ -384,4 +384,54 @@ void global_avgpool_backward(OpContext& c) {
   }
 }
 
+// ---- upsample (nearest) ---------------------------------------------------------
+// y[c, i, j] = x[c, i / s_h, j / s_w] (ONNX Resize, nearest, asymmetric,
+// floor: PyTorch's upsample_nearest2d at a whole factor). Backward adds each
+// s_h x s_w block of dy into its source element. [C, L] runs as [C, 1, L].
+
+namespace {
+struct UpsampleGeom {
+  int64_t planes, H, W, sh, sw;
+};
+UpsampleGeom upsample_geom(const OpContext& c) {
+  const Shape& x = in_shape(c, 0);
+  const auto s = upsample_factors(x, c.node->attrs);
+  const int64_t H = x.size() == 2 ? 1 : x[1];
+  return {c.batch * x[0], H, x.back(), s[0], s[1]};
+}
+}  // namespace
+
+void upsample_forward(OpContext& c) {
+  const auto [planes, H, W, sh, sw] = upsample_geom(c);
+  const int64_t OW = W * sw;
+  parallel_for(planes, grain_elements() / (H * W * sh * sw) + 1, [&](int64_t p_begin, int64_t p_end) {
+    for (int64_t p = p_begin; p < p_end; ++p)
+      for (int64_t i = 0; i < H; ++i) {
+        const float* x = c.in[0].f() + (p * H + i) * W;
+        float* row = c.out.f() + (p * H + i) * sh * OW;
+        for (int64_t j = 0; j < OW; ++j) row[j] = x[j / sw];
+        for (int64_t r = 1; r < sh; ++r) std::copy(row, row + OW, row + r * OW);
+      }
+  });
+}
+
+void upsample_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const auto [planes, H, W, sh, sw] = upsample_geom(c);
+  const int64_t OW = W * sw;
+  parallel_for(planes, grain_elements() / (H * W * sh * sw) + 1, [&](int64_t p_begin, int64_t p_end) {
+    for (int64_t p = p_begin; p < p_end; ++p)
+      for (int64_t i = 0; i < H; ++i) {
+        const float* dy = c.dout.f() + (p * H + i) * sh * OW;
+        float* dx = c.din[0].f() + (p * H + i) * W;
+        for (int64_t j = 0; j < W; ++j) {
+          float acc = 0;
+          for (int64_t r = 0; r < sh; ++r)
+            for (int64_t k = 0; k < sw; ++k) acc += dy[r * OW + j * sw + k];
+          dx[j] += acc;
+        }
+      }
+  });
+}
+
 }  // namespace dlplan::exec::cpu

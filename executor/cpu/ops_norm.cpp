@@ -1,5 +1,5 @@
 // Normalisations: batchnorm (with SyncBatchNorm through ctx.syncbn), layernorm,
-// rmsnorm. Statistics are accumulated in double and kept in fp32.
+// groupnorm, rmsnorm. Statistics are accumulated in double and kept in fp32.
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/row_reduce.hpp"
@@ -255,6 +255,99 @@ void layernorm_backward(OpContext& c) {
     const float a = static_cast<float>(mg / static_cast<double>(D)), bb = static_cast<float>(mgx / static_cast<double>(D));
     float* dx = c.din[0].f() + r * D;
     for (int64_t j = 0; j < D; ++j) dx[j] += rstd * (dy[j] * w[j] - a - xh[static_cast<size_t>(j)] * bb);
+  }
+}
+
+// ---- groupnorm -----------------------------------------------------------------
+// x: [b, C, S...] (S the per-sample spatial size); G groups of C/G channels.
+// Row r = (sample, group) holds D = (C/G) S contiguous values. weight, bias:
+// [C] when affine. Saves mean, rstd [b, G] fp32 (PyTorch's native_group_norm).
+// y = (x - mean_r) rstd_r w_c + bias_c (Wu & He 2018, eq. 1 and 2).
+
+namespace {
+struct GroupRows {
+  int64_t C, G, S, R, D;
+};
+GroupRows group_rows(const OpContext& c) {
+  const Shape& xs = in_shape(c, 0);
+  const int64_t C = xs[0], G = c.node->attrs.integer("groups"), S = numel(xs) / C;
+  return {C, G, S, c.batch * G, (C / G) * S};
+}
+}  // namespace
+
+void groupnorm_forward(OpContext& c) {
+  const auto [C, G, S, R, D] = group_rows(c);
+  const double eps = c.node->attrs.number("eps");
+  const bool affine = c.node->attrs.flag("affine");
+  Tensor mean_t = alloc_saved(c, {R}, DType::f32, "mean");
+  Tensor rstd_t = alloc_saved(c, {R}, DType::f32, "rstd");
+  const float* w = affine ? c.params[0].f() : nullptr;
+  const float* bias = affine ? c.params[1].f() : nullptr;
+  parallel_for(R, grain_elements() / D + 1, [&](int64_t r_begin, int64_t r_end) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const float* x = c.in[0].f() + r * D;
+      float* y = c.out.f() + r * D;
+      const double m = lane_sum(D, [x](int64_t i) { return double{x[i]}; }) / static_cast<double>(D);
+      const double v = lane_sum(D, [x, m](int64_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<double>(D);
+      const float mean = static_cast<float>(m), rstd = static_cast<float>(1.0 / std::sqrt(v + eps));
+      const int64_t ch0 = (r % G) * (C / G);  // the group's first channel
+      for (int64_t j = 0; j < D; ++j) {
+        const int64_t ch = ch0 + j / S;
+        const float xh = (x[j] - mean) * rstd;
+        y[j] = affine ? xh * w[ch] + bias[ch] : xh;
+      }
+      mean_t.f()[r] = mean;
+      rstd_t.f()[r] = rstd;
+    }
+  });
+  c.saved.push_back(std::move(mean_t));
+  c.saved.push_back(std::move(rstd_t));
+}
+
+// As layernorm's over a row, with the weight per channel: g = dy w_c,
+//   dx = rstd (g - mean_j(g) - x_hat mean_j(g x_hat));
+//   dw_c += sum dy x_hat, dbias_c += sum dy over the channel's positions and samples.
+void groupnorm_backward(OpContext& c) {
+  const auto [C, G, S, R, D] = group_rows(c);
+  const bool affine = c.node->attrs.flag("affine");
+  const float* w = affine ? c.params[0].f() : nullptr;
+  float* dw = affine ? grad_or_null(c.dparams[0]) : nullptr;
+  float* db = affine ? grad_or_null(c.dparams[1]) : nullptr;
+  float* dx_all = c.din[0].defined() ? c.din[0].f() : nullptr;
+  // dx row by row in parallel; the parameters' gradients, which rows of every
+  // sample add to, afterwards in sample order.
+  if (dx_all) parallel_for(R, grain_elements() / D + 1, [&](int64_t r_begin, int64_t r_end) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const float* x = c.in[0].f() + r * D;
+      const float* dy = c.dout.f() + r * D;
+      const float mean = c.saved[0].f()[r], rstd = c.saved[1].f()[r];
+      const int64_t ch0 = (r % G) * (C / G);
+      double mg = 0, mgx = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        const float g = affine ? dy[j] * w[ch0 + j / S] : dy[j];
+        mg += g;
+        mgx += double{g} * ((x[j] - mean) * rstd);
+      }
+      const float a = static_cast<float>(mg / static_cast<double>(D)), bb = static_cast<float>(mgx / static_cast<double>(D));
+      float* dx = dx_all + r * D;
+      for (int64_t j = 0; j < D; ++j) {
+        const float g = affine ? dy[j] * w[ch0 + j / S] : dy[j];
+        dx[j] += rstd * (g - a - (x[j] - mean) * rstd * bb);
+      }
+    }
+  });
+  if (!dw && !db) return;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* x = c.in[0].f() + r * D;
+    const float* dy = c.dout.f() + r * D;
+    const float mean = c.saved[0].f()[r], rstd = c.saved[1].f()[r];
+    const int64_t ch0 = (r % G) * (C / G);
+    for (int64_t k = 0; k < C / G; ++k) {
+      const float* xp = x + k * S;
+      const float* dyp = dy + k * S;
+      if (dw) dw[ch0 + k] += static_cast<float>(lane_sum(S, [=](int64_t i) { return double{dyp[i]} * ((xp[i] - mean) * rstd); }));
+      if (db) db[ch0 + k] += static_cast<float>(lane_sum(S, [dyp](int64_t i) { return double{dyp[i]}; }));
+    }
   }
 }
 

@@ -811,6 +811,8 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::softplus:
     case OpKind::mish:
     case OpKind::prelu:
+    case OpKind::groupnorm:
+    case OpKind::upsample:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
@@ -869,6 +871,8 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::softplus:
     case OpKind::mish:
     case OpKind::prelu:
+    case OpKind::groupnorm:
+    case OpKind::upsample:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:

@@ -335,6 +335,24 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.bwd_flops = 12.0 * out_elems;
       break;
     }
+    case OpKind::upsample:
+      // derivatives.yaml: upsample_nearest2d_backward(grad, output_size,
+      // input_size, scales) needs only the sizes: nothing kept. Backward sums
+      // each block of the output's gradient.
+      d.fwd_flops = 0;
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    case OpKind::groupnorm: {
+      // derivatives.yaml: native_group_norm_backward(grad, input, mean, rstd,
+      // weight, ...) keeps the input and the statistics, a (sample, group) pair
+      // each: [N, groups] fp32 for an fp32 input.
+      const int64_t c = in_shape(0)[0], groups = n.attrs.integer("groups");
+      if (n.attrs.flag("affine")) d.params = {{"weight", c, false, {c}}, {"bias", c, false, {c}}};
+      d.saved = {keep_input(0), keep_own("mean", groups, Elem::f32), keep_own("rstd", groups, Elem::f32)};
+      d.fwd_flops = 8.0 * out_elems;
+      d.bwd_flops = 12.0 * out_elems;
+      break;
+    }
     case OpKind::rmsnorm: {
       d.params = {{"weight", in_shape(0).back(), false, {in_shape(0).back()}}};
       d.saved = {keep_input(0), keep_own("rstd", rows(in_shape(0)), Elem::f32)};

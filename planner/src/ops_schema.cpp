@@ -58,6 +58,15 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       {OpKind::layernorm, "layernorm", 1, {{"eps", T::number, 1e-5}, {"bias", T::boolean, true}}},
       {OpKind::rmsnorm, "rmsnorm", 1, {{"eps", T::number, 1e-6}, {"offset", T::number, 0.0}}},
+      // GroupNorm (Wu & He 2018): x [C, ...] in `groups` groups of C/groups
+      // channels, each group of a sample normalised over its channels and
+      // positions; affine: a weight and a bias [C] (nn.GroupNorm's default)
+      {OpKind::groupnorm, "groupnorm", 1,
+       {{"groups", T::integer, nullptr}, {"eps", T::number, 1e-5}, {"affine", T::boolean, true}}},
+      // nn.Upsample(scale_factor=s, mode="nearest"), F.interpolate's default:
+      // each value of x [C, H, W] repeated s_h x s_w times (whole factors; an
+      // integer, or [s_h, s_w]); over [C, L], the length's (s, or [1, s])
+      {OpKind::upsample, "upsample", 1, {{"scale", T::int_or_pair, nullptr}}},
       {OpKind::gelu, "gelu", 1, {{"approximate", T::text, "none"}}},
       {OpKind::relu, "relu", 1, {}},
       {OpKind::silu, "silu", 1, {}},
@@ -543,6 +552,15 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = x.shape;
       break;
     }
+    case OpKind::groupnorm: {
+      const auto& x = expect_rank(m, n, 0, 1, any_rank, "[C, ...]", fail);
+      expect_float(x, fail);
+      const int64_t groups = n.attrs.integer("groups");
+      if (groups < 1 || x.shape[0] % groups != 0)
+        fail("groups {} does not divide the input's {} channels", groups, x.shape[0]);
+      out.shape = x.shape;
+      break;
+    }
     case OpKind::layernorm:
     case OpKind::rmsnorm:
     case OpKind::gelu:
@@ -845,6 +863,22 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         OW = ceil_window_out(w.W, w.kw, w.sw, w.pw);
       }
       out.shape = w.one_d ? Shape{x.shape[0], OW} : Shape{x.shape[0], OH, OW};
+      break;
+    }
+    case OpKind::upsample: {
+      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
+      expect_float(x, fail);
+      const auto s = upsample_factors(x.shape, n.attrs);
+      if (s[0] < 1 || s[1] < 1) fail("scale must be a whole factor of at least 1, got [{}, {}]", s[0], s[1]);
+      out.shape = x.shape;
+      if (x.shape.size() == 2) {
+        if (s[0] != 1) fail("a 1-D upsample over [C, L] takes the length's factor: an integer, or [1, s]");
+        out.shape[1] = x.shape[1] * s[1];
+      } else {
+        out.shape[1] = x.shape[1] * s[0];
+        out.shape[2] = x.shape[2] * s[1];
+      }
+      checked_numel(out.shape, fail);
       break;
     }
     case OpKind::global_avgpool: {  // the mean of each channel: over [H, W], or over [L] (1-D)

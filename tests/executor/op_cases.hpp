@@ -156,6 +156,17 @@ inline std::vector<OpCase> op_cases() {
   }
   v.push_back(unary("layernorm", arr({3, 6}), Json{{"op", "layernorm"}}));
   v.push_back(unary("layernorm_nobias", arr({3, 6}), Json{{"op", "layernorm"}, {"bias", false}}));
+  // nn.GroupNorm: two groups of two channels over 3x3 positions; one group
+  // (a LayerNorm over [C, H, W] with a weight per channel); a channel a group
+  // (InstanceNorm); without the affine parameters; over [C, L]
+  v.push_back(unary("groupnorm", arr({4, 3, 3}), Json{{"op", "groupnorm"}, {"groups", 2}}));
+  v.push_back(unary("groupnorm_one_group", arr({3, 2, 2}), Json{{"op", "groupnorm"}, {"groups", 1}, {"eps", 1e-3}}));
+  v.push_back(unary("groupnorm_instance", arr({3, 2, 2}), Json{{"op", "groupnorm"}, {"groups", 3}}));
+  // nn.Upsample(scale_factor, mode="nearest"): 2x2, 1x3, and over [C, L]
+  v.push_back(unary("upsample_2x", arr({2, 3, 2}), Json{{"op", "upsample"}, {"scale", 2}}));
+  v.push_back(unary("upsample_1x3", arr({2, 2, 3}), Json{{"op", "upsample"}, {"scale", {1, 3}}}));
+  v.push_back(unary("upsample_1d", arr({2, 4}), Json{{"op", "upsample"}, {"scale", 2}}));
+  v.push_back(unary("groupnorm_no_affine", arr({4, 5}), Json{{"op", "groupnorm"}, {"groups", 2}, {"affine", false}}));
   v.push_back(unary("rmsnorm", arr({3, 6}), Json{{"op", "rmsnorm"}}));
   v.push_back(unary("rmsnorm_offset", arr({3, 6}), Json{{"op", "rmsnorm"}, {"offset", 1.0}}));  // Gemma: x rstd (1 + w)
   v.push_back(unary("gelu", arr({3, 4}), Json{{"op", "gelu"}}));

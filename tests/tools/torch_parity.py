@@ -82,11 +82,14 @@ CASES = {
     # four convolutions, so that the CPU engine runs them through oneDNN as
     # 2-D ones of height 1.
     "tiny-conv1d": ("tests/fixtures/tiny-conv1d.json", 4, []),
+    # nn.GroupNorm (two groups; a channel a group; one group without the
+    # affine parameters) and nearest upsampling by 2 and by [1, 3]
+    "tiny-groupnorm-upsample": ("tests/fixtures/tiny-groupnorm-upsample.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
-           "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d"]
+           "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d", "tiny-groupnorm-upsample"]
 
 
 def read_f32(path):

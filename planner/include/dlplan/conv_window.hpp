@@ -7,6 +7,7 @@
 
 #include "dlplan/ir.hpp"
 
+#include <array>
 #include <cstdint>
 
 namespace dlplan {
@@ -34,6 +35,14 @@ inline ConvWindow conv_window(const Shape& x, const Attrs& a) {
   window("stride", 1, w.sh, w.sw);
   window("padding", 0, w.ph, w.pw);
   return w;
+}
+
+// upsample's factors [s_h, s_w] over its input: [C, H, W], or [C, L], whose
+// integer factor is the length's (height 1), as a 1-D window's.
+inline std::array<int64_t, 2> upsample_factors(const Shape& x, const Attrs& a) {
+  auto s = a.pair("scale");
+  if (x.size() == 2 && a.values.contains("scale") && a.values["scale"].is_number_integer()) s[0] = 1;
+  return s;
 }
 
 }  // namespace dlplan
