@@ -674,6 +674,7 @@ class Importer {
         {"AveragePool", &Importer::map_pool},
         {"ReduceMean", &Importer::map_reduce_mean},
         {"GlobalAveragePool", &Importer::map_global_average_pool},
+        {"Resize", &Importer::map_resize},
         {"Flatten", &Importer::map_reshape},
         {"Reshape", &Importer::map_reshape},
         {"Squeeze", &Importer::map_reshape},
@@ -1308,6 +1309,32 @@ class Importer {
     if (flattened) pooled_.insert(n.output(0));  // a later Flatten of it is the IR's [C] already
   }
 
+  // Resize by whole factors in nearest mode: nn.Upsample(scale_factor=s) and
+  // F.interpolate's default export it with asymmetric coordinates and floor
+  // (scales, or sizes), where output pixel i reads input pixel i / s. The
+  // half-pixel coordinates at a whole factor read the same pixels. The
+  // factors come from the inferred shapes, so scales and sizes read alike.
+  // Any other Resize (linear, cubic, a fractional factor) is planned opaque.
+  void map_resize(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    const std::string ctm = attr_text(n, "coordinate_transformation_mode", "half_pixel");
+    const std::string rounding = attr_text(n, "nearest_mode", "round_prefer_floor");
+    const bool floor_of_quotient =
+        (ctm == "asymmetric" && rounding == "floor") ||
+        ((ctm == "half_pixel" || ctm == "pytorch_half_pixel") && rounding.rfind("round_prefer_", 0) == 0);
+    const Dims in = per_sample(x), out = per_sample(n.output(0));
+    const auto factor = [&](size_t a) -> int64_t {  // out[a] / in[a] when whole, else 0
+      return in[a] > 0 && out[a] % in[a] == 0 ? out[a] / in[a] : 0;
+    };
+    if (attr_text(n, "mode", "nearest") != "nearest" || !floor_of_quotient || data.size() != 1 ||
+        in.size() != out.size() || in.size() < 2 || in.size() > 3 || in[0] != out[0])
+      return unknown(n, i, data);
+    const std::vector<int64_t> scale =
+        in.size() == 2 ? std::vector<int64_t>{1, factor(1)} : std::vector<int64_t>{factor(1), factor(2)};
+    if (scale[0] < 1 || scale[1] < 1) return unknown(n, i, data);
+    emit(ir_name_for(n), "upsample", {ir_of(x, n, i)}, OJson{{"scale", scale}}, n.output(0), n.name());
+  }
+
   // Flatten, Reshape, Squeeze, Unsqueeze
   void map_reshape(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto& op = n.op_type();
@@ -1399,7 +1426,7 @@ class Importer {
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
     static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm",
-                                                "rope", "mish"};
+                                                "rope", "mish", "groupnorm"};
     if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
     const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);

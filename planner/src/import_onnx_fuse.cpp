@@ -19,6 +19,9 @@
 //     (+ b): LayerNorm over the last axis below opset 17.
 //   rmsnorm: x * 1 / sqrt(mean(x^2) + eps) [-> Cast] * w, w an initializer
 //     over the last axis (Hugging Face's LlamaRMSNorm, Mistral's, Qwen2's).
+//   groupnorm: Reshape(x, [b, G, -1]) -> InstanceNormalization (scale 1,
+//     bias 0) -> Reshape back to x's shape [-> * w -> + b]: nn.GroupNorm,
+//     which torch exports this way at every opset.
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -1097,6 +1100,87 @@ std::optional<Fusion> match_rmsnorm(const Graph& g, int sqrt) {
   return f;
 }
 
+// nn.GroupNorm(G, C) on x [b, C, ...], as torch exports it (anchored at the
+// InstanceNormalization):
+//   Reshape(x, [b, G, -1]) -> InstanceNormalization(scale ones [G], bias
+//   zeros [G], epsilon) -> Reshape(x's shape) [-> Mul(w) -> Add(b)]
+// with w and b the module's [C] parameters, each an initializer [C, 1, ...]
+// or an Unsqueeze of one [C]. PyTorch runs it as one op (native_group_norm),
+// so it is one groupnorm under both fusions. An InstanceNormalization of
+// another form is left to the importer, which plans it as opaque.
+std::optional<Fusion> match_groupnorm(const Graph& g, int instance_norm) {
+  const auto& in = g.node(instance_norm);
+  if (in.input_size() != 3) return std::nullopt;
+  const auto ones = g.values(in.input(1)), zeros = g.values(in.input(2));
+  if (!ones || !zeros || ones->empty() || ones->size() != zeros->size()) return std::nullopt;
+  if (std::any_of(ones->begin(), ones->end(), [](double v) { return v != 1.0; }) ||
+      std::any_of(zeros->begin(), zeros->end(), [](double v) { return v != 0.0; }))
+    return std::nullopt;
+  const auto groups = static_cast<int64_t>(ones->size());
+  const int split = g.producer_of(in.input(0));
+  if (split < 0 || g.node(split).op_type() != "Reshape" || g.consumers_of(in.input(0)).size() != 1)
+    return std::nullopt;
+  const std::string x = g.node(split).input(0);
+  const auto xs = g.shape(x), grouped = g.shape(in.input(0));
+  if (!xs || xs->size() < 2 || !grouped || grouped->size() != 3 || (*grouped)[1] != groups) return std::nullopt;
+  for (auto d : *xs)
+    if (d <= 0) return std::nullopt;
+  const int64_t channels = (*xs)[1];
+  if (channels % groups != 0) return std::nullopt;
+  const auto merge = sole_consumer(g, in.output(0), "Reshape");
+  if (!merge || g.shape(g.node(*merge).output(0)) != xs) return std::nullopt;
+  Fusion f;
+  f.kind = "groupnorm";
+  f.x = x;
+  f.nodes = {split, instance_norm, *merge};
+  f.attrs["groups"] = groups;
+  f.attrs["eps"] = attr_float(in, "epsilon", 1e-5);
+  // The affine part: * w, then + b, each [C] broadcast over the positions.
+  const auto channel_param = [&](const std::string& t) -> std::optional<std::string> {
+    std::string p = t;
+    if (const int u = g.producer_of(t); u >= 0 && g.node(u).op_type() == "Unsqueeze") p = g.node(u).input(0);
+    const auto ps = g.is_learned(p) ? g.shape(p) : std::nullopt;
+    const auto ts = g.shape(t);
+    if (!ps || !ts || ps->empty() || (*ps)[0] != channels || numel(*ps) != channels) return std::nullopt;
+    if (ts->size() != xs->size() - 1 || (*ts)[0] != channels) return std::nullopt;  // [C, 1, ...]: per channel
+    return p;
+  };
+  const auto affine = [&](const std::string& t, const char* op) -> std::optional<std::pair<int, std::string>> {
+    const auto n = sole_consumer(g, t, op);
+    if (!n) return std::nullopt;
+    const auto p = channel_param(other_operand(g.node(*n), t));
+    if (!p) return std::nullopt;
+    return std::make_pair(*n, *p);
+  };
+  // affine=False exports * 1 and + 0 (constants [1, 1, 1]): taken in, as
+  // nothing PyTorch runs.
+  const auto identity = [&](const std::string& t, const char* op, double v) -> std::optional<int> {
+    const auto n = sole_consumer(g, t, op);
+    const auto c = n ? g.values(other_operand(g.node(*n), t)) : std::nullopt;
+    const auto cs = n ? g.shape(other_operand(g.node(*n), t)) : std::nullopt;
+    if (!c || !cs || cs->size() > xs->size() - 1 ||
+        std::any_of(c->begin(), c->end(), [v](double e) { return e != v; }))
+      return std::nullopt;
+    return n;
+  };
+  const auto mul = affine(g.node(*merge).output(0), "Mul");
+  const auto add = mul ? affine(g.node(mul->first).output(0), "Add") : std::nullopt;
+  f.attrs["affine"] = add.has_value();
+  if (add) {
+    f.nodes.push_back(mul->first);
+    f.nodes.push_back(add->first);
+    f.weights.emplace_back("weight", WeightRef{mul->second});
+    f.weights.emplace_back("bias", WeightRef{add->second});
+  } else if (const auto one = identity(g.node(*merge).output(0), "Mul", 1.0)) {
+    f.nodes.push_back(*one);
+    if (const auto zero = identity(g.node(*one).output(0), "Add", 0.0)) f.nodes.push_back(*zero);
+  }
+  f.out = g.node(f.nodes.back()).output(0);
+  f.unit_source = in.name();
+  f.name = in.name().empty() ? "groupnorm" : common_prefix({in.name()}) + ".groupnorm";
+  return f;
+}
+
 }  // namespace
 
 std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused) {
@@ -1135,6 +1219,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
     else if (op == "Softplus") take(match_mish(g, i));
+    else if (op == "InstanceNormalization") take(match_groupnorm(g, i));
     else if (op == "Sqrt") {
       auto f = match_layernorm(g, i);
       take(f ? std::move(f) : eager ? std::nullopt : match_rmsnorm(g, i));

@@ -57,6 +57,7 @@ std::string file_test_name(const ::testing::TestParamInfo<const char*>& info) {
   std::string s = info.param;
   s = s.substr(0, s.find("-opset"));
   std::replace(s.begin(), s.end(), '-', '_');
+  std::replace(s.begin(), s.end(), '/', '_');  // weights/tiny-groupnorm
   if (std::string(info.param).find("opset13") != std::string::npos) s += "_opset13";
   return s;
 }
@@ -135,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-opt-opset17.onnx", "tiny-bloom-opset17.onnx",
                                            "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
                                            "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx",
-                                           "tiny-albert-opset17.onnx"),
+                                           "tiny-albert-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
+                                           "weights/tiny-unet-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -151,7 +153,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // became a broadcasting add, reciprocal and mul, and slices, and ALBERT,
 // whose second layer applies the first's parameters (`shares`: gradients of
 // both depths summed into one set, which ZeRO shards once), and torch.nn's
-// LeakyReLU, ELU, Softplus, Mish and a mean over a middle axis (tiny-acts).
+// LeakyReLU, ELU, Softplus, Mish and a mean over a middle axis (tiny-acts),
+// nn.GroupNorm with and without its affine parameters (tiny-groupnorm), and
+// nearest upsampling between a U-Net's levels (tiny-unet).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -163,7 +167,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "tiny-bloom-opset17.onnx", "tiny-gpt-neox-opset17.onnx",
                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
                            "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx", "tiny-albert-opset17.onnx",
-                           "weights/tiny-acts-opset17.onnx"}) {
+                           "weights/tiny-acts-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
+                           "weights/tiny-unet-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -32,6 +32,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 
 using namespace dlplan;
 
@@ -1002,5 +1003,80 @@ TEST(RealExports, TorchsOwnTanhGeluIsOneOpUnderBothFusions) {
     }
     EXPECT_EQ(gelus, 1) << to_string(fusion);
     EXPECT_EQ(written_out, 0) << to_string(fusion);
+  }
+}
+
+// nn.GroupNorm as torch writes it: Reshape to [b, G, -1], an
+// InstanceNormalization with unit scales, Reshape back, Mul and Add of the
+// unsqueezed weight and bias (affine=False: * 1 and + 0). Each is one
+// groupnorm under both fusions (PyTorch runs native_group_norm), keeping its
+// input and a mean and rstd per group, as derivatives.yaml's
+// native_group_norm_backward reads them. PyTorch's figures for this file's
+// model (weighted_models.py's TinyGroupNorm, batch 1): 6,570 parameters and
+// 82,396 bytes saved with the loss (make_exports.saved_bytes). By hand: the
+// three normalised inputs (16x16x16, 32x8x8, 32x8x8 floats: 16,384 + 8,192 +
+// 8,192 bytes), their statistics (2 x 4 x (4 + 32 + 1) = 296), SiLU's input
+// and output (2 x 16,384; the output is conv2's input), the two ReLUs'
+// outputs (2 x 8,192) and the head's input (128): 82,344, plus the loss's 52.
+// (Its step equals PyTorch's: tools.onnx_parity, tiny-groupnorm.)
+TEST(RealExports, GroupNormsReshapeInstanceNormReshapeIsOneGroupnorm) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const nlohmann::json ref = {{"options", nlohmann::json::object()}};
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    const Outcome o = import_file("weights/tiny-groupnorm-opset17.onnx", ref, fusion);
+    ASSERT_TRUE(o.model.has_value()) << o.error;
+    std::vector<std::tuple<int64_t, bool, Shape>> norms;
+    for (const Node& n : o.model->nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << n.name;
+      EXPECT_NE(n.op, OpKind::reshape) << n.name;
+      EXPECT_NE(n.op, OpKind::scale) << n.name;
+      if (n.op == OpKind::groupnorm)
+        norms.emplace_back(n.attrs.integer("groups"), n.attrs.flag("affine"), o.model->tensor(n.inputs[0]).shape);
+    }
+    EXPECT_EQ(norms, (std::vector<std::tuple<int64_t, bool, Shape>>{
+                         {4, true, {16, 16, 16}}, {32, true, {32, 8, 8}}, {1, false, {32, 8, 8}}}));
+    EXPECT_EQ(o.model->parameter_count(), 6570);
+    const double planned = static_cast<double>(max_activations(*o.model));
+    EXPECT_NEAR(planned, 82396.0, 0.05 * 82396);
+    std::cout << fmt::format("tiny-groupnorm ({}): {} bytes planned, PyTorch 82,396 ({:+.1f} %)\n",
+                             to_string(fusion), planned, 100 * (planned / 82396 - 1));
+  }
+}
+
+// nn.Upsample(scale_factor=2) and F.interpolate(scale_factor=(1, 3)) export
+// as ONNX Resize (nearest, asymmetric, floor; scales from a folded Concat):
+// each is one upsample by whole factors, which keeps nothing
+// (upsample_nearest2d_backward needs only the sizes). PyTorch's figures for
+// weighted_models.py's TinyUNet (GroupNorm and SiLU blocks, a max pool down,
+// the skip concatenated after the upsample), batch 1: 3,282 parameters and
+// 104,644 bytes saved with the loss. By hand: each block keeps its
+// convolution's input, the GroupNorm's input and statistics and the SiLU's
+// input; the max pool its input and int64 indices; the mean its input
+// [8, 16, 48]; nothing keeps the upsamples' outputs but the concatenation's
+// consumer: 104,592, plus the loss's 52.
+TEST(RealExports, ResizeByWholeFactorsIsANearestUpsample) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const nlohmann::json ref = {{"options", nlohmann::json::object()}};
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    const Outcome o = import_file("weights/tiny-unet-opset17.onnx", ref, fusion);
+    ASSERT_TRUE(o.model.has_value()) << o.error;
+    std::vector<std::pair<Shape, Shape>> ups;  // (input, output) of each upsample
+    int norms = 0;
+    for (const Node& n : o.model->nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << n.name;
+      norms += n.op == OpKind::groupnorm;
+      if (n.op == OpKind::upsample)
+        ups.emplace_back(o.model->tensor(n.inputs[0]).shape, o.model->tensor(n.output).shape);
+    }
+    EXPECT_EQ(norms, 3);
+    EXPECT_EQ(ups, (std::vector<std::pair<Shape, Shape>>{{{16, 8, 8}, {16, 16, 16}}, {{8, 16, 16}, {8, 16, 48}}}));
+    EXPECT_EQ(o.model->parameter_count(), 3282);
+    // The default fusion's max pool keeps only its int32 indices (docs/onnx.md):
+    // PyTorch's input [8, 16, 16] and the indices' other 4 bytes, 10,240 bytes.
+    const double planned = static_cast<double>(max_activations(*o.model));
+    if (fusion == FusionMode::eager) EXPECT_NEAR(planned, 104644.0, 0.05 * 104644);
+    else EXPECT_NEAR(planned, 104644.0 - 8192 - 2048, 0.05 * 104644);
+    std::cout << fmt::format("tiny-unet ({}): {} bytes planned, PyTorch 104,644 ({:+.1f} %)\n", to_string(fusion),
+                             planned, 100 * (planned / 104644 - 1));
   }
 }

@@ -14,7 +14,7 @@ sequence 64, as make_exports.py's) need transformers on the path; the
 ctest puts <build>/pydeps there (4.38.2, scripts/setup), and without it
 they are skipped with a message. USER_MODELS are models a user writes with
 torch.nn alone (a text classifier, torch's own TransformerEncoder, MLPs with
-torch.nn's activations, a small CNN). A family whose plan keeps opaque ops (no
+torch.nn's activations, a small CNN, a GroupNorm ResNet and a U-Net). A family whose plan keeps opaque ops (no
 engine trains them; docs/onnx.md) is held to the band in OPAQUE_BAND
 instead: opaque ops keep every input, the conservative choice.
 
@@ -188,6 +188,25 @@ def _user_models():
         def forward(self, x):
             return self.body(x)
 
+    class UNet(nn.Module):  # two levels down and up: GroupNorm, nearest upsampling, skips concatenated
+        def __init__(self):
+            super().__init__()
+            def block(cin, cout):
+                return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU(),
+                                     nn.Conv2d(cout, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU())
+            self.e1, self.e2, self.mid = block(3, 32), block(32, 64), block(64, 128)
+            self.d2, self.d1 = block(128 + 64, 64), block(64 + 32, 32)
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.head = nn.Linear(32, 128)
+
+        def forward(self, x):
+            s1 = self.e1(x)
+            s2 = self.e2(F.max_pool2d(s1, 2))
+            h = self.mid(F.max_pool2d(s2, 2))
+            h = self.d2(torch.cat([self.up(h), s2], 1))
+            h = self.d1(torch.cat([F.interpolate(h, scale_factor=2.0), s1], 1))
+            return self.head(h.mean((2, 3)))
+
     class LSTMClassifier(nn.Module):
         def __init__(self):
             super().__init__()
@@ -210,6 +229,11 @@ def _user_models():
         "user-conv1d": (Conv1dNet, lambda: torch.randn(1, 1, 64), False),
         "user-mlp-prelu": (lambda: mlp(nn.PReLU()), lambda: torch.randn(1, 32), False),
         "user-cnn-prelu": (PReLUCNN, lambda: torch.randn(1, 3, 32, 32), False),
+        # torchvision's ResNet-18 with nn.GroupNorm(32, C) for every BatchNorm,
+        # as detection backbones train it (Wu & He 2018)
+        "user-resnet18-groupnorm": (lambda: torchvision.models.resnet18(
+            weights=None, norm_layer=lambda c: nn.GroupNorm(32, c)), lambda: torch.randn(1, 3, 224, 224), False),
+        "user-unet": (UNet, lambda: torch.randn(1, 3, 64, 64), False),
         "user-lstm": (LSTMClassifier, ids, True),
     }
 
