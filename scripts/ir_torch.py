@@ -22,7 +22,7 @@ and gradients:
                                                     it uses the embedding's)
       conv2d         weight [out, C/groups, kh, kw], bias [out]
       batchnorm      weight [C], bias [C]; buffers running_mean, running_var
-      layernorm      weight [D] (, bias [D])
+      layernorm      weight [D] (, bias [D]); D the trailing `dims` axes
       groupnorm      weight [C], bias [C]         (affine)
       rmsnorm        weight [D]                    (out = x rstd (weight + offset))
       attention      q.weight [H hd, D], k.weight [KV hd, Dm], v.weight [KV hd, Dm]
@@ -77,7 +77,7 @@ OPS = {
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL, "scale": _NULL}),
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
     "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
-    "layernorm": (1, {"eps": 1e-5, "bias": True}),
+    "layernorm": (1, {"eps": 1e-5, "bias": True, "dims": 1}),
     "groupnorm": (1, {"groups": _REQUIRED, "eps": 1e-5, "affine": True}),
     "rmsnorm": (1, {"eps": 1e-6, "offset": 0.0}),
     "gelu": (1, {"approximate": "none"}),
@@ -476,10 +476,10 @@ class IRModule(nn.Module):
             add("bias", P(x[0]), False)
             m.register_buffer("running_mean", torch.zeros(x[0], device=self._device))
             m.register_buffer("running_var", torch.ones(x[0], device=self._device))
-        elif op == "layernorm":
-            add("weight", P(x[-1]), False)
+        elif op == "layernorm":  # over the trailing `dims` axes
+            add("weight", P(*x[len(x) - int(a["dims"]):]), False)
             if a["bias"]:
-                add("bias", P(x[-1]), False)
+                add("bias", P(*x[len(x) - int(a["dims"]):]), False)
         elif op == "rmsnorm":
             add("weight", P(x[-1]), False)
         elif op == "groupnorm":
@@ -642,7 +642,7 @@ class IRModule(nn.Module):
             return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, self.training,
                                 float(a["momentum"]), float(a["eps"]))
         if op == "layernorm":
-            return F.layer_norm(x, (x.shape[-1],), self._p(n, "weight"),
+            return F.layer_norm(x, tuple(x.shape[x.dim() - int(a["dims"]):]), self._p(n, "weight"),
                                 self._p(n, "bias") if a["bias"] else None, float(a["eps"]))
         if op == "groupnorm":
             affine = a["affine"]

@@ -3,6 +3,7 @@
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/row_reduce.hpp"
+#include "dlplan/norm_width.hpp"
 
 #include <cmath>
 #include <vector>
@@ -198,11 +199,12 @@ void batchnorm_backward(OpContext& c) {
 }
 
 // ---- layernorm -----------------------------------------------------------------
-// x: [R, D] (R = b x leading dims); weight, bias: [D]. Saves mean, rstd [R] fp32.
+// x: [R, D] (R = b x leading dims; D the trailing `dims` axes, the last by
+// default, norm_width.hpp); weight, bias: those axes' shape, flat [D]. Saves mean, rstd [R] fp32.
 // y = (x - mean) rstd w + bias.
 
 void layernorm_forward(OpContext& c) {
-  const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
+  const int64_t D = layernorm_width(in_shape(c, 0), c.node->attrs), R = c.batch * numel(in_shape(c, 0)) / D;
   const float eps = static_cast<float>(c.node->attrs.number("eps"));
   const bool bias = c.node->attrs.flag("bias");
   Tensor mean_t = alloc_saved(c, {R}, DType::f32, "mean");
@@ -231,7 +233,7 @@ void layernorm_forward(OpContext& c) {
 //   dx = rstd (g - mean_j(g) - x_hat mean_j(g x_hat))
 //   dw += sum_r dy x_hat;  dbias += sum_r dy.
 void layernorm_backward(OpContext& c) {
-  const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
+  const int64_t D = layernorm_width(in_shape(c, 0), c.node->attrs), R = c.batch * numel(in_shape(c, 0)) / D;
   const bool bias = c.node->attrs.flag("bias");
   const float* w = c.params[0].f();
   float* dw = grad_or_null(c.dparams[0]);

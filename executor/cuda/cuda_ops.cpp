@@ -20,6 +20,7 @@
 
 #include "dlplan/error.hpp"
 #include "dlplan/exec/bf16.hpp"
+#include "dlplan/norm_width.hpp"
 
 #include <fmt/format.h>
 
@@ -430,7 +431,7 @@ void batchnorm_bwd(Runtime& rt, OpContext& c) {
 }
 
 void layernorm_fwd(Runtime& rt, OpContext& c) {
-  const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
+  const int64_t D = layernorm_width(in_shape(c, 0), c.node->attrs), R = c.batch * numel(in_shape(c, 0)) / D;
   const bool bias = c.node->attrs.flag("bias");
   Tensor mean_t = alloc_saved(c, {R}, DType::f32, "mean");
   Tensor rstd_t = alloc_saved(c, {R}, DType::f32, "rstd");
@@ -441,7 +442,7 @@ void layernorm_fwd(Runtime& rt, OpContext& c) {
   c.saved.push_back(std::move(rstd_t));
 }
 void layernorm_bwd(Runtime& rt, OpContext& c) {
-  const int64_t D = in_shape(c, 0).back(), R = c.batch * numel(in_shape(c, 0)) / D;
+  const int64_t D = layernorm_width(in_shape(c, 0), c.node->attrs), R = c.batch * numel(in_shape(c, 0)) / D;
   const bool bias = c.node->attrs.flag("bias");
   layernorm_backward(c.in[0].f(), c.params[0].f(), c.dout.f(), c.saved[0].f(), c.saved[1].f(), din_or_null(c, 0),
                      c.dparams[0].f(), bias ? c.dparams[1].f() : nullptr, R, D, rt.stream);

@@ -819,11 +819,17 @@ class Importer {
   }
 
   void map_layer_normalization(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
-    auto s = g_.shape(n.input(0));
-    const int64_t axis = attr_int(n, "axis", -1);
-    if (axis != -1 && !(s && axis == static_cast<int64_t>(s->size()) - 1))
-      fail(fmt::format("{}: normalization over more than the last axis is not supported", label(n, i)));
+    // From `axis` on: nn.LayerNorm([C, H, W]) on [b, C, H, W] is axis 1, the
+    // IR's dims 3 (the trailing axes normalised together); never the batch.
+    const auto s = g_.shape(n.input(0));
+    int64_t axis = attr_int(n, "axis", -1);
+    const auto rank = s ? static_cast<int64_t>(s->size()) : 0;
+    if (axis < 0) axis += rank;
+    if (!s || axis < 1 || axis >= rank)
+      fail(fmt::format("{}: normalises from axis {} of a {}-D input; dlplan normalises per sample, after the batch "
+                       "axis", label(n, i), attr_int(n, "axis", -1), rank));
     OJson a{{"eps", attr_float(n, "epsilon", 1e-5)}, {"bias", n.input_size() > 2 && !n.input(2).empty()}};
+    if (rank - axis > 1) a["dims"] = rank - axis;
     emit(ir_name_for(n), "layernorm", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
     weigh("weight", WeightRef{n.input(1)});
     if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});

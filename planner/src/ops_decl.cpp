@@ -10,6 +10,7 @@
 #include "dlplan/conv_window.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/limits.hpp"
+#include "dlplan/norm_width.hpp"
 
 #include <fmt/format.h>
 
@@ -327,9 +328,10 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     }
     case OpKind::layernorm: {
-      const int64_t dim = in_shape(0).back(), r = rows(in_shape(0));
-      d.params = {{"weight", dim, false, {dim}}};
-      if (n.attrs.flag("bias")) d.params.push_back({"bias", dim, false, {dim}});
+      const Shape normalised = layernorm_shape(in_shape(0), n.attrs);
+      const int64_t dim = numel(normalised), r = numel(in_shape(0)) / dim;
+      d.params = {{"weight", dim, false, normalised}};
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", dim, false, normalised});
       d.saved = {keep_input(0), keep_own("mean", r, Elem::f32), keep_own("rstd", r, Elem::f32)};
       d.fwd_flops = 8.0 * out_elems;
       d.bwd_flops = 12.0 * out_elems;

@@ -1,5 +1,6 @@
 // Attribute schemas and shape inference for every op of DESIGN.md's table.
 #include "dlplan/conv_window.hpp"
+#include "dlplan/norm_width.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/ops.hpp"
 
@@ -56,7 +57,10 @@ const std::vector<OpSpec>& op_table() {
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
         {"padding", T::int_or_pair, 0}, {"groups", T::integer, 1}, {"bias", T::boolean, true}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
-      {OpKind::layernorm, "layernorm", 1, {{"eps", T::number, 1e-5}, {"bias", T::boolean, true}}},
+      // dims: the trailing per-sample axes normalised together, 1 (the last)
+      // by default; nn.LayerNorm([C, H, W]) is 3. Weight and bias: their shape.
+      {OpKind::layernorm, "layernorm", 1,
+       {{"eps", T::number, 1e-5}, {"bias", T::boolean, true}, {"dims", T::integer, 1}}},
       {OpKind::rmsnorm, "rmsnorm", 1, {{"eps", T::number, 1e-6}, {"offset", T::number, 0.0}}},
       // GroupNorm (Wu & He 2018): x [C, ...] in `groups` groups of C/groups
       // channels, each group of a sample normalised over its channels and
@@ -561,7 +565,15 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = x.shape;
       break;
     }
-    case OpKind::layernorm:
+    case OpKind::layernorm: {
+      const auto dims = n.attrs.integer("dims");
+      if (dims < 1) fail("dims must be at least 1, got {}", dims);
+      const std::string want = fmt::format("at least {} dimension{} (dims)", dims, dims == 1 ? "" : "s");
+      const auto& x = expect_rank(m, n, 0, static_cast<size_t>(dims), any_rank, want.c_str(), fail);
+      expect_float(x, fail);
+      out.shape = x.shape;
+      break;
+    }
     case OpKind::rmsnorm:
     case OpKind::gelu:
     case OpKind::relu:

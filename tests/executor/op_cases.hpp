@@ -156,6 +156,9 @@ inline std::vector<OpCase> op_cases() {
   }
   v.push_back(unary("layernorm", arr({3, 6}), Json{{"op", "layernorm"}}));
   v.push_back(unary("layernorm_nobias", arr({3, 6}), Json{{"op", "layernorm"}, {"bias", false}}));
+  // nn.LayerNorm([C, H, W]): three trailing axes together, a weight of their shape
+  v.push_back(unary("layernorm_chw", arr({2, 3, 2}), Json{{"op", "layernorm"}, {"dims", 3}}));
+  v.push_back(unary("layernorm_two_axes", arr({2, 3, 2}), Json{{"op", "layernorm"}, {"dims", 2}, {"bias", false}}));
   // nn.GroupNorm: two groups of two channels over 3x3 positions; one group
   // (a LayerNorm over [C, H, W] with a weight per channel); a channel a group
   // (InstanceNorm); without the affine parameters; over [C, L]

@@ -15,6 +15,7 @@
 #include "dlplan/hardware.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 #include "dlplan/zoo.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -1078,5 +1079,35 @@ TEST(RealExports, ResizeByWholeFactorsIsANearestUpsample) {
     else EXPECT_NEAR(planned, 104644.0 - 8192 - 2048, 0.05 * 104644);
     std::cout << fmt::format("tiny-unet ({}): {} bytes planned, PyTorch 104,644 ({:+.1f} %)\n", to_string(fusion),
                              planned, 100 * (planned / 104644 - 1));
+  }
+}
+
+// nn.LayerNorm([C, H, W]) and nn.LayerNorm([H, W]) export as
+// LayerNormalization with axis -3 and -2; the importer refused any axis but
+// the last. Each is a layernorm over its trailing axes (dims 3 and 2) with a
+// weight and bias of their shape. PyTorch's figures for weighted_models.py's
+// TinyLayerNormCHW (batch 1): 6,146 parameters and 30,884 bytes saved with
+// the loss. By hand: each LayerNorm keeps its input and a mean and rstd a row
+// (1, 8 and 1 rows), GELU its input and conv2 GELU's output, the ReLU its
+// output (the last LayerNorm's input), the mean its input, the head its
+// [8]: 30,832, plus the loss's 52.
+TEST(RealExports, LayerNormOverTrailingAxesIsOneLayernorm) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const nlohmann::json ref = {{"options", nlohmann::json::object()}};
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    const Outcome o = import_file("weights/tiny-layernorm-chw-opset17.onnx", ref, fusion);
+    ASSERT_TRUE(o.model.has_value()) << o.error;
+    std::vector<std::pair<int64_t, Shape>> norms;  // (dims, weight shape)
+    for (const Node& n : o.model->nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << n.name;
+      if (n.op == OpKind::layernorm)
+        norms.emplace_back(n.attrs.integer("dims"), declare(*o.model, n, DeclOptions{}).params[0].shape);
+    }
+    EXPECT_EQ(norms, (std::vector<std::pair<int64_t, Shape>>{{3, {8, 16, 16}}, {2, {8, 8}}, {3, {8, 8, 8}}}));
+    EXPECT_EQ(o.model->parameter_count(), 6146);
+    const double planned = static_cast<double>(max_activations(*o.model));
+    EXPECT_NEAR(planned, 30884.0, 0.05 * 30884);
+    std::cout << fmt::format("tiny-layernorm-chw ({}): {} bytes planned, PyTorch 30,884 ({:+.1f} %)\n",
+                             to_string(fusion), planned, 100 * (planned / 30884 - 1));
   }
 }

@@ -83,7 +83,8 @@ CASES = {
     # 2-D ones of height 1.
     "tiny-conv1d": ("tests/fixtures/tiny-conv1d.json", 4, []),
     # nn.GroupNorm (two groups; a channel a group; one group without the
-    # affine parameters) and nearest upsampling by 2 and by [1, 3]
+    # affine parameters), nearest upsampling by 2 and by [1, 3], and
+    # nn.LayerNorm([C, H, W]) (dims 3: a weight and a bias of that shape)
     "tiny-groupnorm-upsample": ("tests/fixtures/tiny-groupnorm-upsample.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
