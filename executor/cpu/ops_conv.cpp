@@ -402,7 +402,8 @@ UpsampleGeom upsample_geom(const OpContext& c) {
 }  // namespace
 
 void upsample_forward(OpContext& c) {
-  const auto [planes, H, W, sh, sw] = upsample_geom(c);
+  const UpsampleGeom u = upsample_geom(c);  // (no structured bindings: the lambda below captures them)
+  const int64_t planes = u.planes, H = u.H, W = u.W, sh = u.sh, sw = u.sw;
   const int64_t OW = W * sw;
   parallel_for(planes, grain_elements() / (H * W * sh * sw) + 1, [&](int64_t p_begin, int64_t p_end) {
     for (int64_t p = p_begin; p < p_end; ++p)
@@ -417,7 +418,8 @@ void upsample_forward(OpContext& c) {
 
 void upsample_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
-  const auto [planes, H, W, sh, sw] = upsample_geom(c);
+  const UpsampleGeom u = upsample_geom(c);  // (no structured bindings: the lambda below captures them)
+  const int64_t planes = u.planes, H = u.H, W = u.W, sh = u.sh, sw = u.sw;
   const int64_t OW = W * sw;
   parallel_for(planes, grain_elements() / (H * W * sh * sw) + 1, [&](int64_t p_begin, int64_t p_end) {
     for (int64_t p = p_begin; p < p_end; ++p)

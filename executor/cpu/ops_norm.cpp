@@ -278,7 +278,8 @@ GroupRows group_rows(const OpContext& c) {
 }  // namespace
 
 void groupnorm_forward(OpContext& c) {
-  const auto [C, G, S, R, D] = group_rows(c);
+  const GroupRows rows = group_rows(c);  // (no structured bindings: the lambdas capture them)
+  const int64_t C = rows.C, G = rows.G, S = rows.S, R = rows.R, D = rows.D;
   const double eps = c.node->attrs.number("eps");
   const bool affine = c.node->attrs.flag("affine");
   Tensor mean_t = alloc_saved(c, {R}, DType::f32, "mean");
@@ -310,7 +311,8 @@ void groupnorm_forward(OpContext& c) {
 //   dx = rstd (g - mean_j(g) - x_hat mean_j(g x_hat));
 //   dw_c += sum dy x_hat, dbias_c += sum dy over the channel's positions and samples.
 void groupnorm_backward(OpContext& c) {
-  const auto [C, G, S, R, D] = group_rows(c);
+  const GroupRows rows = group_rows(c);  // (no structured bindings: the lambdas capture them)
+  const int64_t C = rows.C, G = rows.G, S = rows.S, R = rows.R, D = rows.D;
   const bool affine = c.node->attrs.flag("affine");
   const float* w = affine ? c.params[0].f() : nullptr;
   float* dw = affine ? grad_or_null(c.dparams[0]) : nullptr;
