@@ -390,49 +390,46 @@ void global_avgpool_backward(OpContext& c) {
 // s_h x s_w block of dy into its source element. [C, L] runs as [C, 1, L].
 
 namespace {
-struct UpsampleGeom {
-  int64_t planes, H, W, sh, sw;
+// The input as rows of W (every channel's every row, over the batch); input
+// row r becomes the s_h output rows of W s_w starting at r s_h.
+struct UpsampleRows {
+  int64_t rows, W, sh, sw;
+  int64_t out_width() const { return W * sw; }
+  int64_t grain() const { return grain_elements() / (W * sh * sw) + 1; }
 };
-UpsampleGeom upsample_geom(const OpContext& c) {
+UpsampleRows upsample_rows(const OpContext& c) {
   const Shape& x = in_shape(c, 0);
   const auto s = upsample_factors(x, c.node->attrs);
-  const int64_t H = x.size() == 2 ? 1 : x[1];
-  return {c.batch * x[0], H, x.back(), s[0], s[1]};
+  return {c.batch * numel(x) / x.back(), x.back(), s[0], s[1]};
 }
 }  // namespace
 
 void upsample_forward(OpContext& c) {
-  const UpsampleGeom u = upsample_geom(c);  // (no structured bindings: the lambda below captures them)
-  const int64_t planes = u.planes, H = u.H, W = u.W, sh = u.sh, sw = u.sw;
-  const int64_t OW = W * sw;
-  parallel_for(planes, grain_elements() / (H * W * sh * sw) + 1, [&](int64_t p_begin, int64_t p_end) {
-    for (int64_t p = p_begin; p < p_end; ++p)
-      for (int64_t i = 0; i < H; ++i) {
-        const float* x = c.in[0].f() + (p * H + i) * W;
-        float* row = c.out.f() + (p * H + i) * sh * OW;
-        for (int64_t j = 0; j < OW; ++j) row[j] = x[j / sw];
-        for (int64_t r = 1; r < sh; ++r) std::copy(row, row + OW, row + r * OW);
-      }
+  const UpsampleRows u = upsample_rows(c);
+  parallel_for(u.rows, u.grain(), [&](int64_t r_begin, int64_t r_end) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const float* x = c.in[0].f() + r * u.W;
+      float* y = c.out.f() + r * u.sh * u.out_width();
+      for (int64_t j = 0; j < u.out_width(); ++j) y[j] = x[j / u.sw];
+      for (int64_t k = 1; k < u.sh; ++k) std::copy(y, y + u.out_width(), y + k * u.out_width());
+    }
   });
 }
 
 void upsample_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
-  const UpsampleGeom u = upsample_geom(c);  // (no structured bindings: the lambda below captures them)
-  const int64_t planes = u.planes, H = u.H, W = u.W, sh = u.sh, sw = u.sw;
-  const int64_t OW = W * sw;
-  parallel_for(planes, grain_elements() / (H * W * sh * sw) + 1, [&](int64_t p_begin, int64_t p_end) {
-    for (int64_t p = p_begin; p < p_end; ++p)
-      for (int64_t i = 0; i < H; ++i) {
-        const float* dy = c.dout.f() + (p * H + i) * sh * OW;
-        float* dx = c.din[0].f() + (p * H + i) * W;
-        for (int64_t j = 0; j < W; ++j) {
-          float acc = 0;
-          for (int64_t r = 0; r < sh; ++r)
-            for (int64_t k = 0; k < sw; ++k) acc += dy[r * OW + j * sw + k];
-          dx[j] += acc;
-        }
+  const UpsampleRows u = upsample_rows(c);
+  parallel_for(u.rows, u.grain(), [&](int64_t r_begin, int64_t r_end) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const float* dy = c.dout.f() + r * u.sh * u.out_width();
+      float* dx = c.din[0].f() + r * u.W;
+      for (int64_t j = 0; j < u.W; ++j) {
+        float acc = 0;
+        for (int64_t k = 0; k < u.sh; ++k)
+          for (int64_t l = 0; l < u.sw; ++l) acc += dy[k * u.out_width() + j * u.sw + l];
+        dx[j] += acc;
       }
+    }
   });
 }
 

@@ -267,37 +267,38 @@ void layernorm_backward(OpContext& c) {
 // y = (x - mean_r) rstd_r w_c + bias_c (Wu & He 2018, eq. 1 and 2).
 
 namespace {
+// Row r = (sample, group): D = (C/G) S values, channels first..first + C/G - 1.
 struct GroupRows {
-  int64_t C, G, S, R, D;
+  int64_t G, S, R, D, per_group;  // per_group = C/G channels
+  int64_t first_channel(int64_t r) const { return (r % G) * per_group; }
 };
 GroupRows group_rows(const OpContext& c) {
   const Shape& xs = in_shape(c, 0);
   const int64_t C = xs[0], G = c.node->attrs.integer("groups"), S = numel(xs) / C;
-  return {C, G, S, c.batch * G, (C / G) * S};
+  return {G, S, c.batch * G, (C / G) * S, C / G};
 }
 }  // namespace
 
 void groupnorm_forward(OpContext& c) {
-  const GroupRows rows = group_rows(c);  // (no structured bindings: the lambdas capture them)
-  const int64_t C = rows.C, G = rows.G, S = rows.S, R = rows.R, D = rows.D;
+  const GroupRows g = group_rows(c);
   const double eps = c.node->attrs.number("eps");
   const bool affine = c.node->attrs.flag("affine");
-  Tensor mean_t = alloc_saved(c, {R}, DType::f32, "mean");
-  Tensor rstd_t = alloc_saved(c, {R}, DType::f32, "rstd");
-  const float* w = affine ? c.params[0].f() : nullptr;
-  const float* bias = affine ? c.params[1].f() : nullptr;
-  parallel_for(R, grain_elements() / D + 1, [&](int64_t r_begin, int64_t r_end) {
+  Tensor mean_t = alloc_saved(c, {g.R}, DType::f32, "mean");
+  Tensor rstd_t = alloc_saved(c, {g.R}, DType::f32, "rstd");
+  parallel_for(g.R, grain_elements() / g.D + 1, [&](int64_t r_begin, int64_t r_end) {
     for (int64_t r = r_begin; r < r_end; ++r) {
-      const float* x = c.in[0].f() + r * D;
-      float* y = c.out.f() + r * D;
-      const double m = lane_sum(D, [x](int64_t i) { return double{x[i]}; }) / static_cast<double>(D);
-      const double v = lane_sum(D, [x, m](int64_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<double>(D);
+      const float* x = c.in[0].f() + r * g.D;
+      float* y = c.out.f() + r * g.D;
+      const double m = lane_sum(g.D, [x](int64_t i) { return double{x[i]}; }) / static_cast<double>(g.D);
+      const double v =
+          lane_sum(g.D, [x, m](int64_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<double>(g.D);
       const float mean = static_cast<float>(m), rstd = static_cast<float>(1.0 / std::sqrt(v + eps));
-      const int64_t ch0 = (r % G) * (C / G);  // the group's first channel
-      for (int64_t j = 0; j < D; ++j) {
-        const int64_t ch = ch0 + j / S;
-        const float xh = (x[j] - mean) * rstd;
-        y[j] = affine ? xh * w[ch] + bias[ch] : xh;
+      // y = x_hat w_c + bias_c, as x scale + shift a channel at a time
+      for (int64_t k = 0; k < g.per_group; ++k) {
+        const int64_t ch = g.first_channel(r) + k;
+        const float w = affine ? c.params[0].f()[ch] : 1.0f, b = affine ? c.params[1].f()[ch] : 0.0f;
+        const float scale = rstd * w, shift = b - mean * scale;
+        for (int64_t i = k * g.S; i < (k + 1) * g.S; ++i) y[i] = x[i] * scale + shift;
       }
       mean_t.f()[r] = mean;
       rstd_t.f()[r] = rstd;
@@ -311,46 +312,44 @@ void groupnorm_forward(OpContext& c) {
 //   dx = rstd (g - mean_j(g) - x_hat mean_j(g x_hat));
 //   dw_c += sum dy x_hat, dbias_c += sum dy over the channel's positions and samples.
 void groupnorm_backward(OpContext& c) {
-  const GroupRows rows = group_rows(c);  // (no structured bindings: the lambdas capture them)
-  const int64_t C = rows.C, G = rows.G, S = rows.S, R = rows.R, D = rows.D;
+  const GroupRows g = group_rows(c);
   const bool affine = c.node->attrs.flag("affine");
-  const float* w = affine ? c.params[0].f() : nullptr;
-  float* dw = affine ? grad_or_null(c.dparams[0]) : nullptr;
-  float* db = affine ? grad_or_null(c.dparams[1]) : nullptr;
-  float* dx_all = c.din[0].defined() ? c.din[0].f() : nullptr;
+  const auto weight = [&](int64_t ch) { return affine ? c.params[0].f()[ch] : 1.0f; };
   // dx row by row in parallel; the parameters' gradients, which rows of every
   // sample add to, afterwards in sample order.
-  if (dx_all) parallel_for(R, grain_elements() / D + 1, [&](int64_t r_begin, int64_t r_end) {
+  if (c.din[0].defined()) parallel_for(g.R, grain_elements() / g.D + 1, [&](int64_t r_begin, int64_t r_end) {
     for (int64_t r = r_begin; r < r_end; ++r) {
-      const float* x = c.in[0].f() + r * D;
-      const float* dy = c.dout.f() + r * D;
+      const float* x = c.in[0].f() + r * g.D;
+      const float* dy = c.dout.f() + r * g.D;
+      float* dx = c.din[0].f() + r * g.D;
       const float mean = c.saved[0].f()[r], rstd = c.saved[1].f()[r];
-      const int64_t ch0 = (r % G) * (C / G);
       double mg = 0, mgx = 0;
-      for (int64_t j = 0; j < D; ++j) {
-        const float g = affine ? dy[j] * w[ch0 + j / S] : dy[j];
-        mg += g;
-        mgx += double{g} * ((x[j] - mean) * rstd);
+      for (int64_t k = 0; k < g.per_group; ++k) {
+        const float w = weight(g.first_channel(r) + k);
+        for (int64_t i = k * g.S; i < (k + 1) * g.S; ++i) {
+          mg += dy[i] * w;
+          mgx += double{dy[i] * w} * ((x[i] - mean) * rstd);
+        }
       }
-      const float a = static_cast<float>(mg / static_cast<double>(D)), bb = static_cast<float>(mgx / static_cast<double>(D));
-      float* dx = dx_all + r * D;
-      for (int64_t j = 0; j < D; ++j) {
-        const float g = affine ? dy[j] * w[ch0 + j / S] : dy[j];
-        dx[j] += rstd * (g - a - (x[j] - mean) * rstd * bb);
+      const auto a = static_cast<float>(mg / static_cast<double>(g.D));
+      const auto bb = static_cast<float>(mgx / static_cast<double>(g.D));
+      for (int64_t k = 0; k < g.per_group; ++k) {
+        const float w = weight(g.first_channel(r) + k);
+        for (int64_t i = k * g.S; i < (k + 1) * g.S; ++i) dx[i] += rstd * (dy[i] * w - a - (x[i] - mean) * rstd * bb);
       }
     }
   });
+  float* dw = affine ? grad_or_null(c.dparams[0]) : nullptr;
+  float* db = affine ? grad_or_null(c.dparams[1]) : nullptr;
   if (!dw && !db) return;
-  for (int64_t r = 0; r < R; ++r) {
-    const float* x = c.in[0].f() + r * D;
-    const float* dy = c.dout.f() + r * D;
+  for (int64_t r = 0; r < g.R; ++r) {
     const float mean = c.saved[0].f()[r], rstd = c.saved[1].f()[r];
-    const int64_t ch0 = (r % G) * (C / G);
-    for (int64_t k = 0; k < C / G; ++k) {
-      const float* xp = x + k * S;
-      const float* dyp = dy + k * S;
-      if (dw) dw[ch0 + k] += static_cast<float>(lane_sum(S, [=](int64_t i) { return double{dyp[i]} * ((xp[i] - mean) * rstd); }));
-      if (db) db[ch0 + k] += static_cast<float>(lane_sum(S, [dyp](int64_t i) { return double{dyp[i]}; }));
+    for (int64_t k = 0; k < g.per_group; ++k) {
+      const float* xp = c.in[0].f() + r * g.D + k * g.S;
+      const float* dyp = c.dout.f() + r * g.D + k * g.S;
+      const int64_t ch = g.first_channel(r) + k;
+      if (dw) dw[ch] += static_cast<float>(lane_sum(g.S, [=](int64_t i) { return double{dyp[i]} * ((xp[i] - mean) * rstd); }));
+      if (db) db[ch] += static_cast<float>(lane_sum(g.S, [dyp](int64_t i) { return double{dyp[i]}; }));
     }
   }
 }
