@@ -790,5 +790,20 @@ TEST(OpGpuRefusal, TheGpuEngineNamesTheBroadcastingAdd) {
   EXPECT_FALSE(gpu_engine_lacks(parse_model(with_loss(same.ir), same.name)).has_value());
 }
 
+// groupnorm and upsample run on the CPU engine only: a plan holding one is
+// refused on CUDA before the first step, naming the node and the op; a
+// layernorm over [C, H, W] (dims 3) runs on the CUDA engine's row kernels.
+TEST(OpGpuRefusal, TheGpuEngineNamesGroupnormAndUpsample) {
+  for (const char* name : {"groupnorm", "upsample_2x"}) {
+    const OpCase c = find_case(name);
+    const auto why = gpu_engine_lacks(parse_model(with_loss(c.ir), c.name));
+    ASSERT_TRUE(why.has_value()) << name;
+    const std::string op = c.ir["nodes"][0]["op"].get<std::string>();
+    EXPECT_NE(why->find("node 'op' is a " + op + ", which the CPU engine trains"), std::string::npos) << *why;
+  }
+  const OpCase chw = find_case("layernorm_chw");
+  EXPECT_FALSE(gpu_engine_lacks(parse_model(with_loss(chw.ir), chw.name)).has_value());
+}
+
 }  // namespace
 }  // namespace dlplan::exec::testing
