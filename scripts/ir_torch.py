@@ -122,7 +122,7 @@ OPS = {
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL, "eager": _NULL}),
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {"keepdims": _NULL}),
-    "upsample": (1, {"scale": _REQUIRED}),
+    "upsample": (1, {"scale": _REQUIRED, "mode": "nearest", "align_corners": False}),
     "flatten": (1, {}),
     "tokens": (1, {}),
     "select": (1, {"index": 0}),
@@ -309,7 +309,7 @@ def _plan(ir):
                     o = -(-(i + 2 * p[d] - k[d]) // s[d]) + 1
                     return o - 1 if (o - 1) * s[d] >= i + p[d] else o
                 out = (x[0], ceil_out(x[1], 0), ceil_out(x[2], 1))
-        elif op == "upsample":  # nearest, whole factors; over [C, L] an integer is the length's
+        elif op == "upsample":  # whole factors; over [C, L] an integer is the length's
             s = (1, _window_1d(a, "scale")) if len(x) == 2 else _pair(a["scale"])
             out = (x[0], x[1] * s[1]) if len(x) == 2 else (x[0], x[1] * s[0], x[2] * s[1])
         elif op == "global_avgpool":
@@ -753,6 +753,9 @@ class IRModule(nn.Module):
                                 ceil_mode=False, count_include_pad=True)
         if op == "upsample":
             s = _window_1d(a, "scale") if x.dim() == 3 else tuple(_pair(a["scale"]))
+            if a["mode"] == "linear":  # upsample_linear1d over [C, L], upsample_bilinear2d over [C, H, W]
+                return F.interpolate(x, scale_factor=s, mode="linear" if x.dim() == 3 else "bilinear",
+                                     align_corners=bool(a["align_corners"]))
             return F.interpolate(x, scale_factor=s, mode="nearest")
         if op == "global_avgpool":
             return x.mean(dim=tuple(range(2, x.dim())), keepdim=bool(a.get("keepdims")))
@@ -1075,7 +1078,10 @@ def _node_flops(n):
         return out * window, (out if op == "maxpool2d" else out * window)
     if op == "global_avgpool":
         return float(_numel(x)), float(_numel(x))
-    if op == "upsample":
+    if op == "upsample":  # linear blends 2 elements along a length (3 flops), 4 over [H, W] (9)
+        if n.a["mode"] == "linear":
+            per = 3.0 if len(x) == 2 else 9.0
+            return per * out, per * out
         return 0.0, float(out)
     if op == "dropout":
         return 2.0 * out, out

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace dlplan::exec::cpu {
 namespace {
@@ -402,9 +403,8 @@ UpsampleRows upsample_rows(const OpContext& c) {
   const auto s = upsample_factors(x, c.node->attrs);
   return {c.batch * numel(x) / x.back(), x.back(), s[0], s[1]};
 }
-}  // namespace
 
-void upsample_forward(OpContext& c) {
+void nearest_forward(OpContext& c) {
   const UpsampleRows u = upsample_rows(c);
   parallel_for(u.rows, u.grain(), [&](int64_t r_begin, int64_t r_end) {
     for (int64_t r = r_begin; r < r_end; ++r) {
@@ -416,8 +416,7 @@ void upsample_forward(OpContext& c) {
   });
 }
 
-void upsample_backward(OpContext& c) {
-  if (!c.din[0].defined()) return;
+void nearest_backward(OpContext& c) {
   const UpsampleRows u = upsample_rows(c);
   parallel_for(u.rows, u.grain(), [&](int64_t r_begin, int64_t r_end) {
     for (int64_t r = r_begin; r < r_end; ++r) {
@@ -431,6 +430,107 @@ void upsample_backward(OpContext& c) {
       }
     }
   });
+}
+
+// ---- upsample (linear) ----------------------------------------------------------
+// PyTorch's upsample_linear1d and upsample_bilinear2d (ATen's UpSample.h,
+// area_pixel_compute_source_index and compute_source_index_and_lambda).
+// Along an axis of `in` elements grown to `out`, output index o reads the
+// source position
+//   src = max((o + 0.5) in / out - 0.5, 0)      align_corners false
+//   src = o (in - 1) / (out - 1)                align_corners true
+// and blends i0 = floor(src) and i1 = min(i0 + 1, in - 1) with weights
+// 1 - l and l, l = src - i0; equal sizes copy. Over [H, W] the two axes'
+// blends nest: y = lh0 (lw0 x00 + lw1 x01) + lh1 (lw0 x10 + lw1 x11), in
+// PyTorch's order. [C, L] runs as [C, 1, L], whose one row copies.
+struct LinearTap {
+  int64_t i0, i1;
+  float l0, l1;
+};
+
+std::vector<LinearTap> linear_taps(int64_t in, int64_t out, bool align_corners) {
+  std::vector<LinearTap> taps(static_cast<size_t>(out));
+  const float scale = align_corners ? (out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f)
+                                    : static_cast<float>(in) / static_cast<float>(out);
+  for (int64_t o = 0; o < out; ++o) {
+    if (in == out) {
+      taps[static_cast<size_t>(o)] = {o, o, 1.f, 0.f};
+      continue;
+    }
+    const float of = static_cast<float>(o);
+    const float src = align_corners ? scale * of : std::max(scale * (of + 0.5f) - 0.5f, 0.f);
+    const auto i0 = static_cast<int64_t>(src);
+    const float l1 = std::clamp(src - static_cast<float>(i0), 0.f, 1.f);
+    taps[static_cast<size_t>(o)] = {i0, i0 + (i0 < in - 1 ? 1 : 0), 1.f - l1, l1};
+  }
+  return taps;
+}
+
+// Planes of H x W (every channel over the batch) grown to OH x OW.
+struct LinearPlanes {
+  int64_t planes, H, W, OH, OW;
+  std::vector<LinearTap> rows, cols;
+};
+LinearPlanes linear_planes(const OpContext& c) {
+  const Shape& x = in_shape(c, 0);
+  const auto s = upsample_factors(x, c.node->attrs);
+  const bool corners = c.node->attrs.flag("align_corners");
+  const int64_t H = x.size() == 2 ? 1 : x[1], W = x.back();
+  return {c.batch * x[0], H, W, H * s[0], W * s[1], linear_taps(H, H * s[0], corners), linear_taps(W, W * s[1], corners)};
+}
+
+void resample_linear_forward(OpContext& c) {
+  const LinearPlanes p = linear_planes(c);
+  const int64_t out_rows = p.planes * p.OH;
+  parallel_for(out_rows, grain_elements() / p.OW + 1, [&](int64_t r_begin, int64_t r_end) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const LinearTap& th = p.rows[static_cast<size_t>(r % p.OH)];
+      const float* plane = c.in[0].f() + (r / p.OH) * p.H * p.W;
+      const float* x0 = plane + th.i0 * p.W;
+      const float* x1 = plane + th.i1 * p.W;
+      float* y = c.out.f() + r * p.OW;
+      for (int64_t j = 0; j < p.OW; ++j) {
+        const LinearTap& tw = p.cols[static_cast<size_t>(j)];
+        y[j] = th.l0 * (tw.l0 * x0[tw.i0] + tw.l1 * x0[tw.i1]) + th.l1 * (tw.l0 * x1[tw.i0] + tw.l1 * x1[tw.i1]);
+      }
+    }
+  });
+}
+
+// Each output gradient goes back to the (up to) four elements it blended,
+// with the same weights. A plane's outputs only reach that plane's inputs, so
+// planes run in parallel.
+void resample_linear_backward(OpContext& c) {
+  const LinearPlanes p = linear_planes(c);
+  parallel_for(p.planes, grain_elements() / (p.OH * p.OW) + 1, [&](int64_t pl_begin, int64_t pl_end) {
+    for (int64_t pl = pl_begin; pl < pl_end; ++pl) {
+      float* dx = c.din[0].f() + pl * p.H * p.W;
+      const float* dy = c.dout.f() + pl * p.OH * p.OW;
+      for (int64_t i = 0; i < p.OH; ++i) {
+        const LinearTap& th = p.rows[static_cast<size_t>(i)];
+        float* dx0 = dx + th.i0 * p.W;
+        float* dx1 = dx + th.i1 * p.W;
+        for (int64_t j = 0; j < p.OW; ++j) {
+          const LinearTap& tw = p.cols[static_cast<size_t>(j)];
+          const float g = dy[i * p.OW + j];
+          dx0[tw.i0] += th.l0 * tw.l0 * g;
+          dx0[tw.i1] += th.l0 * tw.l1 * g;
+          dx1[tw.i0] += th.l1 * tw.l0 * g;
+          dx1[tw.i1] += th.l1 * tw.l1 * g;
+        }
+      }
+    }
+  });
+}
+
+bool linear_mode(const OpContext& c) { return c.node->attrs.text("mode") == "linear"; }
+}  // namespace
+
+void upsample_forward(OpContext& c) { linear_mode(c) ? resample_linear_forward(c) : nearest_forward(c); }
+
+void upsample_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  linear_mode(c) ? resample_linear_backward(c) : nearest_backward(c);
 }
 
 }  // namespace dlplan::exec::cpu

@@ -1315,30 +1315,43 @@ class Importer {
     if (flattened) pooled_.insert(n.output(0));  // a later Flatten of it is the IR's [C] already
   }
 
-  // Resize by whole factors in nearest mode: nn.Upsample(scale_factor=s) and
+  // Resize by whole factors. Nearest: nn.Upsample(scale_factor=s) and
   // F.interpolate's default export it with asymmetric coordinates and floor
-  // (scales, or sizes), where output pixel i reads input pixel i / s. The
-  // half-pixel coordinates at a whole factor read the same pixels. The
-  // factors come from the inferred shapes, so scales and sizes read alike.
-  // Any other Resize (linear, cubic, a fractional factor) is planned opaque.
+  // (scales, or sizes), where output pixel i reads input pixel i / s; the
+  // half-pixel coordinates at a whole factor read the same pixels. Linear:
+  // mode="bilinear" (over [H, W]) or "linear" (over [L]) exports as mode
+  // "linear" with pytorch_half_pixel coordinates, or align_corners ones for
+  // align_corners=True; half_pixel differs from pytorch_half_pixel only for
+  // an output of one element, which a whole factor of an input of one
+  // element is too. The factors come from the inferred shapes, so scales and
+  // sizes read alike. Any other Resize (cubic, a fractional factor, a
+  // tf_crop_and_resize) is planned opaque.
   void map_resize(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const std::string& x = first_data(n, i, data);
+    const std::string mode = attr_text(n, "mode", "nearest");
     const std::string ctm = attr_text(n, "coordinate_transformation_mode", "half_pixel");
     const std::string rounding = attr_text(n, "nearest_mode", "round_prefer_floor");
-    const bool floor_of_quotient =
-        (ctm == "asymmetric" && rounding == "floor") ||
-        ((ctm == "half_pixel" || ctm == "pytorch_half_pixel") && rounding.rfind("round_prefer_", 0) == 0);
+    const bool half_pixel = ctm == "half_pixel" || ctm == "pytorch_half_pixel";
+    const bool nearest_floor =
+        mode == "nearest" && ((ctm == "asymmetric" && rounding == "floor") ||
+                              (half_pixel && rounding.rfind("round_prefer_", 0) == 0));
+    const bool linear = mode == "linear" && (half_pixel || ctm == "align_corners");
     const Dims in = per_sample(x), out = per_sample(n.output(0));
     const auto factor = [&](size_t a) -> int64_t {  // out[a] / in[a] when whole, else 0
       return in[a] > 0 && out[a] % in[a] == 0 ? out[a] / in[a] : 0;
     };
-    if (attr_text(n, "mode", "nearest") != "nearest" || !floor_of_quotient || data.size() != 1 ||
-        in.size() != out.size() || in.size() < 2 || in.size() > 3 || in[0] != out[0])
+    if (!(nearest_floor || linear) || data.size() != 1 || in.size() != out.size() || in.size() < 2 ||
+        in.size() > 3 || in[0] != out[0])
       return unknown(n, i, data);
     const std::vector<int64_t> scale =
         in.size() == 2 ? std::vector<int64_t>{1, factor(1)} : std::vector<int64_t>{factor(1), factor(2)};
     if (scale[0] < 1 || scale[1] < 1) return unknown(n, i, data);
-    emit(ir_name_for(n), "upsample", {ir_of(x, n, i)}, OJson{{"scale", scale}}, n.output(0), n.name());
+    OJson attrs{{"scale", scale}};
+    if (linear) {
+      attrs["mode"] = "linear";
+      if (ctm == "align_corners") attrs["align_corners"] = true;
+    }
+    emit(ir_name_for(n), "upsample", {ir_of(x, n, i)}, attrs, n.output(0), n.name());
   }
 
   // Flatten, Reshape, Squeeze, Unsqueeze

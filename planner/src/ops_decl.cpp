@@ -339,10 +339,20 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     }
     case OpKind::upsample:
       // derivatives.yaml: upsample_nearest2d_backward(grad, output_size,
-      // input_size, scales) needs only the sizes: nothing kept. Backward sums
-      // each block of the output's gradient.
-      d.fwd_flops = 0;
-      d.bwd_flops = static_cast<double>(out_elems);
+      // input_size, scales) and upsample_(bi)linear*_backward(grad,
+      // output_size, input_size, align_corners, scales) need only the sizes:
+      // nothing kept. Nearest copies forward and sums each block of the
+      // output's gradient backward. Linear blends 2 source elements an output
+      // element along a length (3 flops) and 4 over [H, W] (a blend of two
+      // blends: 9 flops), and backward scatters each gradient as many times.
+      if (n.attrs.text("mode") == "linear") {
+        const double per = in_shape(0).size() == 2 ? 3.0 : 9.0;
+        d.fwd_flops = per * static_cast<double>(out_elems);
+        d.bwd_flops = per * static_cast<double>(out_elems);
+      } else {
+        d.fwd_flops = 0;
+        d.bwd_flops = static_cast<double>(out_elems);
+      }
       break;
     case OpKind::groupnorm: {
       // derivatives.yaml: native_group_norm_backward(grad, input, mean, rstd,

@@ -70,7 +70,8 @@ const std::vector<OpSpec>& op_table() {
       // nn.Upsample(scale_factor=s, mode="nearest"), F.interpolate's default:
       // each value of x [C, H, W] repeated s_h x s_w times (whole factors; an
       // integer, or [s_h, s_w]); over [C, L], the length's (s, or [1, s])
-      {OpKind::upsample, "upsample", 1, {{"scale", T::int_or_pair, nullptr}}},
+      {OpKind::upsample, "upsample", 1,
+       {{"scale", T::int_or_pair, nullptr}, {"mode", T::text, "nearest"}, {"align_corners", T::boolean, false}}},
       {OpKind::gelu, "gelu", 1, {{"approximate", T::text, "none"}}},
       {OpKind::relu, "relu", 1, {}},
       {OpKind::silu, "silu", 1, {}},
@@ -431,6 +432,12 @@ void check_and_fill_attrs(Node& n, const nlohmann::json& raw, const std::string&
   if (n.op == OpKind::gelu) {
     auto a = n.attrs.text("approximate");
     if (a != "none" && a != "tanh") fail("attribute 'approximate' must be \"none\" or \"tanh\", got \"{}\"", a);
+  }
+  if (n.op == OpKind::upsample) {
+    auto mode = n.attrs.text("mode");
+    if (mode != "nearest" && mode != "linear") fail("attribute 'mode' must be \"nearest\" or \"linear\", got \"{}\"", mode);
+    if (mode == "nearest" && n.attrs.flag("align_corners"))
+      fail("attribute 'align_corners' applies to mode \"linear\" only, as in PyTorch");
   }
   for (const char* key : {"dropout", "p"})
     if (n.attrs.has(key)) {

@@ -169,6 +169,13 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("upsample_2x", arr({2, 3, 2}), Json{{"op", "upsample"}, {"scale", 2}}));
   v.push_back(unary("upsample_1x3", arr({2, 2, 3}), Json{{"op", "upsample"}, {"scale", {1, 3}}}));
   v.push_back(unary("upsample_1d", arr({2, 4}), Json{{"op", "upsample"}, {"scale", 2}}));
+  // mode="bilinear" / "linear": half-pixel sources clamped at 0, and align_corners
+  v.push_back(unary("upsample_bilinear_2x", arr({2, 3, 2}), Json{{"op", "upsample"}, {"scale", 2}, {"mode", "linear"}}));
+  v.push_back(unary("upsample_bilinear_3x2_corners", arr({2, 2, 3}),
+                    Json{{"op", "upsample"}, {"scale", {3, 2}}, {"mode", "linear"}, {"align_corners", true}}));
+  v.push_back(unary("upsample_linear_1d", arr({2, 4}), Json{{"op", "upsample"}, {"scale", 3}, {"mode", "linear"}}));
+  v.push_back(unary("upsample_linear_1d_corners", arr({2, 4}),
+                    Json{{"op", "upsample"}, {"scale", 2}, {"mode", "linear"}, {"align_corners", true}}));
   v.push_back(unary("groupnorm_no_affine", arr({4, 5}), Json{{"op", "groupnorm"}, {"groups", 2}, {"affine", false}}));
   v.push_back(unary("rmsnorm", arr({3, 6}), Json{{"op", "rmsnorm"}}));
   v.push_back(unary("rmsnorm_offset", arr({3, 6}), Json{{"op", "rmsnorm"}, {"offset", 1.0}}));  // Gemma: x rstd (1 + w)

@@ -1085,6 +1085,37 @@ TEST(RealExports, ResizeByWholeFactorsIsANearestUpsample) {
   }
 }
 
+// F.interpolate(mode="bilinear"), nn.Upsample(mode="bilinear",
+// align_corners=True) and F.interpolate(mode="linear") export as ONNX Resize,
+// mode linear, with half_pixel and align_corners coordinates: each is one
+// upsample in mode linear by whole factors, which keeps nothing
+// (upsample_bilinear2d_backward and upsample_linear1d_backward need only the
+// sizes). PyTorch's figures for weighted_models.py's TinyFPN, batch 1: 4,498
+// parameters and 38,548 bytes saved with the loss. By hand: the two ReLUs
+// of the way down keep their outputs ([8, 8, 8] and [16, 4, 4]: 2,048 +
+// 1,024; the first is also the lateral's and c2's input), the top
+// convolution its input, the bilinear upsample's output, and the last ReLU
+// its output (2 x 16,384, the latter also the means' input), the Conv1d its
+// input [16, 16] (1,024), the mean over the linear upsample's output
+// [8, 48] its input (1,536; PyTorch 1.13's mean.dim keeps self), the head
+// its [24]: 38,496, plus the loss's 52. Planned in 512-byte blocks, as
+// PyTorch's caching allocator rounds: 39,424 (+2.3 %).
+TEST(RealExports, LinearResizeIsALinearUpsample) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    const Model m = expect_pytorchs_figures("tiny-fpn-opset17.onnx", fusion, 4498, 38548);
+    std::vector<std::tuple<Shape, Shape, bool>> ups;  // (input, output, align_corners) of each upsample
+    for (const Node& n : m.nodes)
+      if (n.op == OpKind::upsample) {
+        EXPECT_EQ(n.attrs.text("mode"), "linear") << n.name;
+        ups.emplace_back(m.tensor(n.inputs[0]).shape, m.tensor(n.output).shape, n.attrs.flag("align_corners"));
+      }
+    EXPECT_EQ(ups, (std::vector<std::tuple<Shape, Shape, bool>>{{{16, 4, 4}, {16, 8, 8}, false},
+                                                                  {{16, 8, 8}, {16, 16, 16}, true},
+                                                                  {{8, 16}, {8, 48}, false}}));
+  }
+}
+
 // nn.LayerNorm([C, H, W]) and nn.LayerNorm([H, W]) export as
 // LayerNormalization with axis -3 and -2; the importer refused any axis but
 // the last. Each is a layernorm over its trailing axes (dims 3 and 2) with a

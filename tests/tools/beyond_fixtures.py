@@ -188,15 +188,16 @@ def _user_models():
         def forward(self, x):
             return self.body(x)
 
-    class UNet(nn.Module):  # two levels down and up: GroupNorm, nearest upsampling, skips concatenated
-        def __init__(self):
+    class UNet(nn.Module):  # two levels down and up: GroupNorm, nearest (or bilinear) upsampling, skips concatenated
+        def __init__(self, mode="nearest"):
             super().__init__()
+            self.mode = mode
             def block(cin, cout):
                 return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU(),
                                      nn.Conv2d(cout, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU())
             self.e1, self.e2, self.mid = block(3, 32), block(32, 64), block(64, 128)
             self.d2, self.d1 = block(128 + 64, 64), block(64 + 32, 32)
-            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.up = nn.Upsample(scale_factor=2, mode=mode, **({"align_corners": True} if mode != "nearest" else {}))
             self.head = nn.Linear(32, 128)
 
         def forward(self, x):
@@ -204,7 +205,7 @@ def _user_models():
             s2 = self.e2(F.max_pool2d(s1, 2))
             h = self.mid(F.max_pool2d(s2, 2))
             h = self.d2(torch.cat([self.up(h), s2], 1))
-            h = self.d1(torch.cat([F.interpolate(h, scale_factor=2.0), s1], 1))
+            h = self.d1(torch.cat([F.interpolate(h, scale_factor=2.0, mode=self.mode), s1], 1))
             return self.head(h.mean((2, 3)))
 
     class LSTMClassifier(nn.Module):
@@ -234,6 +235,8 @@ def _user_models():
         "user-resnet18-groupnorm": (lambda: torchvision.models.resnet18(
             weights=None, norm_layer=lambda c: nn.GroupNorm(32, c)), lambda: torch.randn(1, 3, 224, 224), False),
         "user-unet": (UNet, lambda: torch.randn(1, 3, 64, 64), False),
+        # the same with bilinear upsampling, align_corners=True and False
+        "user-unet-bilinear": (lambda: UNet("bilinear"), lambda: torch.randn(1, 3, 64, 64), False),
         "user-lstm": (LSTMClassifier, ids, True),
     }
 

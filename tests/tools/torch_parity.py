@@ -86,11 +86,17 @@ CASES = {
     # affine parameters), nearest upsampling by 2 and by [1, 3], and
     # nn.LayerNorm([C, H, W]) (dims 3: a weight and a bias of that shape)
     "tiny-groupnorm-upsample": ("tests/fixtures/tiny-groupnorm-upsample.json", 4, []),
+    # Bilinear upsampling (F.interpolate(mode="bilinear")) by 2 and by [3, 2]
+    # with align_corners=True, then nearest by [1, 2]; and linear upsampling
+    # of a [C, L] (mode="linear") by 3 and by 2 with align_corners=True.
+    "tiny-upsample-linear": ("tests/fixtures/tiny-upsample-linear.json", 4, []),
+    "tiny-upsample-linear-1d": ("tests/fixtures/tiny-upsample-linear-1d.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
-           "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d", "tiny-groupnorm-upsample"]
+           "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d", "tiny-groupnorm-upsample",
+           "tiny-upsample-linear", "tiny-upsample-linear-1d"]
 
 
 def read_f32(path):
