@@ -76,6 +76,8 @@ OPS = {
     "cls_token": (1, {}),
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL, "scale": _NULL}),
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
+    "conv_transpose2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "output_padding": 0,
+                             "groups": 1, "bias": True}),
     "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
     "layernorm": (1, {"eps": 1e-5, "bias": True, "dims": 1}),
     "groupnorm": (1, {"groups": _REQUIRED, "eps": 1e-5, "affine": True}),
@@ -273,6 +275,12 @@ def _plan(ir):
         elif op == "conv2d":
             k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
             out = (int(a["out"]), (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
+        elif op == "conv_transpose2d" and len(x) == 2:  # (in - 1) s - 2 p + k + output_padding, the width's
+            k, s, p, o = (_window_1d(a, key) for key in ("kernel", "stride", "padding", "output_padding"))
+            out = (int(a["out"]), (x[1] - 1) * s - 2 * p + k + o)
+        elif op == "conv_transpose2d":
+            k, s, p, o = (_pair(a[key]) for key in ("kernel", "stride", "padding", "output_padding"))
+            out = (int(a["out"]),) + tuple((x[1 + d] - 1) * s[d] - 2 * p[d] + k[d] + o[d] for d in range(2))
         elif op == "attention":
             if a["kv_heads"] is None:
                 a["kv_heads"] = a["heads"]
@@ -471,6 +479,12 @@ class IRModule(nn.Module):
                 add("weight", P(int(a["out"]), x[0] // g, k[0], k[1]), True)
             if a["bias"]:
                 add("bias", P(int(a["out"])), False)
+        elif op == "conv_transpose2d":  # torch's layout [C, out/groups, kh, kw] (1-D: [C, out/groups, k])
+            g = int(a["groups"])
+            k = (_window_1d(a, "kernel"),) if len(x) == 2 else _pair(a["kernel"])
+            add("weight", P(x[0], int(a["out"]) // g, *k), True)
+            if a["bias"]:
+                add("bias", P(int(a["out"])), False)
         elif op == "batchnorm":
             add("weight", P(x[0]), False)
             add("bias", P(x[0]), False)
@@ -637,6 +651,14 @@ class IRModule(nn.Module):
         if op == "conv2d":
             return F.conv2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
                             stride=_pair(a["stride"]), padding=_pair(a["padding"]), groups=int(a["groups"]))
+        if op == "conv_transpose2d" and x.dim() == 3:
+            return F.conv_transpose1d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
+                                      stride=_window_1d(a, "stride"), padding=_window_1d(a, "padding"),
+                                      output_padding=_window_1d(a, "output_padding"), groups=int(a["groups"]))
+        if op == "conv_transpose2d":
+            return F.conv_transpose2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
+                                      stride=_pair(a["stride"]), padding=_pair(a["padding"]),
+                                      output_padding=_pair(a["output_padding"]), groups=int(a["groups"]))
         if op == "batchnorm":
             m = self.nodes[n.mod]
             return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, self.training,
@@ -1010,6 +1032,10 @@ def _node_flops(n):
     if op == "conv2d":
         window = _window_1d(a, "kernel") if len(x) == 2 else _pair(a["kernel"])[0] * _pair(a["kernel"])[1]
         f = 2.0 * out * (x[0] // int(a["groups"])) * window
+        return f, 2 * f
+    if op == "conv_transpose2d":  # 2 (out/groups) k per input element
+        window = _window_1d(a, "kernel") if len(x) == 2 else _pair(a["kernel"])[0] * _pair(a["kernel"])[1]
+        f = 2.0 * _numel(x) * (int(a["out"]) // int(a["groups"])) * window
         return f, 2 * f
     if op in ("batchnorm", "layernorm", "groupnorm"):
         return 8.0 * out, 12.0 * out

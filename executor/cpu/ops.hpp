@@ -131,6 +131,8 @@ void groupnorm_forward(OpContext& c);
 void groupnorm_backward(OpContext& c);
 void upsample_forward(OpContext& c);
 void upsample_backward(OpContext& c);
+void conv_transpose2d_forward(OpContext& c);
+void conv_transpose2d_backward(OpContext& c);
 void rmsnorm_forward(OpContext& c);
 void rmsnorm_backward(OpContext& c);
 

@@ -185,6 +185,73 @@ void conv2d_backward(OpContext& c) {
   conv2d_bias_grad(c, g.O, g.P());
 }
 
+// ---- conv_transpose2d -----------------------------------------------------------
+// x: [b, C, H, W]; weight: [C, O/groups, kh, kw] (PyTorch's layout); bias: [O];
+// out: [b, O, OH, OW] with OH = (H - 1) sh - 2 ph + kh + output_padding.
+// A transposed convolution is conv2d's input gradient: the convolution with
+// the same kernel, stride and padding from out's shape to x's maps y to x,
+// and this op maps x back. So it runs on that adjoint convolution's geometry
+// (input O x OH x OW, output C x H x W), swapping conv2d's passes: per sample
+// and group, columns [O/g kh kw, H W] = W_g^T x_g scattered into y by col2im;
+// backward gathers dy's columns by im2col, then dx_g = W_g dcol_g and
+// dW_g += x_g dcol_g^T. Output rows and columns no window reaches (an
+// output_padding) get the bias alone, as in PyTorch.
+
+namespace {
+ConvGeom transposed_geometry(const OpContext& c) {
+  const Shape& y = out_shape(c);
+  const ConvWindow w = conv_window(in_shape(c, 0), c.node->attrs);
+  return {y[0],    w.one_d ? 1 : y[1], y.back(), w.C, w.H, w.W, w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
+          c.node->attrs.integer("groups")};
+}
+}  // namespace
+
+void conv_transpose2d_forward(OpContext& c) {
+  const ConvGeom t = transposed_geometry(c);  // the adjoint convolution: y -> x
+  const int64_t x_sz = t.O * t.P(), y_sz = t.C * t.H * t.W, y_plane = t.H * t.W;
+  Tensor cols = alloc_temp(c, {t.rows(), t.P()}, "col2im");  // reused sample by sample
+  Fp32Buffer colbuf(cols);
+  const float* w = c.params[0].f();
+  const bool bias = c.node->attrs.flag("bias");
+  for (int64_t s = 0; s < c.batch; ++s) {
+    const float* x = c.in[0].f() + s * x_sz;
+    float* y = c.out.f() + s * y_sz;
+    float* cs = colbuf.data();
+    for (int64_t gi = 0; gi < t.groups; ++gi)
+      gemm(true, false, t.K(), t.P(), t.Og(), 1.0f, w + gi * t.Og() * t.K(), t.K(), x + gi * t.Og() * t.P(), t.P(),
+           0.0f, cs + gi * t.K() * t.P(), t.P());
+    colbuf.store();  // the columns as stored (bf16 under bf16-mixed)
+    for (int64_t o = 0; o < t.C; ++o)
+      std::fill(y + o * y_plane, y + (o + 1) * y_plane, bias ? c.params[1].f()[o] : 0.0f);
+    col2im_add(t, cs, y);
+  }
+}
+
+void conv_transpose2d_backward(OpContext& c) {
+  const ConvGeom t = transposed_geometry(c);
+  const int64_t x_sz = t.O * t.P(), y_sz = t.C * t.H * t.W;
+  const bool need_dx = c.din[0].defined();
+  float* dw = grad_or_null(c.dparams[0]);  // null: a frozen weight, whose input is not kept
+  Tensor cols = alloc_temp(c, {t.rows(), t.P()}, "im2col");  // reused sample by sample
+  Fp32Buffer colbuf(cols);
+  const float* w = c.params[0].f();
+  for (int64_t s = 0; s < c.batch && (need_dx || dw); ++s) {
+    float* dcol = colbuf.data();
+    im2col(t, c.dout.f() + s * y_sz, dcol);
+    colbuf.store();  // dy's columns as stored
+    for (int64_t gi = 0; gi < t.groups; ++gi) {
+      const float* dcol_g = dcol + gi * t.K() * t.P();
+      if (dw)
+        gemm(false, true, t.Og(), t.K(), t.P(), 1.0f, c.in[0].f() + s * x_sz + gi * t.Og() * t.P(), t.P(), dcol_g,
+             t.P(), 1.0f, dw + gi * t.Og() * t.K(), t.K());
+      if (need_dx)
+        gemm(false, false, t.Og(), t.P(), t.K(), 1.0f, w + gi * t.Og() * t.K(), t.K(), dcol_g, t.P(), 1.0f,
+             c.din[0].f() + s * x_sz + gi * t.Og() * t.P(), t.P());
+    }
+  }
+  conv2d_bias_grad(c, t.C, t.H * t.W);
+}
+
 // ---- maxpool2d -----------------------------------------------------------------
 // x: [b, C, H, W] -> out: [b, C, OH, OW]; padding counts as -inf (PyTorch).
 // Saves argmax, the flat h*W + w of the winner in its plane: int32, or under

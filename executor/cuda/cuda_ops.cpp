@@ -814,6 +814,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::prelu:
     case OpKind::groupnorm:
     case OpKind::upsample:
+    case OpKind::conv_transpose2d:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
@@ -874,6 +875,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::prelu:
     case OpKind::groupnorm:
     case OpKind::upsample:
+    case OpKind::conv_transpose2d:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:

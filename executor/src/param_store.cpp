@@ -24,6 +24,10 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
       const ConvWindow w = conv_window(x, n.attrs);
       return x[0] / n.attrs.integer("groups") * w.kh * w.kw;
     }
+    case OpKind::conv_transpose2d: {  // torch's fan-in reads the weight [C, out/groups, kh, kw]: its dim 1
+      const ConvWindow w = conv_window(x, n.attrs);
+      return n.attrs.integer("out") / n.attrs.integer("groups") * w.kh * w.kw;
+    }
     case OpKind::attention: {
       if (suffix.rfind("o.", 0) == 0) return n.attrs.integer("heads") * n.attrs.integer("head_dim");
       const bool on_memory = suffix.rfind("k.", 0) == 0 || suffix.rfind("v.", 0) == 0;
@@ -45,6 +49,7 @@ Init init_of(const Node& n, const std::string& suffix) {
   switch (n.op) {
     case OpKind::linear:
     case OpKind::conv2d:
+    case OpKind::conv_transpose2d:
     case OpKind::attention:
     case OpKind::moe_router:
     case OpKind::moe_expert: return Init::uniform_fan_in;

@@ -601,6 +601,7 @@ class Importer {
     static const std::map<std::string, int> kInputsRead = {{"MatMul", 2},
                                                            {"Gemm", 2},
                                                            {"Conv", 2},
+                                                           {"ConvTranspose", 2},
                                                            {"Gather", 2},
                                                            {"SoftmaxCrossEntropyLoss", 2},
                                                            {"BatchNormalization", 1},
@@ -640,6 +641,7 @@ class Importer {
         {"Gemm", &Importer::map_gemm},
         {"MatMul", &Importer::map_mat_mul},
         {"Conv", &Importer::map_conv},
+        {"ConvTranspose", &Importer::map_conv_transpose},
         {"BatchNormalization", &Importer::map_batch_normalization},
         {"LayerNormalization", &Importer::map_layer_normalization},
         {"Clip", &Importer::map_clip},
@@ -803,6 +805,41 @@ class Importer {
       }
     }
     emit(ir_name_for(n), "conv2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    weigh("weight", WeightRef{n.input(1)});
+    if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
+  }
+
+  // nn.ConvTranspose2d / ConvTranspose1d: weight [C, out/group, kh, kw] (or
+  // [C, out/group, k]), the window's kernel, strides and pads as Conv's, and
+  // output_padding. An output_shape instead (another exporter's way to say
+  // which size a strided window maps back to) becomes the output_padding
+  // that gives it.
+  void map_conv_transpose(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    auto w = g_.shape(n.input(1));
+    if (!g_.is_init(n.input(1)) || !w || (w->size() != 4 && w->size() != 3))
+      fail(fmt::format("{}: only 1-D and 2-D transposed convolutions with an initializer weight are supported",
+                       label(n, i)));
+    const int64_t group = attr_int(n, "group", 1);
+    OJson a{{"out", (*w)[1] * group}};
+    a = w->size() == 3 ? window_1d(n, i, a, (*w)[2]) : pool_geometry(n, i, a, (*w)[2], (*w)[3]);
+    a["groups"] = group;
+    std::vector<int64_t> extra = attr_ints(n, "output_padding");
+    const auto shape = attr_ints(n, "output_shape");
+    if (!shape.empty()) {  // the last axes' sizes; output_padding = size - ((in - 1) s - 2 p + k)
+      const Dims in = per_sample(n.input(0));
+      const size_t axes = w->size() - 2;
+      if (shape.size() < axes || in.size() != axes + 1)
+        fail(fmt::format("{}: output_shape [{}] does not name the {} spatial sizes", label(n, i),
+                         fmt::join(shape, ", "), axes));
+      extra.clear();
+      for (size_t d = 0; d < axes; ++d) {
+        const auto at = [&](const char* key) { return a[key].is_array() ? a[key][d].get<int64_t>() : a[key].get<int64_t>(); };
+        extra.push_back(shape[shape.size() - axes + d] - ((in[d + 1] - 1) * at("stride") - 2 * at("padding") + at("kernel")));
+      }
+    }
+    if (!extra.empty()) a["output_padding"] = extra.size() == 1 ? OJson(extra[0]) : OJson(extra);
+    a["bias"] = n.input_size() > 2 && !n.input(2).empty();
+    emit(ir_name_for(n), "conv_transpose2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
     weigh("weight", WeightRef{n.input(1)});
     if (a["bias"].get<bool>()) weigh("bias", WeightRef{n.input(2)});
   }

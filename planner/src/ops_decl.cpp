@@ -317,6 +317,29 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.gemms = 1;
       break;
     }
+    case OpKind::conv_transpose2d: {
+      const int64_t c = in_shape(0)[0], o = n.attrs.integer("out"), g = n.attrs.integer("groups");
+      const ConvWindow w = conv_window(in_shape(0), n.attrs);
+      const int64_t pixels = numel(in_shape(0)) / c;  // the input's H W, or L (1-D)
+      d.params = {{"weight", c * (o / g) * w.kh * w.kw, true,
+                   w.one_d ? Shape{c, o / g, w.kw} : Shape{c, o / g, w.kh, w.kw}}};
+      if (n.attrs.flag("bias")) d.params.push_back({"bias", o, false, {o}});
+      // derivatives.yaml: convolution_backward(grad, input, weight, ...)
+      // keeps the input (transposed is one of convolution's arguments).
+      d.saved = {keep_input(0)};
+      // Lowered as conv2d's adjoint (executor/cpu/ops_conv.cpp): per sample,
+      // columns [out kh kw, H W] = W^T x scattered into the output by col2im;
+      // backward gathers dy's columns (im2col) for dx = W dcol and
+      // dW = x dcol^T. One column matrix, reused sample by sample.
+      check_size(m, n, "the col2im columns", {o, w.kh, w.kw, pixels});
+      const int64_t cols = o * w.kh * w.kw * pixels;
+      d.fwd_temps = {{"col2im", cols, Elem::compute, true}};
+      d.bwd_temps = {{"im2col", cols, Elem::compute, true}};
+      d.fwd_flops = 2.0 * numel(in_shape(0)) * (o / g) * w.kh * w.kw;
+      d.bwd_flops = 2 * d.fwd_flops;
+      d.gemms = 1;
+      break;
+    }
     case OpKind::batchnorm: {
       const int64_t c = in_shape(0)[0];
       d.params = {{"weight", c, false, {c}}, {"bias", c, false, {c}}};
@@ -635,7 +658,8 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
   const double base_bwd = d.bwd_flops - lora_bwd - lora_bwd_dx;  // as declared: every gradient
   switch (n.op) {
     case OpKind::linear:
-    case OpKind::conv2d: {
+    case OpKind::conv2d:
+    case OpKind::conv_transpose2d: {
       // dX = dY W and dW = dY^T X: one forward GEMM's FLOPs each.
       if (!g.base && lora.empty()) drop(is_input(0));
       d.bwd_flops = base_bwd / 2 * ((input_grad(0) ? 1 : 0) + (g.base ? 1 : 0)) + lora_bwd +

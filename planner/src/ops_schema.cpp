@@ -56,6 +56,10 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::conv2d, "conv2d", 1,
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
         {"padding", T::int_or_pair, 0}, {"groups", T::integer, 1}, {"bias", T::boolean, true}}},
+      {OpKind::conv_transpose2d, "conv_transpose2d", 1,
+       {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
+        {"padding", T::int_or_pair, 0}, {"output_padding", T::int_or_pair, 0}, {"groups", T::integer, 1},
+        {"bias", T::boolean, true}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       // dims: the trailing per-sample axes normalised together, 1 (the last)
       // by default; nn.LayerNorm([C, H, W]) is 3. Weight and bias: their shape.
@@ -367,6 +371,19 @@ int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const char* axis
   return span / s + 1;
 }
 
+// A transposed convolution's output along an axis (PyTorch's ConvTranspose2d):
+// (in - 1) s - 2 p + k + output_padding, where output_padding < s picks
+// among the sizes a strided convolution maps to `in`.
+int64_t transposed_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t a, const char* axis,
+                       const NodeError& fail) {
+  if (k <= 0 || s <= 0 || p < 0 || a < 0) fail("kernel and stride must be positive, padding and output_padding non-negative");
+  if (k > kMaxElems || s > kMaxElems || p > kMaxElems) fail("kernel, stride or padding is too large");
+  if (a >= s) fail("output_padding {} must be smaller than the stride {} (PyTorch's rule)", a, s);
+  const int64_t out = (in - 1) * s - 2 * p + k + a;
+  if (out < 1) fail("padding {} leaves no output along the {} (input {}, kernel {}, stride {})", p, axis, in, k, s);
+  return out;
+}
+
 // PyTorch's ceil_mode size (pooling_output_shape in ATen's Pool.h):
 // ceil((in + 2p - k) / s) + 1, less one when the last window would start in
 // the right padding or past it. window_out has checked the window fits.
@@ -555,6 +572,24 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       const int64_t OW = window_out(w.W, w.kw, w.sw, w.pw, w.one_d ? "length" : "width", fail);
       out.shape = w.one_d ? Shape{o, OW} : Shape{o, OH, OW};
       check_weight("the weight [out, C/groups, kh, kw]", {o, x.shape[0] / g, w.kh, w.kw}, fail);
+      break;
+    }
+    case OpKind::conv_transpose2d: {  // nn.ConvTranspose2d / ConvTranspose1d: conv2d's adjoint
+      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
+      expect_float(x, fail);
+      int64_t o = positive(n, "out", fail), g = positive(n, "groups", fail);
+      if (x.shape[0] % g != 0 || o % g != 0)
+        fail("groups {} must divide both the input channels {} and out {}", g, x.shape[0], o);
+      const ConvWindow w = conv_window(x.shape, n.attrs);
+      const auto op = transposed_output_padding(x.shape, n.attrs);
+      if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0 || op[0] != 0))
+        fail("a 1-D transposed convolution over [C, L] takes the width's kernel, stride, padding and output_padding: "
+             "integers, or pairs [1, k], [1, s], [0, p], [0, a]");
+      const int64_t OH = transposed_out(w.H, w.kh, w.sh, w.ph, op[0], "height", fail);
+      const int64_t OW = transposed_out(w.W, w.kw, w.sw, w.pw, op[1], w.one_d ? "length" : "width", fail);
+      out.shape = w.one_d ? Shape{o, OW} : Shape{o, OH, OW};
+      check_weight("the weight [C, out/groups, kh, kw]", {x.shape[0], o / g, w.kh, w.kw}, fail);
+      checked_numel(out.shape, fail);
       break;
     }
     case OpKind::batchnorm: {

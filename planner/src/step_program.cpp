@@ -324,6 +324,13 @@ class Emitter {
         ev.gemms.push_back({b * d(numel(y) / y[0]), d(n.attrs.integer("out") / g), d(x[0] / g * w.kh * w.kw), d(g)});
         break;
       }
+      case OpKind::conv_transpose2d: {  // per group: [N H W, C/g] x [C/g, out/g kh kw], then col2im
+        const Shape& x = in_shape(0);
+        const ConvWindow w = conv_window(x, n.attrs);
+        const int64_t g = n.attrs.integer("groups");
+        ev.gemms.push_back({b * d(numel(x) / x[0]), d(n.attrs.integer("out") / g * w.kh * w.kw), d(x[0] / g), d(g)});
+        break;
+      }
       case OpKind::attention: {  // QKV and output projections around the T x Tk core
         const AttentionShape a = attention_shape(m_, n);
         if (a.cross) {  // q from x, k and v from the memory

@@ -134,6 +134,17 @@ inline std::vector<OpCase> op_cases() {
                     Json{{"op", "conv2d"}, {"out", 6}, {"kernel", 3}, {"stride", 2}, {"padding", 1}, {"groups", 2}}));
   v.push_back(unary("conv1d_pair_window", arr({3, 7}),
                     Json{{"op", "conv2d"}, {"out", 4}, {"kernel", arr({1, 4})}, {"padding", arr({0, 1})}}));
+  // nn.ConvTranspose2d / ConvTranspose1d: strided with padding, groups and an
+  // output_padding (rows and columns no window reaches: the bias alone), and
+  // a stride-1 one without bias.
+  v.push_back(unary("conv_transpose2d_s2_pad_groups_outpad", arr({4, 3, 4}),
+                    Json{{"op", "conv_transpose2d"}, {"out", 6}, {"kernel", arr({3, 2})}, {"stride", 2}, {"padding", 1},
+                         {"output_padding", arr({1, 0})}, {"groups", 2}}));
+  v.push_back(unary("conv_transpose2d_nobias", arr({3, 3, 3}),
+                    Json{{"op", "conv_transpose2d"}, {"out", 2}, {"kernel", 2}, {"bias", false}}));
+  v.push_back(unary("conv_transpose1d_strided", arr({3, 5}),
+                    Json{{"op", "conv_transpose2d"}, {"out", 4}, {"kernel", 4}, {"stride", 3}, {"padding", 1},
+                         {"output_padding", 2}}));
   v.push_back(unary("maxpool2d_pad", arr({2, 7, 7}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
                     Gen::distinct));
   v.push_back(unary("avgpool2d_pad", arr({2, 6, 5}),

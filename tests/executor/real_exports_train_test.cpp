@@ -137,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-gpt-neox-opset17.onnx", "tiny-roberta-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
                                            "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx",
                                            "tiny-albert-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
-                                           "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx"),
+                                           "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
+                                           "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -155,8 +156,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // both depths summed into one set, which ZeRO shards once), and torch.nn's
 // LeakyReLU, ELU, Softplus, Mish and a mean over a middle axis (tiny-acts),
 // nn.GroupNorm with and without its affine parameters (tiny-groupnorm), and
-// nearest upsampling between a U-Net's levels (tiny-unet), and LayerNorm
-// over [C, H, W] and [H, W] (tiny-layernorm-chw).
+// nearest upsampling between a U-Net's levels (tiny-unet), LayerNorm
+// over [C, H, W] and [H, W] (tiny-layernorm-chw), bilinear and linear
+// upsampling (tiny-fpn), and ConvTranspose2d and ConvTranspose1d
+// (tiny-autoencoder).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -169,7 +172,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "shufflenet_v2_x1_0-opset17.onnx", "tiny-gpt-bigcode-opset17.onnx",
                            "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx", "tiny-albert-opset17.onnx",
                            "weights/tiny-acts-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
-                           "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx"}) {
+                           "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
+                           "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -1098,8 +1098,9 @@ TEST(RealExports, ResizeByWholeFactorsIsANearestUpsample) {
 // its output (2 x 16,384, the latter also the means' input), the Conv1d its
 // input [16, 16] (1,024), the mean over the linear upsample's output
 // [8, 48] its input (1,536; PyTorch 1.13's mean.dim keeps self), the head
-// its [24]: 38,496, plus the loss's 52. Planned in 512-byte blocks, as
-// PyTorch's caching allocator rounds: 39,424 (+2.3 %).
+// its [24]: 38,496, plus the loss's 52. dlplan plans 38,536 (its loss
+// keeps 40 bytes); `dlplan plan`'s memory_max, in the allocator's 512-byte
+// blocks, 39,424.
 TEST(RealExports, LinearResizeIsALinearUpsample) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
@@ -1113,6 +1114,35 @@ TEST(RealExports, LinearResizeIsALinearUpsample) {
     EXPECT_EQ(ups, (std::vector<std::tuple<Shape, Shape, bool>>{{{16, 4, 4}, {16, 8, 8}, false},
                                                                   {{16, 8, 8}, {16, 16, 16}, true},
                                                                   {{8, 16}, {8, 48}, false}}));
+  }
+}
+
+// nn.ConvTranspose2d and nn.ConvTranspose1d export as ONNX ConvTranspose
+// (weight [C, out/group, kh, kw], pads, strides, output_padding): each is
+// one conv_transpose2d, which keeps its input as derivatives.yaml's
+// convolution_backward(grad, input, weight, ...) reads it. PyTorch's figures
+// for weighted_models.py's TinyAutoencoder, batch 1: 5,066 parameters and
+// 25,748 bytes saved with the loss. By hand: the two ReLUs keep their
+// outputs ([8, 8, 8], [16, 4, 4]: 2,048 + 1,024), up1 its input (the
+// second ReLU's output) and SiLU up1's output and up2 SiLU's output (2 x
+// 4,096), the mean up2's output [16, 16, 8] (8,192), the 1-D branch its
+// flattened input [8, 64] (2,048) and the mean its output [8, 128] (4,096),
+// the head its [24]: 25,696, plus the loss's 52. dlplan plans 25,736; in
+// the allocator's 512-byte blocks (`dlplan plan`'s memory_max) 26,624.
+TEST(RealExports, ConvTransposeIsOneConvTranspose2d) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    const Model m = expect_pytorchs_figures("tiny-autoencoder-opset17.onnx", fusion, 5066, 25748);
+    std::vector<std::pair<Shape, Shape>> ups;  // (input, output) of each transposed convolution
+    std::vector<Shape> weights;
+    for (const Node& n : m.nodes)
+      if (n.op == OpKind::conv_transpose2d) {
+        ups.emplace_back(m.tensor(n.inputs[0]).shape, m.tensor(n.output).shape);
+        weights.push_back(declare(m, n).params[0].shape);
+      }
+    EXPECT_EQ(ups, (std::vector<std::pair<Shape, Shape>>{
+                       {{16, 4, 4}, {16, 8, 8}}, {{16, 8, 8}, {16, 16, 8}}, {{8, 64}, {8, 128}}}));
+    EXPECT_EQ(weights, (std::vector<Shape>{{16, 16, 3, 3}, {16, 8, 2, 3}, {8, 8, 4}}));
   }
 }
 

@@ -208,6 +208,21 @@ def _user_models():
             h = self.d1(torch.cat([F.interpolate(h, scale_factor=2.0, mode=self.mode), s1], 1))
             return self.head(h.mean((2, 3)))
 
+    class ConvAutoencoder(nn.Module):  # strided convolutions down, nn.ConvTranspose2d up (output_padding), BN
+        def __init__(self):
+            super().__init__()
+            def down(cin, cout):
+                return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=2, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+            def up(cin, cout):
+                return nn.Sequential(nn.ConvTranspose2d(cin, cout, 3, stride=2, padding=1, output_padding=1),
+                                     nn.BatchNorm2d(cout), nn.ReLU())
+            self.encode = nn.Sequential(down(3, 32), down(32, 64), down(64, 128))
+            self.decode = nn.Sequential(up(128, 64), up(64, 32), nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1))
+            self.head = nn.Linear(16, 128)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.decode(self.encode(x))).mean((2, 3)))
+
     class LSTMClassifier(nn.Module):
         def __init__(self):
             super().__init__()
@@ -237,6 +252,7 @@ def _user_models():
         "user-unet": (UNet, lambda: torch.randn(1, 3, 64, 64), False),
         # the same with bilinear upsampling, align_corners=True and False
         "user-unet-bilinear": (lambda: UNet("bilinear"), lambda: torch.randn(1, 3, 64, 64), False),
+        "user-conv-autoencoder": (ConvAutoencoder, lambda: torch.randn(1, 3, 64, 64), False),
         "user-lstm": (LSTMClassifier, ids, True),
     }
 

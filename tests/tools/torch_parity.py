@@ -91,12 +91,16 @@ CASES = {
     # of a [C, L] (mode="linear") by 3 and by 2 with align_corners=True.
     "tiny-upsample-linear": ("tests/fixtures/tiny-upsample-linear.json", 4, []),
     "tiny-upsample-linear-1d": ("tests/fixtures/tiny-upsample-linear-1d.json", 4, []),
+    # nn.ConvTranspose2d: strided with padding and output_padding, then a
+    # rectangular grouped one without bias; and ConvTranspose1d over [C, L].
+    "tiny-conv-transpose": ("tests/fixtures/tiny-conv-transpose.json", 4, []),
+    "tiny-conv-transpose-1d": ("tests/fixtures/tiny-conv-transpose-1d.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
            "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d", "tiny-groupnorm-upsample",
-           "tiny-upsample-linear", "tiny-upsample-linear-1d"]
+           "tiny-upsample-linear", "tiny-upsample-linear-1d", "tiny-conv-transpose", "tiny-conv-transpose-1d"]
 
 
 def read_f32(path):

@@ -37,6 +37,14 @@ inline ConvWindow conv_window(const Shape& x, const Attrs& a) {
   return w;
 }
 
+// conv_transpose2d's output_padding [a_h, a_w]: over [C, L] an integer is
+// the length's (height 0), as a 1-D window's padding.
+inline std::array<int64_t, 2> transposed_output_padding(const Shape& x, const Attrs& a) {
+  auto p = a.pair("output_padding");
+  if (x.size() == 2 && a.values.contains("output_padding") && a.values["output_padding"].is_number_integer()) p[0] = 0;
+  return p;
+}
+
 // upsample's factors [s_h, s_w] over its input: [C, H, W], or [C, L], whose
 // integer factor is the length's (height 1), as a 1-D window's.
 inline std::array<int64_t, 2> upsample_factors(const Shape& x, const Attrs& a) {
