@@ -14,7 +14,8 @@ sequence 64, as make_exports.py's) need transformers on the path; the
 ctest puts <build>/pydeps there (4.38.2, scripts/setup), and without it
 they are skipped with a message. USER_MODELS are models a user writes with
 torch.nn alone (a text classifier, torch's own TransformerEncoder, MLPs with
-torch.nn's activations, a small CNN, a GroupNorm ResNet and a U-Net). A family whose plan keeps opaque ops (no
+torch.nn's activations, a small CNN, a GroupNorm ResNet, U-Nets with nearest and
+bilinear upsampling, and a ConvTranspose2d autoencoder). A family whose plan keeps opaque ops (no
 engine trains them; docs/onnx.md) is held to the band in OPAQUE_BAND
 instead: opaque ops keep every input, the conservative choice.
 
