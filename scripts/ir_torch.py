@@ -110,7 +110,7 @@ OPS = {
     "reduce_mean": (1, {"keepdims": False, "axis": -1}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
-    "reshape": (1, {"shape": _REQUIRED}),
+    "reshape": (1, {"shape": _REQUIRED, "view": _NULL}),  # view: memory only
     "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED, "view": _NULL}),  # view: memory only
     "attention": (-1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                        "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
@@ -125,7 +125,7 @@ OPS = {
     "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
     "global_avgpool": (1, {"keepdims": _NULL}),
     "upsample": (1, {"scale": _REQUIRED, "mode": "nearest", "align_corners": False}),
-    "flatten": (1, {}),
+    "flatten": (1, {"view": _NULL}),
     "tokens": (1, {}),
     "select": (1, {"index": 0}),
     "dropout": (1, {"p": _REQUIRED}),

@@ -1407,8 +1407,11 @@ class Importer {
                        (*so)[0] != (batch_folded_.count(x) ? batch_folded_.at(x) : (*si)[0]);
     if (si && so && *si == *so && std::all_of(si->begin(), si->end(), [](int64_t d) { return d > 0; }))
       return alias(n, i, x);  // input_ids.view(-1, T) of [b, T]: GPT-2's first node
+    // --fusion eager: x.view(...), x.flatten(1) and squeeze/unsqueeze are
+    // PyTorch's views of x, as its slices are (step_program.cpp's is_view).
+    const OJson view = fusion_ == FusionMode::eager ? OJson{{"view", true}} : OJson::object();
     if ((op == "Flatten" && attr_int(n, "axis", 1) == 1) || (op != "Flatten" && out.size() == 1 && !folds))
-      return emit(ir_name_for(n), "flatten", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
+      return emit(ir_name_for(n), "flatten", {ir_of(x, n, i)}, view, n.output(0), n.name());
     // [C, H, W] -> [C, H*W] followed by Transpose to [H*W, C]: ViT's patch tokens.
     const auto& cons = g_.consumers_of(n.output(0));
     if (!folds && out.size() == 2 && cons.size() == 1 && g_.node(cons[0]).op_type() == "Transpose" &&
@@ -1418,7 +1421,9 @@ class Importer {
     }
     if (const auto s = reshaped(n, i, x)) {
       if (*s == per_sample(x)) return alias(n, i, x);
-      return emit(ir_name_for(n), "reshape", {ir_of(x, n, i)}, OJson{{"shape", *s}}, n.output(0), n.name());
+      OJson a = view;
+      a["shape"] = *s;
+      return emit(ir_name_for(n), "reshape", {ir_of(x, n, i)}, a, n.output(0), n.name());
     }
     return unknown(n, i, data);
   }
@@ -1870,8 +1875,8 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
   Importer imp(g, opt.fusion);
   if (opt.fusion == FusionMode::eager)
     imp.pre_note("--fusion eager: math written out in Python (gelu_new's tanh form, RMSNorm) planned op by op, as "
-                 "PyTorch's eager autograd runs it; slices are views, an op keeping one keeps the tensor it was cut "
-                 "from (the engine cuts it again for that op's backward)");
+                 "PyTorch's eager autograd runs it; slices and reshapes are views, an op keeping one keeps the tensor "
+                 "it was made from (the engine makes it again for that op's backward)");
   for (auto& n : pre) imp.pre_note(n);
   for (auto& n : inference_notes) imp.pre_note(n);
   try {

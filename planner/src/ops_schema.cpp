@@ -149,8 +149,9 @@ const std::vector<OpSpec>& op_table() {
       // [H, W, C] around its LayerNorm); the output is a contiguous copy
       {OpKind::transpose, "transpose", 1, {{"perm", T::int_list, nullptr}}},
       // x.reshape(shape) over the per-sample axes (view/reshape/squeeze/
-      // unsqueeze); the same elements in the same order
-      {OpKind::reshape, "reshape", 1, {{"shape", T::int_list, nullptr}}},
+      // unsqueeze); the same elements in the same order. view (absent:
+      // false): PyTorch's view of its input, as slice's below.
+      {OpKind::reshape, "reshape", 1, {{"shape", T::int_list, nullptr}, {"view", T::boolean, kDerived}}},
       // x.narrow(axis, start, end - start) over a per-sample axis (ShuffleNetV2's
       // channel split, torch.chunk)
       // view (absent: false): PyTorch's view of its input (x[..., a:b],
@@ -216,7 +217,7 @@ const std::vector<OpSpec>& op_table() {
       // keepdims (absent: false): [C, 1, 1] instead of [C], as a squeeze-and-
       // excitation block's 1x1 convolutions read it (ONNX GlobalAveragePool).
       {OpKind::global_avgpool, "global_avgpool", 1, {{"keepdims", T::boolean, kDerived}}},
-      {OpKind::flatten, "flatten", 1, {}},
+      {OpKind::flatten, "flatten", 1, {{"view", T::boolean, kDerived}}},  // view: as reshape's
       {OpKind::tokens, "tokens", 1, {}},
       {OpKind::select, "select", 1, {{"index", T::integer, 0}}},
       {OpKind::dropout, "dropout", 1, {{"p", T::number, nullptr}}},

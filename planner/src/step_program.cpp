@@ -223,7 +223,8 @@ class Emitter {
   // does. The tensor whose storage t shares, through slices of slices.
   bool is_view(int i) const {
     const Node& n = node(i);
-    return n.op == OpKind::slice && n.attrs.has("view") && n.attrs.flag("view");
+    return (n.op == OpKind::slice || n.op == OpKind::reshape || n.op == OpKind::flatten) && n.attrs.has("view") &&
+           n.attrs.flag("view");
   }
   int storage_of(int t) const {
     for (int p = m_.tensor(t).producer; p >= 0 && is_view(p); p = m_.tensor(t).producer) t = node(p).inputs[0];

@@ -215,6 +215,37 @@ TEST(RealExportEagerKnobs, ViewsCutAgainForBackwardTrainAsCopiesDo) {
   EXPECT_EQ(cut, 13);  // one per block that splits its input: 3 + 7 + 3 in the three stages
 }
 
+// The same for a reshape: --fusion eager plans tiny-autoencoder's
+// f1.flatten(2) as PyTorch's view of f1, which the ReLU keeps anyway, so the
+// ConvTranspose1d after it keeps nothing more (the default fusion copies
+// it); the step program makes the view again, once, for that backward. The
+// steps equal the copies' to the bit, with 2,048 bytes less kept a sample.
+TEST(RealExportEagerKnobs, ReshapeViewsCutAgainForBackwardTrainAsCopiesDo) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  ImportOptions eager, engine;
+  eager.fusion = FusionMode::eager;
+  const std::string file = exported("weights/tiny-autoencoder-opset17.onnx");
+  const knobs::Outcome viewed = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, eager);
+  const knobs::Outcome copied = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, engine);
+  EXPECT_TRUE(viewed.equal()) << knobs::mismatch(viewed);
+  EXPECT_TRUE(copied.equal()) << knobs::mismatch(copied);
+  EXPECT_EQ(viewed.loss, copied.loss);
+  const PlanDocument plan = knobs::plan_of(knobs::Config{}, 1, 0, false, file, eager);
+  const PlanDocument copies = knobs::plan_of(knobs::Config{}, 1, 0, false, file, engine);
+  const auto most_kept = [](const PlanDocument& p) {
+    return walk_step(p.model, p.cluster, p.training).max_each[static_cast<size_t>(Category::activations)];
+  };
+  EXPECT_EQ(most_kept(copies) - most_kept(plan), 2048 * plan.training.micro_batch);
+  const StepProgram program = build_step_program(plan.model, plan.cluster, plan.training);
+  int cut = 0;
+  for (const auto& ev : program.compute)
+    cut += ev.phase == Phase::recompute && ev.node >= 0 &&
+           plan.model.nodes[static_cast<size_t>(ev.node)].op == OpKind::reshape;
+  EXPECT_EQ(cut, 1);
+}
+
 // The CPU trainer's refusal of `plan` before the first step ("" if it
 // accepts the plan).
 std::string cpu_trainer_refusal(const PlanDocument& plan) {
