@@ -372,6 +372,22 @@ int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const char* axis
   return span / s + 1;
 }
 
+// A convolution's or a transposed one's input ([C, H, W], or [C, L] for
+// 1-D), out channels and groups (dividing both channel counts), and window.
+struct ConvInput {
+  const TensorInfo& x;
+  int64_t out, groups;
+  ConvWindow window;
+};
+ConvInput conv_input(const Model& m, const Node& n, const NodeError& fail) {
+  const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
+  expect_float(x, fail);
+  const int64_t o = positive(n, "out", fail), g = positive(n, "groups", fail);
+  if (x.shape[0] % g != 0 || o % g != 0)
+    fail("groups {} must divide both the input channels {} and out {}", g, x.shape[0], o);
+  return {x, o, g, conv_window(x.shape, n.attrs)};
+}
+
 // A transposed convolution's output along an axis (PyTorch's ConvTranspose2d):
 // (in - 1) s - 2 p + k + output_padding, where output_padding < s picks
 // among the sizes a strided convolution maps to `in`.
@@ -560,12 +576,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       break;
     }
     case OpKind::conv2d: {
-      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
-      expect_float(x, fail);
-      int64_t o = positive(n, "out", fail), g = positive(n, "groups", fail);
-      if (x.shape[0] % g != 0 || o % g != 0)
-        fail("groups {} must divide both the input channels {} and out {}", g, x.shape[0], o);
-      const ConvWindow w = conv_window(x.shape, n.attrs);
+      const auto [x, o, g, w] = conv_input(m, n, fail);
       if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0))
         fail("a 1-D convolution over [C, L] takes the width's kernel, stride and padding: integers, or pairs "
              "[1, k], [1, s], [0, p]");
@@ -576,12 +587,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       break;
     }
     case OpKind::conv_transpose2d: {  // nn.ConvTranspose2d / ConvTranspose1d: conv2d's adjoint
-      const auto& x = expect_rank(m, n, 0, 2, 3, "[C, H, W], or [C, L] (1-D)", fail);
-      expect_float(x, fail);
-      int64_t o = positive(n, "out", fail), g = positive(n, "groups", fail);
-      if (x.shape[0] % g != 0 || o % g != 0)
-        fail("groups {} must divide both the input channels {} and out {}", g, x.shape[0], o);
-      const ConvWindow w = conv_window(x.shape, n.attrs);
+      const auto [x, o, g, w] = conv_input(m, n, fail);
       const auto op = transposed_output_padding(x.shape, n.attrs);
       if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0 || op[0] != 0))
         fail("a 1-D transposed convolution over [C, L] takes the width's kernel, stride, padding and output_padding: "

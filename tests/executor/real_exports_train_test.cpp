@@ -186,6 +186,37 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   }
 }
 
+// Three steps of `file` under --fusion eager, whose views the step program
+// makes again for the backward that keeps one, and under the default
+// fusion, whose copies are kept as they are.
+struct ViewedAndCopied {
+  knobs::Outcome viewed, copied;
+};
+ViewedAndCopied train_viewed_and_copied(const std::string& file) {
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  ImportOptions eager, engine;
+  eager.fusion = FusionMode::eager;
+  return {knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, eager),
+          knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, engine)};
+}
+
+// The eager plan of `file` (one rank, the default knobs).
+PlanDocument eager_plan(const std::string& file) {
+  ImportOptions eager;
+  eager.fusion = FusionMode::eager;
+  return knobs::plan_of(knobs::Config{}, 1, 0, false, file, eager);
+}
+
+// How many `op` nodes the plan's step program runs again before a backward.
+int made_again(const PlanDocument& plan, OpKind op) {
+  const StepProgram program = build_step_program(plan.model, plan.cluster, plan.training);
+  int n = 0;
+  for (const auto& ev : program.compute)
+    n += ev.phase == Phase::recompute && ev.node >= 0 && plan.model.nodes[static_cast<size_t>(ev.node)].op == op;
+  return n;
+}
+
 // --fusion eager plans ShuffleNetV2's torch.chunk halves as PyTorch's views:
 // a convolution that keeps one keeps the whole storage, and the step program
 // cuts the half again (a recomputed slice) for that convolution's backward.
@@ -195,24 +226,14 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
 // cut slices (or the test would compare two copies).
 TEST(RealExportEagerKnobs, ViewsCutAgainForBackwardTrainAsCopiesDo) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
-  auto comm = make_single_communicator();
-  auto backend = make_cpu_backend();
-  ImportOptions eager, engine;
-  eager.fusion = FusionMode::eager;
   const std::string file = exported("shufflenet_v2_x1_0-opset17.onnx");
-  const knobs::Outcome viewed = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, eager);
-  const knobs::Outcome copied = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, engine);
+  const auto [viewed, copied] = train_viewed_and_copied(file);
   EXPECT_TRUE(viewed.equal()) << knobs::mismatch(viewed);
   EXPECT_EQ(viewed.loss, copied.loss);
   // Whole storages kept instead of halves: more activations under eager.
   EXPECT_GT(viewed.predicted[static_cast<size_t>(Category::activations)],
             copied.predicted[static_cast<size_t>(Category::activations)]);
-  const PlanDocument plan = knobs::plan_of(knobs::Config{}, 1, 0, false, file, eager);
-  const StepProgram program = build_step_program(plan.model, plan.cluster, plan.training);
-  int cut = 0;
-  for (const auto& ev : program.compute)
-    cut += ev.phase == Phase::recompute && ev.node >= 0 && plan.model.nodes[static_cast<size_t>(ev.node)].op == OpKind::slice;
-  EXPECT_EQ(cut, 13);  // one per block that splits its input: 3 + 7 + 3 in the three stages
+  EXPECT_EQ(made_again(eager_plan(file), OpKind::slice), 13);  // one per block that splits its input: 3 + 7 + 3
 }
 
 // The same for a reshape: --fusion eager plans tiny-autoencoder's
@@ -222,28 +243,18 @@ TEST(RealExportEagerKnobs, ViewsCutAgainForBackwardTrainAsCopiesDo) {
 // steps equal the copies' to the bit, with 2,048 bytes less kept a sample.
 TEST(RealExportEagerKnobs, ReshapeViewsCutAgainForBackwardTrainAsCopiesDo) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
-  auto comm = make_single_communicator();
-  auto backend = make_cpu_backend();
-  ImportOptions eager, engine;
-  eager.fusion = FusionMode::eager;
   const std::string file = exported("weights/tiny-autoencoder-opset17.onnx");
-  const knobs::Outcome viewed = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, eager);
-  const knobs::Outcome copied = knobs::run_config(knobs::Config{}, *comm, *backend, 3, 0, false, file, engine);
+  const auto [viewed, copied] = train_viewed_and_copied(file);
   EXPECT_TRUE(viewed.equal()) << knobs::mismatch(viewed);
   EXPECT_TRUE(copied.equal()) << knobs::mismatch(copied);
   EXPECT_EQ(viewed.loss, copied.loss);
-  const PlanDocument plan = knobs::plan_of(knobs::Config{}, 1, 0, false, file, eager);
-  const PlanDocument copies = knobs::plan_of(knobs::Config{}, 1, 0, false, file, engine);
+  const PlanDocument plan = eager_plan(file);
+  const PlanDocument copies = knobs::plan_of(knobs::Config{}, 1, 0, false, file, ImportOptions{});
   const auto most_kept = [](const PlanDocument& p) {
     return walk_step(p.model, p.cluster, p.training).max_each[static_cast<size_t>(Category::activations)];
   };
   EXPECT_EQ(most_kept(copies) - most_kept(plan), 2048 * plan.training.micro_batch);
-  const StepProgram program = build_step_program(plan.model, plan.cluster, plan.training);
-  int cut = 0;
-  for (const auto& ev : program.compute)
-    cut += ev.phase == Phase::recompute && ev.node >= 0 &&
-           plan.model.nodes[static_cast<size_t>(ev.node)].op == OpKind::reshape;
-  EXPECT_EQ(cut, 1);
+  EXPECT_EQ(made_again(plan, OpKind::reshape), 1);
 }
 
 // The CPU trainer's refusal of `plan` before the first step ("" if it
