@@ -811,32 +811,21 @@ class Importer {
 
   // nn.ConvTranspose2d / ConvTranspose1d: weight [C, out/group, kh, kw] (or
   // [C, out/group, k]), the window's kernel, strides and pads as Conv's, and
-  // output_padding. An output_shape instead (another exporter's way to say
-  // which size a strided window maps back to) becomes the output_padding
-  // that gives it.
+  // output_padding. torch writes no output_shape; one (where ONNX derives
+  // the pads from it, possibly uneven) is refused, naming the node.
   void map_conv_transpose(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
     auto w = g_.shape(n.input(1));
     if (!g_.is_init(n.input(1)) || !w || (w->size() != 4 && w->size() != 3))
       fail(fmt::format("{}: only 1-D and 2-D transposed convolutions with an initializer weight are supported",
                        label(n, i)));
+    if (!attr_ints(n, "output_shape").empty())
+      fail(fmt::format("{}: a transposed convolution given an output_shape is not supported (export with pads "
+                       "and output_padding, as torch.onnx.export does)", label(n, i)));
     const int64_t group = attr_int(n, "group", 1);
     OJson a{{"out", (*w)[1] * group}};
     a = w->size() == 3 ? window_1d(n, i, a, (*w)[2]) : pool_geometry(n, i, a, (*w)[2], (*w)[3]);
     a["groups"] = group;
-    std::vector<int64_t> extra = attr_ints(n, "output_padding");
-    const auto shape = attr_ints(n, "output_shape");
-    if (!shape.empty()) {  // the last axes' sizes; output_padding = size - ((in - 1) s - 2 p + k)
-      const Dims in = per_sample(n.input(0));
-      const size_t axes = w->size() - 2;
-      if (shape.size() < axes || in.size() != axes + 1)
-        fail(fmt::format("{}: output_shape [{}] does not name the {} spatial sizes", label(n, i),
-                         fmt::join(shape, ", "), axes));
-      extra.clear();
-      for (size_t d = 0; d < axes; ++d) {
-        const auto at = [&](const char* key) { return a[key].is_array() ? a[key][d].get<int64_t>() : a[key].get<int64_t>(); };
-        extra.push_back(shape[shape.size() - axes + d] - ((in[d + 1] - 1) * at("stride") - 2 * at("padding") + at("kernel")));
-      }
-    }
+    const std::vector<int64_t> extra = attr_ints(n, "output_padding");
     if (!extra.empty()) a["output_padding"] = extra.size() == 1 ? OJson(extra[0]) : OJson(extra);
     a["bias"] = n.input_size() > 2 && !n.input(2).empty();
     emit(ir_name_for(n), "conv_transpose2d", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
@@ -1357,11 +1346,11 @@ class Importer {
   // (scales, or sizes), where output pixel i reads input pixel i / s; the
   // half-pixel coordinates at a whole factor read the same pixels. Linear:
   // mode="bilinear" (over [H, W]) or "linear" (over [L]) exports as mode
-  // "linear" with pytorch_half_pixel coordinates, or align_corners ones for
-  // align_corners=True; half_pixel differs from pytorch_half_pixel only for
-  // an output of one element, which a whole factor of an input of one
-  // element is too. The factors come from the inferred shapes, so scales and
-  // sizes read alike. Any other Resize (cubic, a fractional factor, a
+  // "linear" with half_pixel coordinates (torch 1.13; pytorch_half_pixel in
+  // other exporters, the same but for an output of one element, which a
+  // whole factor makes only from an input of one), or align_corners ones
+  // for align_corners=True. The factors come from the inferred shapes, so
+  // scales and sizes read alike. Any other Resize (cubic, a fractional factor, a
   // tf_crop_and_resize) is planned opaque.
   void map_resize(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const std::string& x = first_data(n, i, data);

@@ -276,6 +276,17 @@ TEST(ImportOnnx, UnknownOpWithoutAnOutputShapeIsAnErrorNamingTheNode) {
   EXPECT_NE(msg.find("does not give its output's shape"), std::string::npos) << msg;
 }
 
+// ONNX derives a ConvTranspose's pads from an output_shape, possibly
+// unevenly; torch never writes one, and the importer refuses it rather than
+// plan other pads than the file's.
+TEST(ImportOnnx, ConvTransposeWithAnOutputShapeIsAnErrorNamingTheNode) {
+  REQUIRE_ONNX();
+  auto msg = error_of(fx("conv_transpose_output_shape.onnx"));
+  EXPECT_NE(msg.find("conv_transpose_output_shape.onnx"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/up/ConvTranspose"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("output_shape is not supported"), std::string::npos) << msg;
+}
+
 TEST(ImportOnnx, MalformedAndTruncatedFilesAreOneClearMessage) {
   REQUIRE_ONNX();
   for (const char* f : {"malformed.onnx", "truncated.onnx"}) {
