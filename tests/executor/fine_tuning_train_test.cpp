@@ -91,7 +91,9 @@ TEST(Freeze, LearnsMovesNoFrozenByteAndMeasuredEqualsPredicted) {
   auto backend = make_cpu_backend();
   for (const Case& c : {Case{"tiny-gpt", {"wte", "wpe", "h.0.*"}, 32, 1e-2}, Case{"tiny-gpt", {"*.attn"}, 32, 1e-2},
                         Case{"tiny-cnn", {"blocks.0.*"}, 16, 1e-2}, Case{"tiny-vit", {"conv_proj"}, 16, 3e-3},
-                        Case{"tiny-mlp", {"layers.0.*"}, 16, 1e-2}}) {
+                        Case{"tiny-mlp", {"layers.0.*"}, 16, 1e-2},
+                        // a frozen transposed convolution: dx without dW, its input not kept
+                        Case{DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-conv-transpose.json", {"up1"}, 16, 3e-2}}) {
     const std::string label = std::string(c.model) + " --freeze " + c.freeze.front();
     const PlanDocument plan = fine_tuning_plan(c.model, frozen(c.freeze), c.micro_batch, c.lr);
     ASSERT_LT(plan.model.trainable_parameter_count(), plan.model.parameter_count()) << label;
