@@ -218,9 +218,10 @@ class Emitter {
   int saved_tensor_id(int i, const SavedTensor& s) const {
     return s.ref == SavedTensor::Ref::input ? node(i).inputs[static_cast<size_t>(s.input)] : node(i).output;
   }
-  // --fusion eager's slices are PyTorch's views (ops_schema.cpp): an op that
-  // keeps one for backward keeps the storage it was cut from, as autograd
-  // does. The tensor whose storage t shares, through slices of slices.
+  // --fusion eager's slices, reshapes and flattens are PyTorch's views
+  // (their `view` attribute, ops_schema.cpp): an op that keeps one for
+  // backward keeps the storage it was made from, as autograd does. The
+  // tensor whose storage t shares, through views of views.
   bool is_view(int i) const {
     const Node& n = node(i);
     return (n.op == OpKind::slice || n.op == OpKind::reshape || n.op == OpKind::flatten) && n.attrs.has("view") &&

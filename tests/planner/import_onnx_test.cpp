@@ -268,12 +268,20 @@ TEST(ImportOnnx, UnknownShapeChangingOpIsPlannedAtItsInferredShape) {
   EXPECT_EQ(m.tensor(halve->inputs[0]).shape, (Shape{128}));
 }
 
+namespace {
+// Importing fixture `file` fails with one message naming the file, the node
+// and saying `what`.
+void expect_refusal(const std::string& file, const std::string& node, const std::string& what) {
+  const std::string msg = error_of(fx(file));
+  EXPECT_NE(msg.find(file), std::string::npos) << msg;
+  EXPECT_NE(msg.find(node), std::string::npos) << msg;
+  EXPECT_NE(msg.find(what), std::string::npos) << msg;
+}
+}  // namespace
+
 TEST(ImportOnnx, UnknownOpWithoutAnOutputShapeIsAnErrorNamingTheNode) {
   REQUIRE_ONNX();
-  auto msg = error_of(fx("unknown_op_noshape.onnx"));
-  EXPECT_NE(msg.find("unknown_op_noshape.onnx"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("/layers.1/halve/HalveWidth"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("does not give its output's shape"), std::string::npos) << msg;
+  expect_refusal("unknown_op_noshape.onnx", "/layers.1/halve/HalveWidth", "does not give its output's shape");
 }
 
 // ONNX derives a ConvTranspose's pads from an output_shape, possibly
@@ -281,10 +289,7 @@ TEST(ImportOnnx, UnknownOpWithoutAnOutputShapeIsAnErrorNamingTheNode) {
 // plan other pads than the file's.
 TEST(ImportOnnx, ConvTransposeWithAnOutputShapeIsAnErrorNamingTheNode) {
   REQUIRE_ONNX();
-  auto msg = error_of(fx("conv_transpose_output_shape.onnx"));
-  EXPECT_NE(msg.find("conv_transpose_output_shape.onnx"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("/up/ConvTranspose"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("output_shape is not supported"), std::string::npos) << msg;
+  expect_refusal("conv_transpose_output_shape.onnx", "/up/ConvTranspose", "output_shape is not supported");
 }
 
 TEST(ImportOnnx, MalformedAndTruncatedFilesAreOneClearMessage) {
