@@ -136,6 +136,10 @@ void conv_transpose2d_backward(OpContext& c);
 void rmsnorm_forward(OpContext& c);
 void rmsnorm_backward(OpContext& c);
 
+// ---- ops_rnn.cpp ---------------------------------------------------------------
+void lstm_forward(OpContext& c);
+void lstm_backward(OpContext& c);
+
 // ---- ops_elementwise.cpp -------------------------------------------------------
 void gelu_forward(OpContext& c);
 void gelu_backward(OpContext& c);

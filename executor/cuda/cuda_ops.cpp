@@ -815,6 +815,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::groupnorm:
     case OpKind::upsample:
     case OpKind::conv_transpose2d:
+    case OpKind::lstm:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
@@ -876,6 +877,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::groupnorm:
     case OpKind::upsample:
     case OpKind::conv_transpose2d:
+    case OpKind::lstm:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:

@@ -28,6 +28,8 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
       const ConvWindow w = conv_window(x, n.attrs);
       return n.attrs.integer("out") / n.attrs.integer("groups") * w.kh * w.kw;
     }
+    case OpKind::lstm:  // nn.LSTM draws every weight and bias from U(-1/sqrt(hidden), 1/sqrt(hidden))
+      return n.attrs.integer("hidden");
     case OpKind::attention: {
       if (suffix.rfind("o.", 0) == 0) return n.attrs.integer("heads") * n.attrs.integer("head_dim");
       const bool on_memory = suffix.rfind("k.", 0) == 0 || suffix.rfind("v.", 0) == 0;
@@ -50,6 +52,7 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::linear:
     case OpKind::conv2d:
     case OpKind::conv_transpose2d:
+    case OpKind::lstm:
     case OpKind::attention:
     case OpKind::moe_router:
     case OpKind::moe_expert: return Init::uniform_fan_in;

@@ -139,6 +139,7 @@ class Importer {
       }
     }
     find_data_path(logits);
+    refuse_unmatched_lstm();
     map_nodes();
     if (!has_loss) add_loss(logits);
     assign_units();
@@ -147,6 +148,17 @@ class Importer {
 
  private:
   [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", g_.src, msg)); }
+
+  // An LSTM on the data path that match_lstm did not take: refused with its
+  // reason, before the transposes around it fail for want of a batch axis.
+  void refuse_unmatched_lstm() const {
+    for (int i : needed_) {
+      if (g_.node(i).op_type() != "LSTM") continue;
+      std::string why;
+      if (!match_lstm(g_, i, why))
+        fail(fmt::format("{}: an nn.LSTM dlplan cannot plan: {}", label(g_.node(i), i), why));
+    }
+  }
 
   // Inputs of a node that carry data (not shapes, indices of constants, ...).
   std::vector<std::string> data_inputs(const onnx::NodeProto& n) const {
@@ -1476,7 +1488,7 @@ class Importer {
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
     static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm",
-                                                "rope", "mish", "groupnorm"};
+                                                "rope", "mish", "groupnorm", "lstm"};
     if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
     const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);
@@ -1746,6 +1758,7 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
     }
     dims = {b, a};
   }
+  if (ref.onnx_gates && !dims.empty() && dims[0] == 1) dims.erase(dims.begin());  // one direction
   int64_t count = numel(dims);
   if (ref.end >= 0) {  // rows [begin, end) of the leading axis
     const int64_t rows = dims.empty() ? 0 : dims[0], row = rows > 0 ? count / rows : 0;
@@ -1758,9 +1771,22 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
   if (count != p.numel)
     throw Error(fmt::format("{}: initializer '{}' gives {} values; parameter '{}' has {}", g.src, ref.init, count,
                             p.name, p.numel));
+  if (ref.onnx_gates && with_values) {  // ONNX's blocks i, o, f, c -> PyTorch's i, f, g (c), o
+    if (count % 4 != 0)
+      throw Error(fmt::format("{}: initializer '{}' (parameter '{}') does not hold 4 gate blocks", g.src, ref.init,
+                              p.name));
+    const size_t block = static_cast<size_t>(count / 4);
+    const size_t from[4] = {0, 2, 3, 1};
+    std::vector<double> t(vals.size());
+    for (size_t k = 0; k < 4; ++k)
+      std::copy_n(vals.begin() + static_cast<std::ptrdiff_t>(from[k] * block), block,
+                  t.begin() + static_cast<std::ptrdiff_t>(k * block));
+    vals = std::move(t);
+  }
   ImportedWeight w{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, {}, ref.init};
   if (ref.transpose) w.source += "^T";
   if (ref.end >= 0) w.source += fmt::format("[{}:{}]", ref.begin, ref.end);
+  if (ref.onnx_gates) w.source += " (gates i, o, f, c -> i, f, g, o)";
   w.values.assign(vals.begin(), vals.end());
   return w;
 }

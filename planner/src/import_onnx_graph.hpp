@@ -23,10 +23,15 @@ using Dims = std::vector<int64_t>;  // full ONNX shape (batch first); -1 unknown
 // weight as [in, out] (MatMul's W, Gemm without transB) so that it reads as
 // PyTorch's [out, in]; then rows [begin, end) of it (a fused QKV projection's
 // q, k or v part), or all of it when end < 0.
+// An LSTM's W, R or B folded into an initializer holds its 4 gate blocks in
+// ONNX's order (input, output, forget, cell) after a leading directions axis
+// of 1: onnx_gates drops that axis and reorders the rows taken to PyTorch's
+// (input, forget, cell, output).
 struct WeightRef {
   std::string init;
   bool transpose = false;
   int64_t begin = 0, end = -1;
+  bool onnx_gates = false;
 };
 
 struct Graph {
@@ -84,6 +89,11 @@ struct Fusion {
 // Under FusionMode::eager, the patterns PyTorch's eager mode runs op by op
 // (tanh-GELU with a Pow, RMSNorm: both written in Python) are left unfused.
 std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused = nullptr);
+
+// nn.LSTM's export (one LSTM node a layer, with its transposes, squeeze and
+// gate reordering) as the IR's lstm (import_onnx_lstm.cpp); else nothing, and
+// `why` says what the node does that the IR's lstm does not.
+std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why);
 
 // The values of a tensor stored in the file (raw or typed data), as doubles;
 // nothing for external data or an element type not read here.

@@ -340,6 +340,33 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.gemms = 1;
       break;
     }
+    case OpKind::lstm: {
+      // PyTorch 1.13 runs nn.LSTM on the CPU as aten's decomposed cell
+      // (LSTMCell in ATen's RNN.cpp): one linear over the whole sequence,
+      // gates_t = linear_ih(x)_t + linear_hh(h_{t-1}), then sigmoid_/tanh_ in
+      // place on the gates' chunks, c_t = f c_{t-1} + i g, h_t = o tanh(c_t),
+      // and a stack of the h_t. Autograd keeps, per step: h_{t-1} (addmm's
+      // mat1), the activated gates (one storage, 4 hidden), c_{t-1} (mul's
+      // other operand) and tanh(c_t) (tanh's result): 7 hidden a step, h_0
+      // and c_0 (zeros) included; and the input x, for linear_ih's weight
+      // gradient. The pack hook measures exactly this
+      // (tests/fixtures/exports/weights: tiny-lstm).
+      const int64_t T = in_shape(0)[0], in = in_shape(0)[1], H = n.attrs.integer("hidden");
+      d.params = {{"weight_ih", 4 * H * in, true, {4 * H, in}}, {"weight_hh", 4 * H * H, true, {4 * H, H}}};
+      if (n.attrs.flag("bias"))
+        for (const char* b : {"bias_ih", "bias_hh"}) d.params.push_back({b, 4 * H, false, {4 * H}});
+      d.saved = {keep_input(0), keep_own("state", T * 7 * H, Elem::compute)};
+      // Backward: the gates' gradients for the whole sequence (then dW and
+      // dx are one GEMM each) and the running dh, dc.
+      d.bwd_temps = {{"dgates", T * 4 * H, Elem::compute}, {"dstate", 2 * H, Elem::compute}};
+      // x W_ih^T and h W_hh^T (2 flops a multiply-add), and about 12 flops an
+      // element of hidden for the gates' nonlinearities and the cell update.
+      d.fwd_flops = 2.0 * T * 4 * H * (in + H) + 12.0 * T * H;
+      // dh_{t-1} = dgates W_hh, dW_hh, dW_ih, dx: the GEMMs twice over.
+      d.bwd_flops = 2.0 * (2.0 * T * 4 * H * (in + H)) + 16.0 * T * H;
+      d.gemms = 2;  // x W_ih^T, then h W_hh^T a step
+      break;
+    }
     case OpKind::batchnorm: {
       const int64_t c = in_shape(0)[0];
       d.params = {{"weight", c, false, {c}}, {"bias", c, false, {c}}};
@@ -657,6 +684,17 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
   }
   const double base_bwd = d.bwd_flops - lora_bwd - lora_bwd_dx;  // as declared: every gradient
   switch (n.op) {
+    case OpKind::lstm: {
+      // A frozen LSTM keeps no input (dx = dgates W_ih needs only W_ih), as
+      // addmm keeps mat1 only for the weight's gradient; the gates, states
+      // and the recurrence dh_{t-1} = dgates W_hh are needed either way.
+      const Shape& x = m.tensor(n.inputs[0]).shape;
+      const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden");
+      if (!g.base) drop(is_input(0));
+      const double ih = 2.0 * T * 4 * H * in, hh = 2.0 * T * 4 * H * H;
+      d.bwd_flops = hh + 16.0 * T * H + (input_grad(0) ? ih : 0) + (g.base ? ih + hh : 0);
+      break;
+    }
     case OpKind::linear:
     case OpKind::conv2d:
     case OpKind::conv_transpose2d: {

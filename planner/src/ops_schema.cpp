@@ -60,6 +60,9 @@ const std::vector<OpSpec>& op_table() {
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
         {"padding", T::int_or_pair, 0}, {"output_padding", T::int_or_pair, 0}, {"groups", T::integer, 1},
         {"bias", T::boolean, true}}},
+      // nn.LSTM, one layer, one direction: [T, in] -> [T, hidden], gates in
+      // PyTorch's order (input, forget, cell, output).
+      {OpKind::lstm, "lstm", 1, {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       // dims: the trailing per-sample axes normalised together, 1 (the last)
       // by default; nn.LayerNorm([C, H, W]) is 3. Weight and bias: their shape.
@@ -597,6 +600,15 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = w.one_d ? Shape{o, OW} : Shape{o, OH, OW};
       check_weight("the weight [C, out/groups, kh, kw]", {x.shape[0], o / g, w.kh, w.kw}, fail);
       checked_numel(out.shape, fail);
+      break;
+    }
+    case OpKind::lstm: {  // a sequence [T, in] -> the hidden state at each step [T, hidden]
+      const auto& x = expect_rank(m, n, 0, 2, 2, "[T, in]", fail);
+      expect_float(x, fail);
+      const int64_t H = positive(n, "hidden", fail);
+      check_weight("the gates' weights [4 hidden, in + hidden]", {4 * H, x.shape[1] + H}, fail);
+      out.shape = {x.shape[0], H};
+      checked_numel({x.shape[0], 7 * H}, fail);  // what it keeps a step (ops_decl.cpp)
       break;
     }
     case OpKind::batchnorm: {

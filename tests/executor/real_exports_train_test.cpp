@@ -138,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-mlp-glu-opset17.onnx", "tiny-mlp-arith-opset17.onnx",
                                            "tiny-albert-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
                                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
-                                           "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx"),
+                                           "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
+                                           "weights/tiny-lstm-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -158,8 +159,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // nn.GroupNorm with and without its affine parameters (tiny-groupnorm), and
 // nearest upsampling between a U-Net's levels (tiny-unet), LayerNorm
 // over [C, H, W] and [H, W] (tiny-layernorm-chw), bilinear and linear
-// upsampling (tiny-fpn), and ConvTranspose2d and ConvTranspose1d
-// (tiny-autoencoder).
+// upsampling (tiny-fpn), ConvTranspose2d and ConvTranspose1d
+// (tiny-autoencoder), and a two-layer nn.LSTM (tiny-lstm).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -173,7 +174,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "tiny-mlp-arith-opset17.onnx", "tiny-mlp-glu-opset17.onnx", "tiny-albert-opset17.onnx",
                            "weights/tiny-acts-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
-                           "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx"}) {
+                           "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
+                           "weights/tiny-lstm-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

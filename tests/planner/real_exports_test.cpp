@@ -1012,8 +1012,10 @@ TEST(RealExports, TorchsOwnTanhGeluIsOneOpUnderBothFusions) {
 // parameter count exactly, and the planned activations within 5 % of
 // `torch_bytes` less `known_gap` (a gap the fusion is known to leave).
 Model expect_pytorchs_figures(const std::string& file, FusionMode fusion, int64_t params, double torch_bytes,
-                              double known_gap = 0) {
-  const Outcome o = import_file("weights/" + file, {{"options", nlohmann::json::object()}}, fusion);
+                              double known_gap = 0, int64_t sequence = 0) {
+  nlohmann::json options = nlohmann::json::object();
+  if (sequence > 0) options["sequence"] = sequence;  // a token model's symbolic sequence axis
+  const Outcome o = import_file("weights/" + file, {{"options", options}}, fusion);
   if (!o.model) {
     ADD_FAILURE() << file << ": " << o.error;
     return Model{};
@@ -1149,6 +1151,50 @@ TEST(RealExports, ConvTransposeIsOneConvTranspose2d) {
                        {{16, 4, 4}, {16, 8, 8}}, {{16, 8, 8}, {16, 16, 8}}, {{8, 64}, {8, 128}}}));
     EXPECT_EQ(weights, (std::vector<Shape>{{16, 16, 3, 3}, {16, 8, 2, 3}, {8, 8, 4}}));
   }
+}
+
+// nn.LSTM (two layers, batch_first) exports as one ONNX LSTM a layer, its
+// input transposed to sequence-first and back, each weight reordered from
+// PyTorch's gates (i, f, g, o) to ONNX's (i, o, f, c) by Slice and Concat
+// (or, with constant folding on, into new initializers): each layer is one
+// lstm, nothing else of that plumbing is planned. PyTorch's figures for
+// weighted_models.py's TinyLSTM (sequence 16, batch 1): 12,768 parameters and
+// 31,748 bytes saved with the loss. By hand, from ATen's CPU LSTMCell (see
+// ops_decl.cpp): each layer keeps, a step, h_{t-1}, the activated gates,
+// c_{t-1} and tanh(c_t), 7 x 24 floats (2 x 10,752), and its input for
+// weight_ih's gradient ([16, 16] and [16, 24]: 1,024 + 1,536); the head its
+// input (1,536): 25,600, plus the loss's 6,148 (log-softmax over 96 tokens).
+TEST(RealExports, EachLstmLayerIsOneLstm) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const char* file : {"tiny-lstm-opset17.onnx", "tiny-lstm-folded-opset17.onnx"})
+    for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+      const Model m = expect_pytorchs_figures(file, fusion, 12768, 31748, 0, 16);
+      std::vector<std::pair<Shape, Shape>> layers;  // (input, output) of each lstm
+      for (const Node& n : m.nodes) {
+        EXPECT_NE(n.op, OpKind::transpose) << file << " " << n.name;
+        if (n.op == OpKind::lstm) layers.emplace_back(m.tensor(n.inputs[0]).shape, m.tensor(n.output).shape);
+      }
+      EXPECT_EQ(layers, (std::vector<std::pair<Shape, Shape>>{{{16, 16}, {16, 24}}, {{16, 24}, {16, 24}}})) << file;
+    }
+}
+
+// What an LSTM node can say that dlplan's lstm (one forward layer from zero
+// states, giving the output sequence) does not run is refused, naming the
+// node and the reason: both directions, and a head on h_n.
+TEST(RealExports, ABidirectionalLstmOrOneReadForItsFinalStateIsRefusedNamingTheNode) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const nlohmann::json sequence = {{"options", {{"sequence", 8}}}};
+  const Outcome bi = import_file("refused/lstm-bidirectional-opset17.onnx", sequence);
+  EXPECT_FALSE(bi.model.has_value());
+  EXPECT_NE(bi.error.find("lstm-bidirectional-opset17.onnx: node '/rnn/LSTM' (LSTM): an nn.LSTM dlplan cannot plan: "
+                          "direction 'bidirectional'"),
+            std::string::npos)
+      << bi.error;
+  const Outcome last = import_file("refused/lstm-final-state-opset17.onnx", sequence);
+  EXPECT_FALSE(last.model.has_value());
+  EXPECT_NE(last.error.find("node '/rnn/LSTM' (LSTM): an nn.LSTM dlplan cannot plan: its final hidden (h_n) state"),
+            std::string::npos)
+      << last.error;
 }
 
 // nn.LayerNorm([C, H, W]) and nn.LayerNorm([H, W]) export as

@@ -225,9 +225,11 @@ def _user_models():
             return self.head(torch.tanh(self.decode(self.encode(x))).mean((2, 3)))
 
     class LSTMClassifier(nn.Module):
-        def __init__(self):
+        def __init__(self, layers=1, bidirectional=False):
             super().__init__()
-            self.embed, self.rnn, self.head = nn.Embedding(1000, 32), nn.LSTM(32, 32, batch_first=True), nn.Linear(32, 5)
+            self.embed = nn.Embedding(1000, 32)
+            self.rnn = nn.LSTM(32, 32, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+            self.head = nn.Linear(64 if bidirectional else 32, 5)
 
         def forward(self, ids):
             return self.head(self.rnn(self.embed(ids))[0][:, -1])
@@ -255,6 +257,8 @@ def _user_models():
         "user-unet-bilinear": (lambda: UNet("bilinear"), lambda: torch.randn(1, 3, 64, 64), False),
         "user-conv-autoencoder": (ConvAutoencoder, lambda: torch.randn(1, 3, 64, 64), False),
         "user-lstm": (LSTMClassifier, ids, True),
+        "user-lstm-3-layers": (lambda: LSTMClassifier(layers=3), ids, True),
+        "user-bilstm": (lambda: LSTMClassifier(bidirectional=True), ids, True),
     }
 
 
@@ -281,9 +285,9 @@ REFUSED = {
     "hf-roformer": "node '/inner/roformer/encoder/Unsqueeze' (Unsqueeze): reshapes [64, 32] to [1, 64, 32], which "
                    "moves the batch axis",
     "hf-mixtral": "node '/inner/model/layers.0/block_sparse_moe/OneHot' (OneHot): op 'OneHot' is not supported",
-    # nn.LSTM is one ONNX op the IR has no op for, and its batch_first input
-    # is transposed to sequence-first.
-    "user-lstm": "node '/rnn/Transpose' (Transpose): perm [1, 0, 2] moves the batch axis",
+    # (nn.LSTM's classifier was here until the IR had lstm.) A bidirectional
+    # one is refused, naming the node and the direction.
+    "user-bilstm": "node '/rnn/LSTM' (LSTM): an nn.LSTM dlplan cannot plan: direction 'bidirectional'",
 }
 
 # Planned with opaque ops (kept inputs: more than PyTorch keeps), and not

@@ -1,0 +1,147 @@
+// Recurrent ops: lstm (nn.LSTM, one layer, one direction).
+//
+// x: [b, T, in]; weight_ih [4H, in], weight_hh [4H, H], bias_ih and bias_hh
+// [4H], the gates in PyTorch's order (input i, forget f, cell g, output o);
+// out: [b, T, H], the hidden state h_t of every step. With h_{-1} = c_{-1} = 0:
+//   gates_t = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh
+//   i, f, o = sigmoid(gates_t[i, f, o]),  g = tanh(gates_t[g])
+//   c_t = f c_{t-1} + i g,  h_t = o tanh(c_t)
+// as ATen's LSTMCell computes it on the CPU (RNN.cpp). The saved "state"
+// holds, per sample and step, what autograd keeps there: the activated gates
+// [4H], h_{t-1} [H], c_{t-1} [H] and tanh(c_t) [H] (ops_decl.cpp).
+//
+// Backward runs the steps in reverse with dh and dc carried from step t + 1:
+//   dh = dy_t + dh',  dc = dh o (1 - tanh(c_t)^2) + dc'
+//   d(gates) = [dc g i (1 - i), dc c_{t-1} f (1 - f), dc i (1 - g^2), dh tanh(c_t) o (1 - o)]
+//   dh' = d(gates) W_hh,  dc' = dc f
+// then dW_ih += d(gates)^T x, dW_hh += d(gates)^T h_{t-1}, both biases the
+// sum of d(gates), and dx += d(gates) W_ih: one GEMM each over all steps.
+#include "cpu/ops.hpp"
+#include "cpu/vec_math.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace dlplan::exec::cpu {
+
+namespace {
+
+struct LstmShape {
+  int64_t b, T, in, H;
+  int64_t step() const { return 7 * H; }  // one step's slice of the state
+  int64_t sample() const { return T * step(); }
+};
+
+LstmShape lstm_shape(const OpContext& c) {
+  const Shape& x = in_shape(c, 0);
+  return {c.batch, x[0], x[1], c.node->attrs.integer("hidden")};
+}
+
+// Offsets inside one step's state slice.
+constexpr int64_t kGates = 0;
+inline int64_t h_prev(const LstmShape& s) { return 4 * s.H; }
+inline int64_t c_prev(const LstmShape& s) { return 5 * s.H; }
+inline int64_t tanh_c(const LstmShape& s) { return 6 * s.H; }
+
+}  // namespace
+
+void lstm_forward(OpContext& c) {
+  const LstmShape s = lstm_shape(c);
+  const int64_t H = s.H, G = 4 * H;
+  Tensor state_t = alloc_saved(c, {s.b, s.T, s.step()}, compute(c), "state");
+  Fp32Buffer state_b(state_t);
+  float* st = state_b.data();
+  const float *w_ih = c.params[0].f(), *w_hh = c.params[1].f();
+  const bool bias = c.node->attrs.flag("bias");
+  float* y = c.out.f();
+
+  // Every step's x_t W_ih^T at once, into the gates' slots (row stride 7H).
+  gemm(false, true, s.b * s.T, G, s.in, 1.0f, c.in[0].f(), s.in, w_ih, s.in, 0.0f, st + kGates, s.step());
+  std::vector<float> cell(static_cast<size_t>(s.b * H), 0.0f);  // c_t, carried in fp32 as stored
+  for (int64_t t = 0; t < s.T; ++t) {
+    for (int64_t n = 0; n < s.b; ++n) {  // h_{t-1}, c_{t-1}: zeros at the first step
+      float* at = st + n * s.sample() + t * s.step();
+      if (t == 0) {
+        std::fill(at + h_prev(s), at + h_prev(s) + H, 0.0f);
+      } else {
+        std::memcpy(at + h_prev(s), y + (n * s.T + t - 1) * H, static_cast<size_t>(H) * sizeof(float));
+      }
+      std::memcpy(at + c_prev(s), cell.data() + n * H, static_cast<size_t>(H) * sizeof(float));
+    }
+    // gates_t += h_{t-1} W_hh^T for every sample (rows a sample apart).
+    float* step0 = st + t * s.step();
+    gemm(false, true, s.b, G, H, 1.0f, step0 + h_prev(s), s.sample(), w_hh, H, 1.0f, step0 + kGates, s.sample());
+    for (int64_t n = 0; n < s.b; ++n) {
+      float* at = st + n * s.sample() + t * s.step();
+      float* gi = at + kGates;
+      for (int64_t j = 0; j < H; ++j) {
+        float bsum[4] = {0, 0, 0, 0};
+        if (bias)
+          for (int k = 0; k < 4; ++k) bsum[k] = c.params[2].f()[k * H + j] + c.params[3].f()[k * H + j];
+        const float i = sigmoid(gi[j] + bsum[0]), f = sigmoid(gi[H + j] + bsum[1]);
+        const float g = std::tanh(gi[2 * H + j] + bsum[2]), o = sigmoid(gi[3 * H + j] + bsum[3]);
+        gi[j] = i, gi[H + j] = f, gi[2 * H + j] = g, gi[3 * H + j] = o;
+      }
+      state_b.round(gi, G);  // the activated gates as stored
+      float* cn = cell.data() + n * H;
+      for (int64_t j = 0; j < H; ++j) cn[j] = gi[H + j] * at[c_prev(s) + j] + gi[j] * gi[2 * H + j];
+      state_b.round(cn, H);  // c_t as stored (the next step's c_{t-1})
+      for (int64_t j = 0; j < H; ++j) at[tanh_c(s) + j] = std::tanh(cn[j]);
+      state_b.round(at + tanh_c(s), H);
+      float* h = y + (n * s.T + t) * H;
+      for (int64_t j = 0; j < H; ++j) h[j] = gi[3 * H + j] * at[tanh_c(s) + j];
+      state_b.round(h, H);
+    }
+  }
+  state_b.store();
+  c.saved.push_back(std::move(state_t));
+}
+
+void lstm_backward(OpContext& c) {
+  const LstmShape s = lstm_shape(c);
+  const int64_t H = s.H, G = 4 * H;
+  const float* st = saved_named(c, "state").f();
+  const float *w_ih = c.params[0].f(), *w_hh = c.params[1].f();
+  Tensor dg_t = alloc_temp(c, {s.b, s.T, G}, "dgates");
+  Tensor carry_t = alloc_temp(c, {s.b, 2 * H}, "dstate", /*zero=*/true);
+  Fp32Buffer dg_b(dg_t), carry_b(carry_t);
+  float *dg = dg_b.data(), *carry = carry_b.data();  // carry: [dh', dc'] a sample
+  std::fill(carry, carry + s.b * 2 * H, 0.0f);
+  const float* dy = c.dout.f();
+
+  for (int64_t t = s.T - 1; t >= 0; --t) {
+    for (int64_t n = 0; n < s.b; ++n) {
+      const float* at = st + n * s.sample() + t * s.step();
+      const float *gi = at + kGates, *cp = at + c_prev(s), *tc = at + tanh_c(s);
+      float* dgt = dg + (n * s.T + t) * G;
+      float *dh_c = carry + n * 2 * H, *dc_c = dh_c + H;
+      for (int64_t j = 0; j < H; ++j) {
+        const float i = gi[j], f = gi[H + j], g = gi[2 * H + j], o = gi[3 * H + j];
+        const float dh = dy[(n * s.T + t) * H + j] + dh_c[j];
+        const float dc = dh * o * (1.0f - tc[j] * tc[j]) + dc_c[j];
+        dgt[j] = dc * g * i * (1.0f - i);
+        dgt[H + j] = dc * cp[j] * f * (1.0f - f);
+        dgt[2 * H + j] = dc * i * (1.0f - g * g);
+        dgt[3 * H + j] = dh * tc[j] * o * (1.0f - o);
+        dc_c[j] = dc * f;
+      }
+    }
+    // dh' = d(gates_t) W_hh for every sample, into the carry's first half.
+    gemm(false, false, s.b, H, G, 1.0f, dg + t * G, s.T * G, w_hh, H, 0.0f, carry, 2 * H);
+  }
+  dg_b.store();
+  carry_b.store();
+  const int64_t R = s.b * s.T;
+  if (float* dw = grad_or_null(c.dparams[0])) gemm(true, false, G, s.in, R, 1.0f, dg, G, c.in[0].f(), s.in, 1.0f, dw, s.in);
+  if (float* dw = grad_or_null(c.dparams[1]))
+    gemm(true, false, G, H, R, 1.0f, dg, G, st + h_prev(s), s.step(), 1.0f, dw, H);
+  if (c.node->attrs.flag("bias"))
+    for (int k = 2; k < 4; ++k)
+      if (float* db = grad_or_null(c.dparams[static_cast<size_t>(k)]))
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t j = 0; j < G; ++j) db[j] += dg[r * G + j];
+  if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, G, w_ih, s.in, 1.0f, dx, s.in);
+}
+
+}  // namespace dlplan::exec::cpu

@@ -1,0 +1,251 @@
+// nn.LSTM as torch.onnx.export writes it, recognised as the IR's lstm.
+//
+// torch 1.13 exports each layer of an nn.LSTM as one ONNX LSTM node, which
+// runs sequence-first ([T, b, in] -> Y [T, directions, b, H]):
+//   batch_first input -> Transpose(perm 1, 0, 2) -> LSTM -> Squeeze(axis 1)
+//     -> Transpose(perm 1, 0, 2) -> the batch_first output,
+// and a further layer reads the Squeeze directly. The weights reach the node
+// reordered from PyTorch's gate order (i, f, g, o) to ONNX's (i, o, f, c):
+// W = Unsqueeze(Concat(Slice(weight_ih, rows i), Slice(rows o), Slice(rows
+// f and g))), R likewise from weight_hh, and B the same of bias_ih then
+// bias_hh; with constant folding on, these are initializers already in ONNX's
+// order. The states start at zero (ConstantOfShape). Everything else an LSTM
+// node can say (both directions, sequence lengths, given states, peepholes,
+// clip, other activations, h_n or c_n read after it) is refused with the
+// reason, as the IR's lstm is one forward layer from zero states.
+#include "import_onnx_graph.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+namespace dlplan::onnx_import {
+namespace {
+
+bool has_perm(const onnx::NodeProto& n, const std::vector<int64_t>& perm) {
+  return n.op_type() == "Transpose" && attr_ints(n, "perm") == perm;
+}
+
+// A Squeeze of axis 1 only (the directions axis of an LSTM's Y).
+bool squeezes_axis_1(const Graph& g, const onnx::NodeProto& n) {
+  if (n.op_type() != "Squeeze") return false;
+  std::vector<int64_t> axes = attr_ints(n, "axes");
+  if (n.input_size() > 1 && !n.input(1).empty()) {
+    const auto v = g.values(n.input(1));
+    if (!v) return false;
+    axes.assign(v->begin(), v->end());
+  }
+  return axes == std::vector<int64_t>{1} || axes == std::vector<int64_t>{-3};
+}
+
+// All zeros: an absent input, or a constant (ConstantOfShape of 0, folded or
+// not), or a part of one (a layer's Slice of nn.LSTM's [layers, b, H] zeros).
+bool zero_state(const Graph& g, const std::string& t, int depth = 0) {
+  if (t.empty()) return true;
+  const int p = g.producer_of(t);
+  static const std::set<std::string> kParts = {"Slice", "Gather", "Squeeze", "Unsqueeze", "Expand", "Reshape"};
+  if (p >= 0 && depth < 4 && kParts.count(g.node(p).op_type()) && g.node(p).input_size() > 0)
+    return zero_state(g, g.node(p).input(0), depth + 1);
+  if (p >= 0 && g.node(p).op_type() == "ConstantOfShape") {
+    const auto* v = attr(g.node(p), "value");
+    if (!v) return true;
+    const auto vals = tensor_values(v->t());
+    return vals && std::all_of(vals->begin(), vals->end(), [](double e) { return e == 0.0; });
+  }
+  const auto vals = g.values(t);
+  return vals && std::all_of(vals->begin(), vals->end(), [](double e) { return e == 0.0; });
+}
+
+// Rows [begin, end) of axis 0 that Slice node n takes from its data input.
+std::optional<std::pair<int64_t, int64_t>> slice_rows(const Graph& g, const onnx::NodeProto& n) {
+  if (n.op_type() != "Slice" || n.input_size() < 3) return std::nullopt;
+  const auto starts = g.values(n.input(1)), ends = g.values(n.input(2));
+  const auto axes = n.input_size() > 3 && !n.input(3).empty() ? g.values(n.input(3)) : std::vector<double>{0};
+  const auto steps = n.input_size() > 4 && !n.input(4).empty() ? g.values(n.input(4)) : std::vector<double>{1};
+  if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || *axes != std::vector<double>{0} ||
+      *steps != std::vector<double>{1})
+    return std::nullopt;
+  return std::make_pair(static_cast<int64_t>((*starts)[0]), static_cast<int64_t>((*ends)[0]));
+}
+
+// Concat(Slice(p, rows [0, n)), Slice(p, [3n, 4n)), Slice(p, [n, 3n))) of one
+// learned tensor p with 4n rows: PyTorch's i, f, g, o reordered to ONNX's
+// i, o, f, c. Returns p, and adds the nodes to `nodes`.
+std::optional<std::string> reordered_gates(const Graph& g, const std::string& t, int64_t n, std::vector<int>& nodes) {
+  const int c = g.producer_of(t);
+  if (c < 0 || g.node(c).op_type() != "Concat" || attr_int(g.node(c), "axis", 0) != 0 || g.node(c).input_size() != 3)
+    return std::nullopt;
+  const std::pair<int64_t, int64_t> want[3] = {{0, n}, {3 * n, 4 * n}, {n, 3 * n}};
+  std::string source;
+  std::vector<int> found{c};
+  for (int k = 0; k < 3; ++k) {
+    const int s = g.producer_of(g.node(c).input(k));
+    const auto rows = s >= 0 ? slice_rows(g, g.node(s)) : std::nullopt;
+    if (!rows || *rows != want[k]) return std::nullopt;
+    const std::string& p = g.node(s).input(0);
+    if (!g.is_learned(p) || (!source.empty() && p != source)) return std::nullopt;
+    const auto ps = g.shape(p);
+    if (!ps || ps->empty() || (*ps)[0] != 4 * n) return std::nullopt;
+    source = p;
+    found.push_back(s);
+  }
+  nodes.insert(nodes.end(), found.begin(), found.end());
+  return source;
+}
+
+// The node producing t if it is an Unsqueeze of axis 0 (the directions axis).
+std::optional<int> unsqueezed(const Graph& g, const std::string& t) {
+  const int u = g.producer_of(t);
+  if (u < 0 || g.node(u).op_type() != "Unsqueeze") return std::nullopt;
+  std::vector<int64_t> axes = attr_ints(g.node(u), "axes");
+  if (g.node(u).input_size() > 1 && !g.node(u).input(1).empty()) {
+    const auto v = g.values(g.node(u).input(1));
+    if (!v) return std::nullopt;
+    axes.assign(v->begin(), v->end());
+  }
+  if (axes != std::vector<int64_t>{0}) return std::nullopt;
+  return u;
+}
+
+// W or R [1, 4H, cols]: the PyTorch weight it reorders, or the folded
+// initializer in ONNX's gate order.
+std::optional<WeightRef> gate_weight(const Graph& g, const std::string& t, int64_t H, std::vector<int>& nodes) {
+  if (const auto u = unsqueezed(g, t)) {
+    auto p = reordered_gates(g, g.node(*u).input(0), H, nodes);
+    if (!p) return std::nullopt;
+    nodes.push_back(*u);
+    return WeightRef{*p};
+  }
+  if (!g.is_init(t)) return std::nullopt;
+  WeightRef r{t};
+  r.onnx_gates = true;
+  return r;
+}
+
+// B [1, 8H]: bias_ih and bias_hh, each reordered.
+std::optional<std::pair<WeightRef, WeightRef>> gate_biases(const Graph& g, const std::string& t, int64_t H,
+                                                           std::vector<int>& nodes) {
+  if (const auto u = unsqueezed(g, t)) {
+    const int c = g.producer_of(g.node(*u).input(0));
+    if (c < 0 || g.node(c).op_type() != "Concat" || g.node(c).input_size() != 2 ||
+        attr_int(g.node(c), "axis", 0) != 0)
+      return std::nullopt;
+    std::vector<int> found{*u, c};
+    const auto ih = reordered_gates(g, g.node(c).input(0), H, found);
+    const auto hh = ih ? reordered_gates(g, g.node(c).input(1), H, found) : std::nullopt;
+    if (!hh) return std::nullopt;
+    nodes.insert(nodes.end(), found.begin(), found.end());
+    return std::make_pair(WeightRef{*ih}, WeightRef{*hh});
+  }
+  if (!g.is_init(t)) return std::nullopt;
+  WeightRef ih{t, false, 0, 4 * H}, hh{t, false, 4 * H, 8 * H};
+  ih.onnx_gates = hh.onnx_gates = true;
+  return std::make_pair(ih, hh);
+}
+
+}  // namespace
+
+std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why) {
+  const auto& n = g.node(lstm);
+  const auto input = [&](int k) -> std::string { return n.input_size() > k ? n.input(k) : std::string(); };
+  const int64_t H = attr_int(n, "hidden_size", 0);
+  const std::string direction = attr_text(n, "direction", "forward");
+  if (direction != "forward") {
+    why = fmt::format("direction '{}': dlplan's lstm runs one direction (a bidirectional nn.LSTM is not supported yet)",
+                      direction);
+    return std::nullopt;
+  }
+  if (attr_int(n, "layout", 0) != 0 || attr(n, "clip") || attr_int(n, "input_forget", 0) != 0 || H <= 0) {
+    why = "a layout, clip, input_forget or missing hidden_size that nn.LSTM does not export";
+    return std::nullopt;
+  }
+  if (const auto acts = attr(n, "activations"); acts && acts->strings_size() > 0) {
+    std::vector<std::string> a(acts->strings().begin(), acts->strings().end());
+    if (a != std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}) {
+      why = "activations other than nn.LSTM's (sigmoid, tanh, tanh)";
+      return std::nullopt;
+    }
+  }
+  if (!input(4).empty() || !input(7).empty()) {
+    why = "sequence lengths (a packed sequence) or peepholes, which nn.LSTM's plain forward does not export";
+    return std::nullopt;
+  }
+  if (!zero_state(g, input(5)) || !zero_state(g, input(6))) {
+    why = "its initial state (h_0, c_0) is given; dlplan's lstm starts from zeros, as nn.LSTM does without one";
+    return std::nullopt;
+  }
+  for (int k = 1; k < std::min(n.output_size(), 3); ++k)
+    if (!n.output(k).empty() && !g.consumers_of(n.output(k)).empty()) {
+      why = fmt::format("its final {} state is read after it; dlplan's lstm gives the output sequence only "
+                        "(for a one-layer forward LSTM, output[:, -1] is h_n)",
+                        k == 1 ? "hidden (h_n)" : "cell (c_n)");
+      return std::nullopt;
+    }
+
+  Fusion f;
+  f.kind = "lstm";
+  f.name = n.name().empty() ? n.output(0) : n.name();
+  f.unit_source = n.name();
+  f.nodes = {lstm};
+  // The input: a batch_first tensor transposed to sequence-first, or the
+  // previous layer's output (sequence-first, read by no other node).
+  const int xp = g.producer_of(input(0));
+  if (xp >= 0 && has_perm(g.node(xp), {1, 0, 2}) && g.consumers_of(input(0)).size() == 1) {
+    f.x = g.node(xp).input(0);
+    f.nodes.push_back(xp);
+  } else if (xp >= 0 && squeezes_axis_1(g, g.node(xp)) && g.producer_of(g.node(xp).input(0)) >= 0 &&
+             g.node(g.producer_of(g.node(xp).input(0))).op_type() == "LSTM") {
+    f.x = input(0);
+  } else {
+    why = "its input is not a batch_first tensor (nn.LSTM(batch_first=True)) or the layer below's output; dlplan "
+          "plans per sample with the batch axis first";
+    return std::nullopt;
+  }
+  // The output: Squeeze of the directions axis, then either the transpose
+  // back to batch_first or the next layers alone.
+  const auto sq = g.consumers_of(n.output(0));
+  if (sq.size() != 1 || !squeezes_axis_1(g, g.node(sq[0]))) {
+    why = "its output is not squeezed to [T, b, hidden] as nn.LSTM's export does";
+    return std::nullopt;
+  }
+  f.nodes.push_back(sq[0]);
+  const std::string& seq = g.node(sq[0]).output(0);
+  const auto& readers = g.consumers_of(seq);
+  if (readers.size() == 1 && has_perm(g.node(readers[0]), {1, 0, 2})) {
+    f.nodes.push_back(readers[0]);
+    f.out = g.node(readers[0]).output(0);
+  } else if (!readers.empty() && std::all_of(readers.begin(), readers.end(), [&](int r) {
+               return g.node(r).op_type() == "LSTM" && g.node(r).input(0) == seq;
+             })) {
+    f.out = seq;
+  } else {
+    why = "its sequence-first output is read by something other than the transpose back to batch_first or the next "
+          "layer (dropout between layers, or batch_first=False)";
+    return std::nullopt;
+  }
+
+  const auto w = gate_weight(g, input(1), H, f.nodes);
+  const auto r = w ? gate_weight(g, input(2), H, f.nodes) : std::nullopt;
+  if (!w || !r) {
+    why = "its weights are neither nn.LSTM's weight_ih and weight_hh reordered to ONNX's gate order nor initializers";
+    return std::nullopt;
+  }
+  f.weights = {{"weight_ih", *w}, {"weight_hh", *r}};
+  const bool bias = !input(3).empty();
+  if (bias) {
+    const auto b = gate_biases(g, input(3), H, f.nodes);
+    if (!b) {
+      why = "its bias is neither nn.LSTM's bias_ih and bias_hh reordered to ONNX's gate order nor an initializer";
+      return std::nullopt;
+    }
+    f.weights.push_back({"bias_ih", b->first});
+    f.weights.push_back({"bias_hh", b->second});
+  }
+  f.attrs["hidden"] = H;
+  f.attrs["bias"] = bias;
+  return f;
+}
+
+}  // namespace dlplan::onnx_import
