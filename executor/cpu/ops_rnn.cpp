@@ -16,6 +16,12 @@
 //   dh' = d(gates) W_hh,  dc' = dc f
 // then dW_ih += d(gates)^T x, dW_hh += d(gates)^T h_{t-1}, both biases the
 // sum of d(gates), and dx += d(gates) W_ih: one GEMM each over all steps.
+//
+// Bidirectional: a second direction with its own weights (the *_reverse
+// parameters) runs the same over the reversed sequence (its h_{t-1} is the
+// state after step t + 1), its h_t in columns [H, 2H) of out. The state
+// holds both directions' slices, [b, T, 2, 7H]; backward takes one
+// direction after the other through the same temporaries.
 #include "cpu/ops.hpp"
 #include "cpu/vec_math.hpp"
 
@@ -28,21 +34,35 @@ namespace dlplan::exec::cpu {
 namespace {
 
 struct LstmShape {
-  int64_t b, T, in, H;
-  int64_t step() const { return 7 * H; }  // one step's slice of the state
+  int64_t b, T, in, H, dirs;
+  int64_t slot() const { return 7 * H; }            // one direction's slice of a step's state
+  int64_t step() const { return dirs * slot(); }    // one step's state, both directions
   int64_t sample() const { return T * step(); }
+  int64_t width() const { return dirs * H; }        // a row of out
 };
 
 LstmShape lstm_shape(const OpContext& c) {
   const Shape& x = in_shape(c, 0);
-  return {c.batch, x[0], x[1], c.node->attrs.integer("hidden")};
+  return {c.batch, x[0], x[1], c.node->attrs.integer("hidden"), c.node->attrs.flag("bidirectional") ? 2 : 1};
 }
 
-// Offsets inside one step's state slice.
+// Offsets inside one direction's slice of a step's state.
 constexpr int64_t kGates = 0;
 inline int64_t h_prev(const LstmShape& s) { return 4 * s.H; }
 inline int64_t c_prev(const LstmShape& s) { return 5 * s.H; }
 inline int64_t tanh_c(const LstmShape& s) { return 6 * s.H; }
+
+// Direction d's parameters: weight_ih, weight_hh[, bias_ih, bias_hh].
+struct LstmParams {
+  size_t first, count;
+};
+LstmParams lstm_params(const OpContext& c, int d) {
+  const size_t per = c.node->attrs.flag("bias") ? 4 : 2;
+  return {static_cast<size_t>(d) * per, per};
+}
+
+// The time of direction d's k-th step (the reverse direction starts at the end).
+inline int64_t time_of(const LstmShape& s, int d, int64_t k) { return d == 0 ? k : s.T - 1 - k; }
 
 }  // namespace
 
@@ -52,46 +72,53 @@ void lstm_forward(OpContext& c) {
   Tensor state_t = alloc_saved(c, {s.b, s.T, s.step()}, compute(c), "state");
   Fp32Buffer state_b(state_t);
   float* st = state_b.data();
-  const float *w_ih = c.params[0].f(), *w_hh = c.params[1].f();
-  const bool bias = c.node->attrs.flag("bias");
   float* y = c.out.f();
+  std::vector<float> cell(static_cast<size_t>(s.b * H));  // c_t, carried in fp32 as stored
 
-  // Every step's x_t W_ih^T at once, into the gates' slots (row stride 7H).
-  gemm(false, true, s.b * s.T, G, s.in, 1.0f, c.in[0].f(), s.in, w_ih, s.in, 0.0f, st + kGates, s.step());
-  std::vector<float> cell(static_cast<size_t>(s.b * H), 0.0f);  // c_t, carried in fp32 as stored
-  for (int64_t t = 0; t < s.T; ++t) {
-    for (int64_t n = 0; n < s.b; ++n) {  // h_{t-1}, c_{t-1}: zeros at the first step
-      float* at = st + n * s.sample() + t * s.step();
-      if (t == 0) {
-        std::fill(at + h_prev(s), at + h_prev(s) + H, 0.0f);
-      } else {
-        std::memcpy(at + h_prev(s), y + (n * s.T + t - 1) * H, static_cast<size_t>(H) * sizeof(float));
+  for (int d = 0; d < s.dirs; ++d) {
+    const LstmParams p = lstm_params(c, d);
+    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* b_ih = p.count == 4 ? c.params[p.first + 2].f() : nullptr;
+    const float* b_hh = p.count == 4 ? c.params[p.first + 3].f() : nullptr;
+    float* base = st + d * s.slot();  // direction d's slice of step 0 of sample 0
+    // Every step's x_t W_ih^T at once, into the gates' slots.
+    gemm(false, true, s.b * s.T, G, s.in, 1.0f, c.in[0].f(), s.in, w_ih, s.in, 0.0f, base + kGates, s.step());
+    std::fill(cell.begin(), cell.end(), 0.0f);
+    for (int64_t k = 0; k < s.T; ++k) {
+      const int64_t t = time_of(s, d, k), before = k == 0 ? -1 : time_of(s, d, k - 1);
+      for (int64_t n = 0; n < s.b; ++n) {  // h_{t-1}, c_{t-1}: zeros at the first step
+        float* at = base + n * s.sample() + t * s.step();
+        if (before < 0)
+          std::fill(at + h_prev(s), at + h_prev(s) + H, 0.0f);
+        else
+          std::memcpy(at + h_prev(s), y + (n * s.T + before) * s.width() + d * H, static_cast<size_t>(H) * sizeof(float));
+        std::memcpy(at + c_prev(s), cell.data() + n * H, static_cast<size_t>(H) * sizeof(float));
       }
-      std::memcpy(at + c_prev(s), cell.data() + n * H, static_cast<size_t>(H) * sizeof(float));
-    }
-    // gates_t += h_{t-1} W_hh^T for every sample (rows a sample apart).
-    float* step0 = st + t * s.step();
-    gemm(false, true, s.b, G, H, 1.0f, step0 + h_prev(s), s.sample(), w_hh, H, 1.0f, step0 + kGates, s.sample());
-    for (int64_t n = 0; n < s.b; ++n) {
-      float* at = st + n * s.sample() + t * s.step();
-      float* gi = at + kGates;
-      for (int64_t j = 0; j < H; ++j) {
-        float bsum[4] = {0, 0, 0, 0};
-        if (bias)
-          for (int k = 0; k < 4; ++k) bsum[k] = c.params[2].f()[k * H + j] + c.params[3].f()[k * H + j];
-        const float i = sigmoid(gi[j] + bsum[0]), f = sigmoid(gi[H + j] + bsum[1]);
-        const float g = std::tanh(gi[2 * H + j] + bsum[2]), o = sigmoid(gi[3 * H + j] + bsum[3]);
-        gi[j] = i, gi[H + j] = f, gi[2 * H + j] = g, gi[3 * H + j] = o;
+      // gates_t += h_{t-1} W_hh^T for every sample (rows a sample apart).
+      float* now = base + t * s.step();
+      gemm(false, true, s.b, G, H, 1.0f, now + h_prev(s), s.sample(), w_hh, H, 1.0f, now + kGates, s.sample());
+      for (int64_t n = 0; n < s.b; ++n) {
+        float* at = base + n * s.sample() + t * s.step();
+        float* gi = at + kGates;
+        for (int64_t j = 0; j < H; ++j) {
+          float bias[4] = {0, 0, 0, 0};
+          if (b_ih)
+            for (int q = 0; q < 4; ++q) bias[q] = b_ih[q * H + j] + b_hh[q * H + j];
+          gi[j] = sigmoid(gi[j] + bias[0]);
+          gi[H + j] = sigmoid(gi[H + j] + bias[1]);
+          gi[2 * H + j] = std::tanh(gi[2 * H + j] + bias[2]);
+          gi[3 * H + j] = sigmoid(gi[3 * H + j] + bias[3]);
+        }
+        state_b.round(gi, G);  // the activated gates as stored
+        float* cn = cell.data() + n * H;
+        for (int64_t j = 0; j < H; ++j) cn[j] = gi[H + j] * at[c_prev(s) + j] + gi[j] * gi[2 * H + j];
+        state_b.round(cn, H);  // c_t as stored (the next step's c_{t-1})
+        for (int64_t j = 0; j < H; ++j) at[tanh_c(s) + j] = std::tanh(cn[j]);
+        state_b.round(at + tanh_c(s), H);
+        float* h = y + (n * s.T + t) * s.width() + d * H;
+        for (int64_t j = 0; j < H; ++j) h[j] = gi[3 * H + j] * at[tanh_c(s) + j];
+        state_b.round(h, H);
       }
-      state_b.round(gi, G);  // the activated gates as stored
-      float* cn = cell.data() + n * H;
-      for (int64_t j = 0; j < H; ++j) cn[j] = gi[H + j] * at[c_prev(s) + j] + gi[j] * gi[2 * H + j];
-      state_b.round(cn, H);  // c_t as stored (the next step's c_{t-1})
-      for (int64_t j = 0; j < H; ++j) at[tanh_c(s) + j] = std::tanh(cn[j]);
-      state_b.round(at + tanh_c(s), H);
-      float* h = y + (n * s.T + t) * H;
-      for (int64_t j = 0; j < H; ++j) h[j] = gi[3 * H + j] * at[tanh_c(s) + j];
-      state_b.round(h, H);
     }
   }
   state_b.store();
@@ -100,48 +127,53 @@ void lstm_forward(OpContext& c) {
 
 void lstm_backward(OpContext& c) {
   const LstmShape s = lstm_shape(c);
-  const int64_t H = s.H, G = 4 * H;
+  const int64_t H = s.H, G = 4 * H, R = s.b * s.T;
   const float* st = saved_named(c, "state").f();
-  const float *w_ih = c.params[0].f(), *w_hh = c.params[1].f();
   Tensor dg_t = alloc_temp(c, {s.b, s.T, G}, "dgates");
-  Tensor carry_t = alloc_temp(c, {s.b, 2 * H}, "dstate", /*zero=*/true);
+  Tensor carry_t = alloc_temp(c, {s.b, 2 * H}, "dstate");
   Fp32Buffer dg_b(dg_t), carry_b(carry_t);
   float *dg = dg_b.data(), *carry = carry_b.data();  // carry: [dh', dc'] a sample
-  std::fill(carry, carry + s.b * 2 * H, 0.0f);
   const float* dy = c.dout.f();
 
-  for (int64_t t = s.T - 1; t >= 0; --t) {
-    for (int64_t n = 0; n < s.b; ++n) {
-      const float* at = st + n * s.sample() + t * s.step();
-      const float *gi = at + kGates, *cp = at + c_prev(s), *tc = at + tanh_c(s);
-      float* dgt = dg + (n * s.T + t) * G;
-      float *dh_c = carry + n * 2 * H, *dc_c = dh_c + H;
-      for (int64_t j = 0; j < H; ++j) {
-        const float i = gi[j], f = gi[H + j], g = gi[2 * H + j], o = gi[3 * H + j];
-        const float dh = dy[(n * s.T + t) * H + j] + dh_c[j];
-        const float dc = dh * o * (1.0f - tc[j] * tc[j]) + dc_c[j];
-        dgt[j] = dc * g * i * (1.0f - i);
-        dgt[H + j] = dc * cp[j] * f * (1.0f - f);
-        dgt[2 * H + j] = dc * i * (1.0f - g * g);
-        dgt[3 * H + j] = dh * tc[j] * o * (1.0f - o);
-        dc_c[j] = dc * f;
+  for (int d = 0; d < s.dirs; ++d) {
+    const LstmParams p = lstm_params(c, d);
+    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* base = st + d * s.slot();
+    std::fill(carry, carry + s.b * 2 * H, 0.0f);
+    for (int64_t k = s.T - 1; k >= 0; --k) {
+      const int64_t t = time_of(s, d, k);
+      for (int64_t n = 0; n < s.b; ++n) {
+        const float* at = base + n * s.sample() + t * s.step();
+        const float *gi = at + kGates, *cp = at + c_prev(s), *tc = at + tanh_c(s);
+        const float* dyt = dy + (n * s.T + t) * s.width() + d * H;
+        float* dgt = dg + (n * s.T + t) * G;
+        float *dh_c = carry + n * 2 * H, *dc_c = dh_c + H;
+        for (int64_t j = 0; j < H; ++j) {
+          const float i = gi[j], f = gi[H + j], g = gi[2 * H + j], o = gi[3 * H + j];
+          const float dh = dyt[j] + dh_c[j];
+          const float dc = dh * o * (1.0f - tc[j] * tc[j]) + dc_c[j];
+          dgt[j] = dc * g * i * (1.0f - i);
+          dgt[H + j] = dc * cp[j] * f * (1.0f - f);
+          dgt[2 * H + j] = dc * i * (1.0f - g * g);
+          dgt[3 * H + j] = dh * tc[j] * o * (1.0f - o);
+          dc_c[j] = dc * f;
+        }
       }
+      // dh' = d(gates_t) W_hh for every sample, into the carry's first half.
+      gemm(false, false, s.b, H, G, 1.0f, dg + t * G, s.T * G, w_hh, H, 0.0f, carry, 2 * H);
     }
-    // dh' = d(gates_t) W_hh for every sample, into the carry's first half.
-    gemm(false, false, s.b, H, G, 1.0f, dg + t * G, s.T * G, w_hh, H, 0.0f, carry, 2 * H);
-  }
-  dg_b.store();
-  carry_b.store();
-  const int64_t R = s.b * s.T;
-  if (float* dw = grad_or_null(c.dparams[0])) gemm(true, false, G, s.in, R, 1.0f, dg, G, c.in[0].f(), s.in, 1.0f, dw, s.in);
-  if (float* dw = grad_or_null(c.dparams[1]))
-    gemm(true, false, G, H, R, 1.0f, dg, G, st + h_prev(s), s.step(), 1.0f, dw, H);
-  if (c.node->attrs.flag("bias"))
-    for (int k = 2; k < 4; ++k)
-      if (float* db = grad_or_null(c.dparams[static_cast<size_t>(k)]))
+    dg_b.store();
+    carry_b.store();
+    if (float* dw = grad_or_null(c.dparams[p.first]))
+      gemm(true, false, G, s.in, R, 1.0f, dg, G, c.in[0].f(), s.in, 1.0f, dw, s.in);
+    if (float* dw = grad_or_null(c.dparams[p.first + 1]))
+      gemm(true, false, G, H, R, 1.0f, dg, G, base + h_prev(s), s.step(), 1.0f, dw, H);
+    for (size_t q = 2; q < p.count; ++q)
+      if (float* db = grad_or_null(c.dparams[p.first + q]))
         for (int64_t r = 0; r < R; ++r)
           for (int64_t j = 0; j < G; ++j) db[j] += dg[r * G + j];
-  if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, G, w_ih, s.in, 1.0f, dx, s.in);
+    if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, G, w_ih, s.in, 1.0f, dx, s.in);
+  }
 }
 
 }  // namespace dlplan::exec::cpu

@@ -1008,9 +1008,16 @@ class Importer {
     const auto idx_shape = g_.shape(n.input(1));
     const int64_t axis = attr_int(n, "axis", 0);
     const bool folded = batch_folded_.count(n.input(0)) > 0;
-    if (axis == 1 && !folded && idx && idx->size() == 1)
-      return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)},
-                  OJson{{"index", static_cast<int64_t>((*idx)[0])}}, n.output(0), n.name());
+    if (axis == 1 && !folded && idx && idx->size() == 1) {
+      // x[:, -1] (the last step of an LSTM's output) counts from the end.
+      // A view in PyTorch: what keeps it keeps x's storage (--fusion eager).
+      const auto xs = g_.shape(n.input(0));
+      int64_t k = static_cast<int64_t>((*idx)[0]);
+      if (k < 0 && xs && xs->size() > 1 && (*xs)[1] > 0) k += (*xs)[1];
+      OJson a{{"index", k}};
+      if (fusion_ == FusionMode::eager) a["view"] = true;
+      return emit(ir_name_for(n), "select", {ir_of(n.input(0), n, i)}, a, n.output(0), n.name());
+    }
     // x[..., k, ...] at a constant k of a later axis (BLOOM's fused query_key_value
     // [b, T, H, 3, hd] read at 0, 1, 2): a slice of width 1, which keeps nothing
     // (derivatives.yaml: select_backward needs only the sizes), and a reshape
@@ -1758,7 +1765,12 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
     }
     dims = {b, a};
   }
-  if (ref.onnx_gates && !dims.empty() && dims[0] == 1) dims.erase(dims.begin());  // one direction
+  if (ref.onnx_gates) {  // rows of one gate set each: [directions (x 2 for B), the parameter]
+    if (p.numel <= 0 || numel(dims) % p.numel != 0)
+      throw Error(fmt::format("{}: initializer '{}' does not hold whole copies of parameter '{}' ({} values)", g.src,
+                              ref.init, p.name, p.numel));
+    dims = {numel(dims) / p.numel, p.numel};
+  }
   int64_t count = numel(dims);
   if (ref.end >= 0) {  // rows [begin, end) of the leading axis
     const int64_t rows = dims.empty() ? 0 : dims[0], row = rows > 0 ? count / rows : 0;

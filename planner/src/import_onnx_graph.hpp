@@ -24,9 +24,10 @@ using Dims = std::vector<int64_t>;  // full ONNX shape (batch first); -1 unknown
 // PyTorch's [out, in]; then rows [begin, end) of it (a fused QKV projection's
 // q, k or v part), or all of it when end < 0.
 // An LSTM's W, R or B folded into an initializer holds its 4 gate blocks in
-// ONNX's order (input, output, forget, cell) after a leading directions axis
-// of 1: onnx_gates drops that axis and reorders the rows taken to PyTorch's
-// (input, forget, cell, output).
+// ONNX's order (input, output, forget, cell), a direction after the other
+// (B: W's bias then R's, each direction): onnx_gates reads it as rows of the
+// parameter's size, takes rows [begin, end) and reorders the gate blocks to
+// PyTorch's (input, forget, cell, output).
 struct WeightRef {
   std::string init;
   bool transpose = false;

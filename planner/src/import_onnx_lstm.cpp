@@ -4,15 +4,18 @@
 // runs sequence-first ([T, b, in] -> Y [T, directions, b, H]):
 //   batch_first input -> Transpose(perm 1, 0, 2) -> LSTM -> Squeeze(axis 1)
 //     -> Transpose(perm 1, 0, 2) -> the batch_first output,
-// and a further layer reads the Squeeze directly. The weights reach the node
-// reordered from PyTorch's gate order (i, f, g, o) to ONNX's (i, o, f, c):
-// W = Unsqueeze(Concat(Slice(weight_ih, rows i), Slice(rows o), Slice(rows
-// f and g))), R likewise from weight_hh, and B the same of bias_ih then
-// bias_hh; with constant folding on, these are initializers already in ONNX's
-// order. The states start at zero (ConstantOfShape). Everything else an LSTM
-// node can say (both directions, sequence lengths, given states, peepholes,
-// clip, other activations, h_n or c_n read after it) is refused with the
-// reason, as the IR's lstm is one forward layer from zero states.
+// where a bidirectional layer's Squeeze is Transpose(perm 0, 2, 1, 3) ->
+// Reshape to [T, b, 2H] (the directions side by side), and a further layer
+// reads that directly. The weights reach the node reordered from PyTorch's
+// gate order (i, f, g, o) to ONNX's (i, o, f, c): W = Unsqueeze(Concat(
+// Slice(weight_ih, rows i), Slice(rows o), Slice(rows f and g))), and for
+// two directions a Concat of that and the same of weight_ih_reverse; R
+// likewise from weight_hh, and B the same of bias_ih then bias_hh. With
+// constant folding on, these are initializers already in ONNX's order. The
+// states start at zero (ConstantOfShape). Everything else an LSTM node can
+// say (sequence lengths, given states, peepholes, clip, other activations,
+// h_n or c_n read after it) is refused with the reason, as the IR's lstm
+// is one layer from zero states.
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -109,40 +112,112 @@ std::optional<int> unsqueezed(const Graph& g, const std::string& t) {
   return u;
 }
 
-// W or R [1, 4H, cols]: the PyTorch weight it reorders, or the folded
-// initializer in ONNX's gate order.
-std::optional<WeightRef> gate_weight(const Graph& g, const std::string& t, int64_t H, std::vector<int>& nodes) {
-  if (const auto u = unsqueezed(g, t)) {
-    auto p = reordered_gates(g, g.node(*u).input(0), H, nodes);
-    if (!p) return std::nullopt;
-    nodes.push_back(*u);
-    return WeightRef{*p};
-  }
-  if (!g.is_init(t)) return std::nullopt;
-  WeightRef r{t};
-  r.onnx_gates = true;
-  return r;
+// A two-input Concat on axis 0 producing t: its node.
+std::optional<int> concat_of_two(const Graph& g, const std::string& t) {
+  const int c = g.producer_of(t);
+  if (c < 0 || g.node(c).op_type() != "Concat" || g.node(c).input_size() != 2 || attr_int(g.node(c), "axis", 0) != 0)
+    return std::nullopt;
+  return c;
 }
 
-// B [1, 8H]: bias_ih and bias_hh, each reordered.
-std::optional<std::pair<WeightRef, WeightRef>> gate_biases(const Graph& g, const std::string& t, int64_t H,
-                                                           std::vector<int>& nodes) {
-  if (const auto u = unsqueezed(g, t)) {
-    const int c = g.producer_of(g.node(*u).input(0));
-    if (c < 0 || g.node(c).op_type() != "Concat" || g.node(c).input_size() != 2 ||
-        attr_int(g.node(c), "axis", 0) != 0)
-      return std::nullopt;
-    std::vector<int> found{*u, c};
-    const auto ih = reordered_gates(g, g.node(c).input(0), H, found);
-    const auto hh = ih ? reordered_gates(g, g.node(c).input(1), H, found) : std::nullopt;
-    if (!hh) return std::nullopt;
-    nodes.insert(nodes.end(), found.begin(), found.end());
-    return std::make_pair(WeightRef{*ih}, WeightRef{*hh});
+// The parts of W, R or B a direction each: t itself for one direction, the
+// two inputs of its Concat for two.
+std::optional<std::vector<std::string>> per_direction(const Graph& g, const std::string& t, int dirs,
+                                                      std::vector<int>& nodes) {
+  if (dirs == 1) return std::vector<std::string>{t};
+  const auto c = concat_of_two(g, t);
+  if (!c) return std::nullopt;
+  nodes.push_back(*c);
+  return std::vector<std::string>{g.node(*c).input(0), g.node(*c).input(1)};
+}
+
+// A folded initializer of W, R or B: `rows` rows of one gate set a direction.
+std::vector<WeightRef> folded_rows(const std::string& init, int dirs, int rows) {
+  std::vector<WeightRef> out;
+  for (int r = 0; r < dirs * rows; ++r) {
+    WeightRef w{init, false, r, r + 1};
+    w.onnx_gates = true;
+    out.push_back(w);
   }
-  if (!g.is_init(t)) return std::nullopt;
-  WeightRef ih{t, false, 0, 4 * H}, hh{t, false, 4 * H, 8 * H};
-  ih.onnx_gates = hh.onnx_gates = true;
-  return std::make_pair(ih, hh);
+  return out;
+}
+
+// W or R [dirs, 4H, cols]: the PyTorch weights it reorders (a direction
+// each), or the folded initializer's rows in ONNX's gate order.
+std::optional<std::vector<WeightRef>> gate_weights(const Graph& g, const std::string& t, int64_t H, int dirs,
+                                                   std::vector<int>& nodes) {
+  if (g.is_init(t)) return folded_rows(t, dirs, 1);
+  std::vector<int> found;
+  const auto parts = per_direction(g, t, dirs, found);
+  if (!parts) return std::nullopt;
+  std::vector<WeightRef> out;
+  for (const auto& part : *parts) {
+    const auto u = unsqueezed(g, part);
+    const auto p = u ? reordered_gates(g, g.node(*u).input(0), H, found) : std::nullopt;
+    if (!p) return std::nullopt;
+    found.push_back(*u);
+    out.push_back(WeightRef{*p});
+  }
+  nodes.insert(nodes.end(), found.begin(), found.end());
+  return out;
+}
+
+// B [dirs, 8H]: bias_ih and bias_hh of each direction, each reordered.
+std::optional<std::vector<WeightRef>> gate_biases(const Graph& g, const std::string& t, int64_t H, int dirs,
+                                                  std::vector<int>& nodes) {
+  if (g.is_init(t)) return folded_rows(t, dirs, 2);
+  std::vector<int> found;
+  const auto parts = per_direction(g, t, dirs, found);
+  if (!parts) return std::nullopt;
+  std::vector<WeightRef> out;
+  for (const auto& part : *parts) {
+    const auto u = unsqueezed(g, part);
+    const auto c = u ? concat_of_two(g, g.node(*u).input(0)) : std::nullopt;
+    if (!c) return std::nullopt;
+    found.push_back(*u);
+    found.push_back(*c);
+    for (int k = 0; k < 2; ++k) {
+      const auto p = reordered_gates(g, g.node(*c).input(k), H, found);
+      if (!p) return std::nullopt;
+      out.push_back(WeightRef{*p});
+    }
+  }
+  nodes.insert(nodes.end(), found.begin(), found.end());
+  return out;
+}
+
+// The node that makes an LSTM's Y sequence-first [T, b, dirs H]: the
+// Squeeze of its directions axis (one direction), or the Transpose(0, 2, 1,
+// 3) and Reshape (two): those nodes, the last giving the sequence; or nothing.
+std::optional<std::vector<int>> sequence_of(const Graph& g, const std::string& y, int dirs, int64_t H) {
+  const auto& readers = g.consumers_of(y);
+  if (readers.size() != 1) return std::nullopt;
+  const auto& r = g.node(readers[0]);
+  if (dirs == 1) {
+    if (!squeezes_axis_1(g, r)) return std::nullopt;
+    return std::vector<int>{readers[0]};
+  }
+  if (!has_perm(r, {0, 2, 1, 3})) return std::nullopt;
+  const auto& next = g.consumers_of(r.output(0));
+  if (next.size() != 1 || g.node(next[0]).op_type() != "Reshape") return std::nullopt;
+  const auto shape = g.shape(g.node(next[0]).output(0));
+  if (!shape || shape->size() != 3 || shape->back() != 2 * H) return std::nullopt;
+  return std::vector<int>{readers[0], next[0]};
+}
+
+// Whether t is another LSTM's sequence-first output (the layer below).
+bool from_layer_below(const Graph& g, const std::string& t) {
+  const int p = g.producer_of(t);
+  if (p < 0) return false;
+  const auto& n = g.node(p);
+  const auto lstm_of = [&](const std::string& y) {
+    const int l = g.producer_of(y);
+    return l >= 0 && g.node(l).op_type() == "LSTM" && g.node(l).output(0) == y;
+  };
+  if (squeezes_axis_1(g, n)) return lstm_of(n.input(0));
+  if (n.op_type() != "Reshape") return false;
+  const int tr = g.producer_of(n.input(0));
+  return tr >= 0 && has_perm(g.node(tr), {0, 2, 1, 3}) && lstm_of(g.node(tr).input(0));
 }
 
 }  // namespace
@@ -152,11 +227,11 @@ std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why) {
   const auto input = [&](int k) -> std::string { return n.input_size() > k ? n.input(k) : std::string(); };
   const int64_t H = attr_int(n, "hidden_size", 0);
   const std::string direction = attr_text(n, "direction", "forward");
-  if (direction != "forward") {
-    why = fmt::format("direction '{}': dlplan's lstm runs one direction (a bidirectional nn.LSTM is not supported yet)",
-                      direction);
+  if (direction != "forward" && direction != "bidirectional") {
+    why = fmt::format("direction '{}', which nn.LSTM does not export (forward, or bidirectional)", direction);
     return std::nullopt;
   }
+  const int dirs = direction == "bidirectional" ? 2 : 1;
   if (attr_int(n, "layout", 0) != 0 || attr(n, "clip") || attr_int(n, "input_forget", 0) != 0 || H <= 0) {
     why = "a layout, clip, input_forget or missing hidden_size that nn.LSTM does not export";
     return std::nullopt;
@@ -195,23 +270,22 @@ std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why) {
   if (xp >= 0 && has_perm(g.node(xp), {1, 0, 2}) && g.consumers_of(input(0)).size() == 1) {
     f.x = g.node(xp).input(0);
     f.nodes.push_back(xp);
-  } else if (xp >= 0 && squeezes_axis_1(g, g.node(xp)) && g.producer_of(g.node(xp).input(0)) >= 0 &&
-             g.node(g.producer_of(g.node(xp).input(0))).op_type() == "LSTM") {
+  } else if (from_layer_below(g, input(0))) {
     f.x = input(0);
   } else {
     why = "its input is not a batch_first tensor (nn.LSTM(batch_first=True)) or the layer below's output; dlplan "
           "plans per sample with the batch axis first";
     return std::nullopt;
   }
-  // The output: Squeeze of the directions axis, then either the transpose
-  // back to batch_first or the next layers alone.
-  const auto sq = g.consumers_of(n.output(0));
-  if (sq.size() != 1 || !squeezes_axis_1(g, g.node(sq[0]))) {
-    why = "its output is not squeezed to [T, b, hidden] as nn.LSTM's export does";
+  // The output made sequence-first [T, b, dirs H], then either the
+  // transpose back to batch_first or the next layers alone.
+  const auto seq_nodes = sequence_of(g, n.output(0), dirs, H);
+  if (!seq_nodes) {
+    why = "its output is not made [T, b, directions x hidden] as nn.LSTM's export does";
     return std::nullopt;
   }
-  f.nodes.push_back(sq[0]);
-  const std::string& seq = g.node(sq[0]).output(0);
+  f.nodes.insert(f.nodes.end(), seq_nodes->begin(), seq_nodes->end());
+  const std::string& seq = g.node(seq_nodes->back()).output(0);
   const auto& readers = g.consumers_of(seq);
   if (readers.size() == 1 && has_perm(g.node(readers[0]), {1, 0, 2})) {
     f.nodes.push_back(readers[0]);
@@ -226,25 +300,30 @@ std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why) {
     return std::nullopt;
   }
 
-  const auto w = gate_weight(g, input(1), H, f.nodes);
-  const auto r = w ? gate_weight(g, input(2), H, f.nodes) : std::nullopt;
+  const auto w = gate_weights(g, input(1), H, dirs, f.nodes);
+  const auto r = w ? gate_weights(g, input(2), H, dirs, f.nodes) : std::nullopt;
   if (!w || !r) {
     why = "its weights are neither nn.LSTM's weight_ih and weight_hh reordered to ONNX's gate order nor initializers";
     return std::nullopt;
   }
-  f.weights = {{"weight_ih", *w}, {"weight_hh", *r}};
   const bool bias = !input(3).empty();
-  if (bias) {
-    const auto b = gate_biases(g, input(3), H, f.nodes);
-    if (!b) {
-      why = "its bias is neither nn.LSTM's bias_ih and bias_hh reordered to ONNX's gate order nor an initializer";
-      return std::nullopt;
+  const auto b = bias ? gate_biases(g, input(3), H, dirs, f.nodes) : std::vector<WeightRef>{};
+  if (!b) {
+    why = "its bias is neither nn.LSTM's bias_ih and bias_hh reordered to ONNX's gate order nor an initializer";
+    return std::nullopt;
+  }
+  for (int d = 0; d < dirs; ++d) {  // the IR's parameters: weight_ih, weight_hh[, bias_ih, bias_hh], then _reverse
+    const std::string s = d == 0 ? "" : "_reverse";
+    f.weights.push_back({"weight_ih" + s, (*w)[static_cast<size_t>(d)]});
+    f.weights.push_back({"weight_hh" + s, (*r)[static_cast<size_t>(d)]});
+    if (bias) {
+      f.weights.push_back({"bias_ih" + s, (*b)[static_cast<size_t>(2 * d)]});
+      f.weights.push_back({"bias_hh" + s, (*b)[static_cast<size_t>(2 * d + 1)]});
     }
-    f.weights.push_back({"bias_ih", b->first});
-    f.weights.push_back({"bias_hh", b->second});
   }
   f.attrs["hidden"] = H;
   f.attrs["bias"] = bias;
+  if (dirs == 2) f.attrs["bidirectional"] = true;
   return f;
 }
 

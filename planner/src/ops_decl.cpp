@@ -350,20 +350,28 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // other operand) and tanh(c_t) (tanh's result): 7 hidden a step, h_0
       // and c_0 (zeros) included; and the input x, for linear_ih's weight
       // gradient. The pack hook measures exactly this
-      // (tests/fixtures/exports/weights: tiny-lstm).
+      // (tests/fixtures/exports/weights: tiny-lstm). A bidirectional layer
+      // runs a second cell over the reversed sequence (ATen's
+      // ReversedFullLayer), keeping as much again; both read the one input.
       const int64_t T = in_shape(0)[0], in = in_shape(0)[1], H = n.attrs.integer("hidden");
-      d.params = {{"weight_ih", 4 * H * in, true, {4 * H, in}}, {"weight_hh", 4 * H * H, true, {4 * H, H}}};
-      if (n.attrs.flag("bias"))
-        for (const char* b : {"bias_ih", "bias_hh"}) d.params.push_back({b, 4 * H, false, {4 * H}});
-      d.saved = {keep_input(0), keep_own("state", T * 7 * H, Elem::compute)};
-      // Backward: the gates' gradients for the whole sequence (then dW and
-      // dx are one GEMM each) and the running dh, dc.
+      const int64_t dirs = n.attrs.flag("bidirectional") ? 2 : 1;
+      for (const char* dir : {"", "_reverse"}) {  // nn.LSTM's order: weight_ih_l0, ..., weight_ih_l0_reverse, ...
+        if (*dir && dirs == 1) break;
+        const std::string s = dir;
+        d.params.push_back({"weight_ih" + s, 4 * H * in, true, {4 * H, in}});
+        d.params.push_back({"weight_hh" + s, 4 * H * H, true, {4 * H, H}});
+        if (n.attrs.flag("bias"))
+          for (const char* b : {"bias_ih", "bias_hh"}) d.params.push_back({b + s, 4 * H, false, {4 * H}});
+      }
+      d.saved = {keep_input(0), keep_own("state", T * dirs * 7 * H, Elem::compute)};
+      // Backward, one direction after the other: the gates' gradients for the
+      // whole sequence (then dW and dx are one GEMM each) and the running dh, dc.
       d.bwd_temps = {{"dgates", T * 4 * H, Elem::compute}, {"dstate", 2 * H, Elem::compute}};
       // x W_ih^T and h W_hh^T (2 flops a multiply-add), and about 12 flops an
       // element of hidden for the gates' nonlinearities and the cell update.
-      d.fwd_flops = 2.0 * T * 4 * H * (in + H) + 12.0 * T * H;
+      d.fwd_flops = dirs * (2.0 * T * 4 * H * (in + H) + 12.0 * T * H);
       // dh_{t-1} = dgates W_hh, dW_hh, dW_ih, dx: the GEMMs twice over.
-      d.bwd_flops = 2.0 * (2.0 * T * 4 * H * (in + H)) + 16.0 * T * H;
+      d.bwd_flops = dirs * (2.0 * (2.0 * T * 4 * H * (in + H)) + 16.0 * T * H);
       d.gemms = 2;  // x W_ih^T, then h W_hh^T a step
       break;
     }
@@ -690,9 +698,10 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
       // and the recurrence dh_{t-1} = dgates W_hh are needed either way.
       const Shape& x = m.tensor(n.inputs[0]).shape;
       const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden");
+      const double dirs = n.attrs.flag("bidirectional") ? 2 : 1;
       if (!g.base) drop(is_input(0));
       const double ih = 2.0 * T * 4 * H * in, hh = 2.0 * T * 4 * H * H;
-      d.bwd_flops = hh + 16.0 * T * H + (input_grad(0) ? ih : 0) + (g.base ? ih + hh : 0);
+      d.bwd_flops = dirs * (hh + 16.0 * T * H + (input_grad(0) ? ih : 0) + (g.base ? ih + hh : 0));
       break;
     }
     case OpKind::linear:

@@ -60,9 +60,11 @@ const std::vector<OpSpec>& op_table() {
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
         {"padding", T::int_or_pair, 0}, {"output_padding", T::int_or_pair, 0}, {"groups", T::integer, 1},
         {"bias", T::boolean, true}}},
-      // nn.LSTM, one layer, one direction: [T, in] -> [T, hidden], gates in
-      // PyTorch's order (input, forget, cell, output).
-      {OpKind::lstm, "lstm", 1, {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}}},
+      // nn.LSTM, one layer: [T, in] -> [T, hidden], gates in PyTorch's order
+      // (input, forget, cell, output); bidirectional: a second direction over
+      // the reversed sequence, its hidden states beside the first's, [T, 2 hidden].
+      {OpKind::lstm, "lstm", 1,
+       {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}, {"bidirectional", T::boolean, false}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       // dims: the trailing per-sample axes normalised together, 1 (the last)
       // by default; nn.LayerNorm([C, H, W]) is 3. Weight and bias: their shape.
@@ -222,7 +224,9 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::global_avgpool, "global_avgpool", 1, {{"keepdims", T::boolean, kDerived}}},
       {OpKind::flatten, "flatten", 1, {{"view", T::boolean, kDerived}}},  // view: as reshape's
       {OpKind::tokens, "tokens", 1, {}},
-      {OpKind::select, "select", 1, {{"index", T::integer, 0}}},
+      // x[:, index] over the first per-sample axis; view (absent: false):
+      // PyTorch's view of its input, as slice's (an LSTM's output[:, -1]).
+      {OpKind::select, "select", 1, {{"index", T::integer, 0}, {"view", T::boolean, kDerived}}},
       {OpKind::dropout, "dropout", 1, {{"p", T::number, nullptr}}},
       {OpKind::cross_entropy, "cross_entropy", 2, {{"fused", T::boolean, false}}},
       // An op of an imported graph that dlplan does not know (`source`: the
@@ -605,10 +609,10 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::lstm: {  // a sequence [T, in] -> the hidden state at each step [T, hidden]
       const auto& x = expect_rank(m, n, 0, 2, 2, "[T, in]", fail);
       expect_float(x, fail);
-      const int64_t H = positive(n, "hidden", fail);
+      const int64_t H = positive(n, "hidden", fail), dirs = n.attrs.flag("bidirectional") ? 2 : 1;
       check_weight("the gates' weights [4 hidden, in + hidden]", {4 * H, x.shape[1] + H}, fail);
-      out.shape = {x.shape[0], H};
-      checked_numel({x.shape[0], 7 * H}, fail);  // what it keeps a step (ops_decl.cpp)
+      out.shape = {x.shape[0], dirs * H};
+      checked_numel({x.shape[0], dirs, 7 * H}, fail);  // what it keeps a step (ops_decl.cpp)
       break;
     }
     case OpKind::batchnorm: {

@@ -218,14 +218,14 @@ class Emitter {
   int saved_tensor_id(int i, const SavedTensor& s) const {
     return s.ref == SavedTensor::Ref::input ? node(i).inputs[static_cast<size_t>(s.input)] : node(i).output;
   }
-  // --fusion eager's slices, reshapes and flattens are PyTorch's views
+  // --fusion eager's slices, selects, reshapes and flattens are PyTorch's views
   // (their `view` attribute, ops_schema.cpp): an op that keeps one for
   // backward keeps the storage it was made from, as autograd does. The
   // tensor whose storage t shares, through views of views.
   bool is_view(int i) const {
     const Node& n = node(i);
-    return (n.op == OpKind::slice || n.op == OpKind::reshape || n.op == OpKind::flatten) && n.attrs.has("view") &&
-           n.attrs.flag("view");
+    return (n.op == OpKind::slice || n.op == OpKind::reshape || n.op == OpKind::flatten || n.op == OpKind::select) &&
+           n.attrs.has("view") && n.attrs.flag("view");
   }
   int storage_of(int t) const {
     for (int p = m_.tensor(t).producer; p >= 0 && is_view(p); p = m_.tensor(t).producer) t = node(p).inputs[0];
@@ -335,9 +335,9 @@ class Emitter {
       }
       case OpKind::lstm: {  // x W_ih^T over the whole sequence, then T products h_{t-1} W_hh^T, one a step
         const Shape& x = in_shape(0);
-        const int64_t H = n.attrs.integer("hidden");
-        ev.gemms.push_back({b * d(x[0]), d(4 * H), d(x[1]), 1});
-        ev.gemms.push_back({b, d(4 * H), d(H), d(x[0])});
+        const int64_t H = n.attrs.integer("hidden"), dirs = n.attrs.flag("bidirectional") ? 2 : 1;
+        ev.gemms.push_back({b * d(x[0]), d(4 * H), d(x[1]), d(dirs)});
+        ev.gemms.push_back({b, d(4 * H), d(H), d(x[0] * dirs)});
         break;
       }
       case OpKind::attention: {  // QKV and output projections around the T x Tk core

@@ -146,8 +146,9 @@ inline std::vector<OpCase> op_cases() {
                     Json{{"op", "conv_transpose2d"}, {"out", 4}, {"kernel", 4}, {"stride", 3}, {"padding", 1},
                          {"output_padding", 2}}));
   // nn.LSTM: one layer over 5 steps (the gradient flows back through every
-  // step's h and c), and one without biases.
+  // step's h and c), one without biases, and a bidirectional one.
   v.push_back(unary("lstm", arr({5, 3}), Json{{"op", "lstm"}, {"hidden", 4}}));
+  v.push_back(unary("lstm_bidirectional", arr({4, 3}), Json{{"op", "lstm"}, {"hidden", 3}, {"bidirectional", true}}));
   v.push_back(unary("lstm_nobias", arr({4, 2}), Json{{"op", "lstm"}, {"hidden", 3}, {"bias", false}}));
   v.push_back(unary("maxpool2d_pad", arr({2, 7, 7}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
                     Gen::distinct));

@@ -139,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-albert-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
                                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
                                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
-                                           "weights/tiny-lstm-opset17.onnx"),
+                                           "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -160,7 +160,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // nearest upsampling between a U-Net's levels (tiny-unet), LayerNorm
 // over [C, H, W] and [H, W] (tiny-layernorm-chw), bilinear and linear
 // upsampling (tiny-fpn), ConvTranspose2d and ConvTranspose1d
-// (tiny-autoencoder), and a two-layer nn.LSTM (tiny-lstm).
+// (tiny-autoencoder), two-layer nn.LSTMs (tiny-lstm, tiny-bilstm), and the class
+// token's select as a view (tiny-hf-vit).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -175,7 +176,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-acts-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
-                           "weights/tiny-lstm-opset17.onnx"}) {
+                           "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
+                           "tiny-hf-vit-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
@@ -257,6 +259,27 @@ TEST(RealExportEagerKnobs, ReshapeViewsCutAgainForBackwardTrainAsCopiesDo) {
   };
   EXPECT_EQ(most_kept(copies) - most_kept(plan), 2048 * plan.training.micro_batch);
   EXPECT_EQ(made_again(plan, OpKind::reshape), 1);
+}
+
+// And for a select: the Hugging Face ViT's head reads the class token
+// x[:, 0], a view in PyTorch, so under --fusion eager the pooler keeps the
+// last LayerNorm's whole output and the step program cuts the row again,
+// once, for its backward. The steps equal the copy's to the bit, with the
+// other tokens' rows kept besides.
+TEST(RealExportEagerKnobs, SelectViewsCutAgainForBackwardTrainAsCopiesDo) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string file = exported("tiny-hf-vit-opset17.onnx");
+  const auto [viewed, copied] = train_viewed_and_copied(file);
+  EXPECT_TRUE(viewed.equal()) << knobs::mismatch(viewed);
+  EXPECT_TRUE(copied.equal()) << knobs::mismatch(copied);
+  EXPECT_EQ(viewed.loss, copied.loss);
+  const PlanDocument plan = eager_plan(file);
+  const PlanDocument copies = knobs::plan_of(knobs::Config{}, 1, 0, false, file, ImportOptions{});
+  const auto most_kept = [](const PlanDocument& p) {
+    return walk_step(p.model, p.cluster, p.training).max_each[static_cast<size_t>(Category::activations)];
+  };
+  EXPECT_GT(most_kept(plan), most_kept(copies));
+  EXPECT_EQ(made_again(plan, OpKind::select), 1);
 }
 
 // The CPU trainer's refusal of `plan` before the first step ("" if it

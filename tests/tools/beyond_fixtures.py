@@ -285,9 +285,7 @@ REFUSED = {
     "hf-roformer": "node '/inner/roformer/encoder/Unsqueeze' (Unsqueeze): reshapes [64, 32] to [1, 64, 32], which "
                    "moves the batch axis",
     "hf-mixtral": "node '/inner/model/layers.0/block_sparse_moe/OneHot' (OneHot): op 'OneHot' is not supported",
-    # (nn.LSTM's classifier was here until the IR had lstm.) A bidirectional
-    # one is refused, naming the node and the direction.
-    "user-bilstm": "node '/rnn/LSTM' (LSTM): an nn.LSTM dlplan cannot plan: direction 'bidirectional'",
+    # (nn.LSTM's classifiers were here until the IR had lstm.)
 }
 
 # Planned with opaque ops (kept inputs: more than PyTorch keeps), and not

@@ -95,8 +95,9 @@ CASES = {
     # rectangular grouped one without bias; and ConvTranspose1d over [C, L].
     "tiny-conv-transpose": ("tests/fixtures/tiny-conv-transpose.json", 4, []),
     "tiny-conv-transpose-1d": ("tests/fixtures/tiny-conv-transpose-1d.json", 4, []),
-    # nn.LSTM: two layers (the second without biases) over an embedding, the
-    # last step classified; PyTorch's side runs torch.lstm itself.
+    # nn.LSTM: two layers (the first bidirectional, the second without
+    # biases) over an embedding, the last step classified; PyTorch's side
+    # runs torch.lstm itself.
     "tiny-lstm": ("tests/fixtures/tiny-lstm.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
