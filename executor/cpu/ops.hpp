@@ -139,6 +139,8 @@ void rmsnorm_backward(OpContext& c);
 // ---- ops_rnn.cpp ---------------------------------------------------------------
 void lstm_forward(OpContext& c);
 void lstm_backward(OpContext& c);
+void gru_forward(OpContext& c);
+void gru_backward(OpContext& c);
 
 // ---- ops_elementwise.cpp -------------------------------------------------------
 void gelu_forward(OpContext& c);

@@ -1,4 +1,5 @@
-// Recurrent ops: lstm (nn.LSTM, one layer, one direction).
+// Recurrent ops: lstm (nn.LSTM) and gru (nn.GRU), one layer each, one
+// direction or two.
 //
 // x: [b, T, in]; weight_ih [4H, in], weight_hh [4H, H], bias_ih and bias_hh
 // [4H], the gates in PyTorch's order (input i, forget f, cell g, output o);
@@ -22,6 +23,19 @@
 // state after step t + 1), its h_t in columns [H, 2H) of out. The state
 // holds both directions' slices, [b, T, 2, 7H]; backward takes one
 // direction after the other through the same temporaries.
+//
+// gru: weight_ih [3H, in], weight_hh [3H, H], biases [3H], the gates in
+// PyTorch's order (reset r, update z, new n); with ig = x_t W_ih^T + b_ih
+// and hg = h_{t-1} W_hh^T + b_hh:
+//   r = sigmoid(ig_r + hg_r),  z = sigmoid(ig_z + hg_z)
+//   n = tanh(ig_n + r hg_n),   h_t = (h_{t-1} - n) z + n
+// as ATen's GRUCell. Its state slice a step keeps what autograd keeps there
+// (ops_decl.cpp): r, z, r hg_n, hg_n, n, h_{t-1} - n and h_{t-1}. Backward:
+//   dz = dh (h_{t-1} - n),  dn = dh (1 - z) (1 - n^2),  dr = dn hg_n
+//   d(ig) = [dr r (1 - r), dz z (1 - z), dn],  d(hg) = [same r and z, dn r]
+//   dh' = dh z + d(hg) W_hh
+// then dW_ih += d(ig)^T x, dW_hh += d(hg)^T h_{t-1}, the biases the sums,
+// and dx += d(ig) W_ih.
 #include "cpu/ops.hpp"
 #include "cpu/vec_math.hpp"
 
@@ -33,7 +47,7 @@ namespace dlplan::exec::cpu {
 
 namespace {
 
-struct LstmShape {
+struct RnnShape {
   int64_t b, T, in, H, dirs;
   int64_t slot() const { return 7 * H; }            // one direction's slice of a step's state
   int64_t step() const { return dirs * slot(); }    // one step's state, both directions
@@ -41,33 +55,33 @@ struct LstmShape {
   int64_t width() const { return dirs * H; }        // a row of out
 };
 
-LstmShape lstm_shape(const OpContext& c) {
+RnnShape rnn_shape(const OpContext& c) {
   const Shape& x = in_shape(c, 0);
   return {c.batch, x[0], x[1], c.node->attrs.integer("hidden"), c.node->attrs.flag("bidirectional") ? 2 : 1};
 }
 
-// Offsets inside one direction's slice of a step's state.
+// Offsets inside one direction's slice of a step's state (lstm).
 constexpr int64_t kGates = 0;
-inline int64_t h_prev(const LstmShape& s) { return 4 * s.H; }
-inline int64_t c_prev(const LstmShape& s) { return 5 * s.H; }
-inline int64_t tanh_c(const LstmShape& s) { return 6 * s.H; }
+inline int64_t h_prev(const RnnShape& s) { return 4 * s.H; }
+inline int64_t c_prev(const RnnShape& s) { return 5 * s.H; }
+inline int64_t tanh_c(const RnnShape& s) { return 6 * s.H; }
 
 // Direction d's parameters: weight_ih, weight_hh[, bias_ih, bias_hh].
-struct LstmParams {
+struct RnnParams {
   size_t first, count;
 };
-LstmParams lstm_params(const OpContext& c, int d) {
+RnnParams rnn_params(const OpContext& c, int d) {
   const size_t per = c.node->attrs.flag("bias") ? 4 : 2;
   return {static_cast<size_t>(d) * per, per};
 }
 
 // The time of direction d's k-th step (the reverse direction starts at the end).
-inline int64_t time_of(const LstmShape& s, int d, int64_t k) { return d == 0 ? k : s.T - 1 - k; }
+inline int64_t time_of(const RnnShape& s, int d, int64_t k) { return d == 0 ? k : s.T - 1 - k; }
 
 }  // namespace
 
 void lstm_forward(OpContext& c) {
-  const LstmShape s = lstm_shape(c);
+  const RnnShape s = rnn_shape(c);
   const int64_t H = s.H, G = 4 * H;
   Tensor state_t = alloc_saved(c, {s.b, s.T, s.step()}, compute(c), "state");
   Fp32Buffer state_b(state_t);
@@ -76,7 +90,7 @@ void lstm_forward(OpContext& c) {
   std::vector<float> cell(static_cast<size_t>(s.b * H));  // c_t, carried in fp32 as stored
 
   for (int d = 0; d < s.dirs; ++d) {
-    const LstmParams p = lstm_params(c, d);
+    const RnnParams p = rnn_params(c, d);
     const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
     const float* b_ih = p.count == 4 ? c.params[p.first + 2].f() : nullptr;
     const float* b_hh = p.count == 4 ? c.params[p.first + 3].f() : nullptr;
@@ -126,7 +140,7 @@ void lstm_forward(OpContext& c) {
 }
 
 void lstm_backward(OpContext& c) {
-  const LstmShape s = lstm_shape(c);
+  const RnnShape s = rnn_shape(c);
   const int64_t H = s.H, G = 4 * H, R = s.b * s.T;
   const float* st = saved_named(c, "state").f();
   Tensor dg_t = alloc_temp(c, {s.b, s.T, G}, "dgates");
@@ -136,7 +150,7 @@ void lstm_backward(OpContext& c) {
   const float* dy = c.dout.f();
 
   for (int d = 0; d < s.dirs; ++d) {
-    const LstmParams p = lstm_params(c, d);
+    const RnnParams p = rnn_params(c, d);
     const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
     const float* base = st + d * s.slot();
     std::fill(carry, carry + s.b * 2 * H, 0.0f);
@@ -173,6 +187,130 @@ void lstm_backward(OpContext& c) {
         for (int64_t r = 0; r < R; ++r)
           for (int64_t j = 0; j < G; ++j) db[j] += dg[r * G + j];
     if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, G, w_ih, s.in, 1.0f, dx, s.in);
+  }
+}
+
+// ---- gru ---------------------------------------------------------------------
+
+namespace {
+// Offsets inside one direction's slice of a step's state (gru).
+enum GruSlot : int64_t { kR = 0, kZ = 1, kRhn = 2, kHn = 3, kN = 4, kHmn = 5, kHprev = 6 };
+}  // namespace
+
+void gru_forward(OpContext& c) {
+  const RnnShape s = rnn_shape(c);
+  const int64_t H = s.H, G = 3 * H;
+  Tensor state_t = alloc_saved(c, {s.b, s.T, s.step()}, compute(c), "state");
+  Tensor ig_t = alloc_temp(c, {s.b, s.T, G}, "igates");
+  Fp32Buffer state_b(state_t), ig_b(ig_t);
+  float *st = state_b.data(), *ig = ig_b.data();
+  float* y = c.out.f();
+  const auto at_slot = [&](float* at, GruSlot k) { return at + k * H; };
+
+  for (int d = 0; d < s.dirs; ++d) {
+    const RnnParams p = rnn_params(c, d);
+    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* b_ih = p.count == 4 ? c.params[p.first + 2].f() : nullptr;
+    const float* b_hh = p.count == 4 ? c.params[p.first + 3].f() : nullptr;
+    float* base = st + d * s.slot();
+    gemm(false, true, s.b * s.T, G, s.in, 1.0f, c.in[0].f(), s.in, w_ih, s.in, 0.0f, ig, G);  // every step's x W_ih^T
+    ig_b.store();
+    for (int64_t k = 0; k < s.T; ++k) {
+      const int64_t t = time_of(s, d, k), before = k == 0 ? -1 : time_of(s, d, k - 1);
+      for (int64_t n = 0; n < s.b; ++n) {  // h_{t-1}: zeros at the first step
+        float* hp = at_slot(base + n * s.sample() + t * s.step(), kHprev);
+        if (before < 0)
+          std::fill(hp, hp + H, 0.0f);
+        else
+          std::memcpy(hp, y + (n * s.T + before) * s.width() + d * H, static_cast<size_t>(H) * sizeof(float));
+      }
+      // hg = h_{t-1} W_hh^T for every sample, into the slots r, z, r hg_n (then made what they hold).
+      float* now = base + t * s.step();
+      gemm(false, true, s.b, G, H, 1.0f, now + kHprev * H, s.sample(), w_hh, H, 0.0f, now, s.sample());
+      for (int64_t n = 0; n < s.b; ++n) {
+        float* at = base + n * s.sample() + t * s.step();
+        const float* igt = ig + (n * s.T + t) * G;
+        for (int64_t j = 0; j < H; ++j) {
+          float bi[3] = {0, 0, 0}, bh[3] = {0, 0, 0};
+          if (b_ih)
+            for (int q = 0; q < 3; ++q) bi[q] = b_ih[q * H + j], bh[q] = b_hh[q * H + j];
+          const float r = sigmoid(igt[j] + bi[0] + at[j] + bh[0]);
+          const float z = sigmoid(igt[H + j] + bi[1] + at[H + j] + bh[1]);
+          const float hn = at[2 * H + j] + bh[2];
+          at[kR * H + j] = r;
+          at[kZ * H + j] = z;
+          at[kHn * H + j] = hn;
+        }
+        state_b.round(at, 2 * H);  // r, z as stored
+        state_b.round(at_slot(at, kHn), H);
+        for (int64_t j = 0; j < H; ++j) at[kRhn * H + j] = at[kR * H + j] * at[kHn * H + j];
+        state_b.round(at_slot(at, kRhn), H);
+        for (int64_t j = 0; j < H; ++j) {
+          const float bin = b_ih ? b_ih[2 * H + j] : 0.0f;
+          at[kN * H + j] = std::tanh(igt[2 * H + j] + bin + at[kRhn * H + j]);
+        }
+        state_b.round(at_slot(at, kN), H);
+        for (int64_t j = 0; j < H; ++j) at[kHmn * H + j] = at[kHprev * H + j] - at[kN * H + j];
+        state_b.round(at_slot(at, kHmn), H);
+        float* h = y + (n * s.T + t) * s.width() + d * H;
+        for (int64_t j = 0; j < H; ++j) h[j] = at[kHmn * H + j] * at[kZ * H + j] + at[kN * H + j];
+        state_b.round(h, H);
+      }
+    }
+  }
+  state_b.store();
+  c.saved.push_back(std::move(state_t));
+}
+
+void gru_backward(OpContext& c) {
+  const RnnShape s = rnn_shape(c);
+  const int64_t H = s.H, G = 3 * H, R = s.b * s.T;
+  const float* st = saved_named(c, "state").f();
+  Tensor dg_t = alloc_temp(c, {s.b, s.T, 2 * G}, "dgates");  // a step: d(ig) [3H], d(hg) [3H]
+  Tensor carry_t = alloc_temp(c, {s.b, H}, "dstate");
+  Fp32Buffer dg_b(dg_t), carry_b(carry_t);
+  float *dg = dg_b.data(), *carry = carry_b.data();  // carry: dh' a sample
+  const float* dy = c.dout.f();
+
+  for (int d = 0; d < s.dirs; ++d) {
+    const RnnParams p = rnn_params(c, d);
+    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* base = st + d * s.slot();
+    std::fill(carry, carry + s.b * H, 0.0f);
+    for (int64_t k = s.T - 1; k >= 0; --k) {
+      const int64_t t = time_of(s, d, k);
+      for (int64_t n = 0; n < s.b; ++n) {
+        const float* at = base + n * s.sample() + t * s.step();
+        const float* dyt = dy + (n * s.T + t) * s.width() + d * H;
+        float* dgi = dg + (n * s.T + t) * 2 * G;
+        float* dgh = dgi + G;
+        float* dh_c = carry + n * H;
+        for (int64_t j = 0; j < H; ++j) {
+          const float r = at[kR * H + j], z = at[kZ * H + j], nn = at[kN * H + j];
+          const float dh = dyt[j] + dh_c[j];
+          const float dn = dh * (1.0f - z) * (1.0f - nn * nn);
+          const float dr = dn * at[kHn * H + j] * r * (1.0f - r);
+          const float dz = dh * at[kHmn * H + j] * z * (1.0f - z);
+          dgi[j] = dgh[j] = dr;
+          dgi[H + j] = dgh[H + j] = dz;
+          dgi[2 * H + j] = dn;
+          dgh[2 * H + j] = dn * r;
+          dh_c[j] = dh * z;  // then += d(hg) W_hh
+        }
+      }
+      gemm(false, false, s.b, H, G, 1.0f, dg + t * 2 * G + G, s.T * 2 * G, w_hh, H, 1.0f, carry, H);
+    }
+    dg_b.store();
+    carry_b.store();
+    if (float* dw = grad_or_null(c.dparams[p.first]))
+      gemm(true, false, G, s.in, R, 1.0f, dg, 2 * G, c.in[0].f(), s.in, 1.0f, dw, s.in);
+    if (float* dw = grad_or_null(c.dparams[p.first + 1]))
+      gemm(true, false, G, H, R, 1.0f, dg + G, 2 * G, base + kHprev * H, s.step(), 1.0f, dw, H);
+    for (size_t q = 2; q < p.count; ++q)  // bias_ih sums d(ig), bias_hh d(hg)
+      if (float* db = grad_or_null(c.dparams[p.first + q]))
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t j = 0; j < G; ++j) db[j] += dg[r * 2 * G + (q - 2) * G + j];
+    if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, 2 * G, w_ih, s.in, 1.0f, dx, s.in);
   }
 }
 

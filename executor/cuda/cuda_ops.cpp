@@ -816,6 +816,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::upsample:
     case OpKind::conv_transpose2d:
     case OpKind::lstm:
+    case OpKind::gru:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
@@ -878,6 +879,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::upsample:
     case OpKind::conv_transpose2d:
     case OpKind::lstm:
+    case OpKind::gru:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:

@@ -23,16 +23,17 @@ using Dims = std::vector<int64_t>;  // full ONNX shape (batch first); -1 unknown
 // weight as [in, out] (MatMul's W, Gemm without transB) so that it reads as
 // PyTorch's [out, in]; then rows [begin, end) of it (a fused QKV projection's
 // q, k or v part), or all of it when end < 0.
-// An LSTM's W, R or B folded into an initializer holds its 4 gate blocks in
-// ONNX's order (input, output, forget, cell), a direction after the other
-// (B: W's bias then R's, each direction): onnx_gates reads it as rows of the
-// parameter's size, takes rows [begin, end) and reorders the gate blocks to
-// PyTorch's (input, forget, cell, output).
+// An LSTM's or GRU's W, R or B folded into an initializer holds its gate
+// blocks in ONNX's order (LSTM: input, output, forget, cell; GRU: update,
+// reset, hidden), a direction after the other (B: W's bias then R's, each
+// direction): onnx_gates (the number of gates, 4 or 3; 0: none) reads it as
+// rows of the parameter's size, takes rows [begin, end) and reorders the gate
+// blocks to PyTorch's (input, forget, cell, output; reset, update, new).
 struct WeightRef {
   std::string init;
   bool transpose = false;
   int64_t begin = 0, end = -1;
-  bool onnx_gates = false;
+  int onnx_gates = 0;
 };
 
 struct Graph {
@@ -91,10 +92,11 @@ struct Fusion {
 // (tanh-GELU with a Pow, RMSNorm: both written in Python) are left unfused.
 std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused = nullptr);
 
-// nn.LSTM's export (one LSTM node a layer, with its transposes, squeeze and
-// gate reordering) as the IR's lstm (import_onnx_lstm.cpp); else nothing, and
-// `why` says what the node does that the IR's lstm does not.
-std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why);
+// nn.LSTM's or nn.GRU's export (one LSTM or GRU node a layer, with its
+// transposes, squeeze and gate reordering) as the IR's lstm or gru
+// (import_onnx_rnn.cpp); else nothing, and `why` says what the node does
+// that the IR's op does not.
+std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why);
 
 // The values of a tensor stored in the file (raw or typed data), as doubles;
 // nothing for external data or an element type not read here.

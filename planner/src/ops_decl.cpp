@@ -256,6 +256,33 @@ bool keeps_log_sum_exp(const OpDecl& d) {
   return false;
 }
 
+namespace {
+
+// What lstm and gru share: per direction, PyTorch's weight_ih [G H, in],
+// weight_hh [G H, H], bias_ih and bias_hh [G H] (G gates: 4 or 3), then the
+// "_reverse" set; the input kept once and a state of 7 hidden a step and
+// direction (each op's case says which); the GEMMs x W_ih^T and h W_hh^T
+// and about 12 flops an element of hidden for the gates, and backward's
+// dh_{t-1} = dgates W_hh, dW_hh, dW_ih and dx: the GEMMs twice over.
+void declare_recurrent(const Node& n, const Shape& x, int64_t gates, OpDecl& d) {
+  const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden"), G = gates * H;
+  const int64_t dirs = n.attrs.flag("bidirectional") ? 2 : 1;
+  for (const char* dir : {"", "_reverse"}) {  // nn.LSTM's order: weight_ih_l0, ..., weight_ih_l0_reverse, ...
+    if (*dir && dirs == 1) break;
+    const std::string s = dir;
+    d.params.push_back({"weight_ih" + s, G * in, true, {G, in}});
+    d.params.push_back({"weight_hh" + s, G * H, true, {G, H}});
+    if (n.attrs.flag("bias"))
+      for (const char* b : {"bias_ih", "bias_hh"}) d.params.push_back({b + s, G, false, {G}});
+  }
+  d.saved = {keep_input(0), keep_own("state", T * dirs * 7 * H, Elem::compute)};
+  d.fwd_flops = dirs * (2.0 * T * G * (in + H) + 12.0 * T * H);
+  d.bwd_flops = dirs * (2.0 * (2.0 * T * G * (in + H)) + 16.0 * T * H);
+  d.gemms = 2;  // x W_ih^T, then h W_hh^T a step
+}
+
+}  // namespace
+
 OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
   OpDecl d;
   const TensorInfo& out = m.output_of(n);
@@ -353,26 +380,30 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // (tests/fixtures/exports/weights: tiny-lstm). A bidirectional layer
       // runs a second cell over the reversed sequence (ATen's
       // ReversedFullLayer), keeping as much again; both read the one input.
-      const int64_t T = in_shape(0)[0], in = in_shape(0)[1], H = n.attrs.integer("hidden");
-      const int64_t dirs = n.attrs.flag("bidirectional") ? 2 : 1;
-      for (const char* dir : {"", "_reverse"}) {  // nn.LSTM's order: weight_ih_l0, ..., weight_ih_l0_reverse, ...
-        if (*dir && dirs == 1) break;
-        const std::string s = dir;
-        d.params.push_back({"weight_ih" + s, 4 * H * in, true, {4 * H, in}});
-        d.params.push_back({"weight_hh" + s, 4 * H * H, true, {4 * H, H}});
-        if (n.attrs.flag("bias"))
-          for (const char* b : {"bias_ih", "bias_hh"}) d.params.push_back({b + s, 4 * H, false, {4 * H}});
-      }
-      d.saved = {keep_input(0), keep_own("state", T * dirs * 7 * H, Elem::compute)};
+      declare_recurrent(n, in_shape(0), 4, d);
       // Backward, one direction after the other: the gates' gradients for the
       // whole sequence (then dW and dx are one GEMM each) and the running dh, dc.
-      d.bwd_temps = {{"dgates", T * 4 * H, Elem::compute}, {"dstate", 2 * H, Elem::compute}};
-      // x W_ih^T and h W_hh^T (2 flops a multiply-add), and about 12 flops an
-      // element of hidden for the gates' nonlinearities and the cell update.
-      d.fwd_flops = dirs * (2.0 * T * 4 * H * (in + H) + 12.0 * T * H);
-      // dh_{t-1} = dgates W_hh, dW_hh, dW_ih, dx: the GEMMs twice over.
-      d.bwd_flops = dirs * (2.0 * (2.0 * T * 4 * H * (in + H)) + 16.0 * T * H);
-      d.gemms = 2;  // x W_ih^T, then h W_hh^T a step
+      d.bwd_temps = {{"dgates", in_shape(0)[0] * 4 * n.attrs.integer("hidden"), Elem::compute},
+                     {"dstate", 2 * n.attrs.integer("hidden"), Elem::compute}};
+      break;
+    }
+    case OpKind::gru: {
+      // nn.GRU on the CPU runs ATen's decomposed GRUCell (RNN.cpp), with
+      // r, z, n the reset, update and new gates:
+      //   hg = linear_hh(h_{t-1}); r = sigmoid_(hg_r + ig_r); z = sigmoid_(hg_z + ig_z)
+      //   n = tanh_(ig_n + hg_n.mul_(r)); h_t = (h_{t-1} - n).mul_(z).add_(n)
+      // over ig = linear_ih(x) for the whole sequence. Autograd keeps, per
+      // step: h_{t-1} (addmm's mat1), hg's storage (3 hidden: r and z after
+      // sigmoid_, hg_n after mul_), hg_n before its in-place mul_ (the other
+      // factor of r's gradient), n (tanh_'s result) and h_{t-1} - n (mul_'s
+      // other operand): 7 hidden a step, as the pack hook measures; and the
+      // input, once. The input projection ig is a temporary of the forward.
+      const int64_t T = in_shape(0)[0], H = n.attrs.integer("hidden");
+      declare_recurrent(n, in_shape(0), 3, d);
+      d.fwd_temps = {{"igates", T * 3 * H, Elem::compute}};
+      // Backward: the input side's and the hidden side's gate gradients (they
+      // differ in n's: dn, and dn r), and the running dh.
+      d.bwd_temps = {{"dgates", T * 6 * H, Elem::compute}, {"dstate", H, Elem::compute}};
       break;
     }
     case OpKind::batchnorm: {
@@ -692,15 +723,16 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
   }
   const double base_bwd = d.bwd_flops - lora_bwd - lora_bwd_dx;  // as declared: every gradient
   switch (n.op) {
-    case OpKind::lstm: {
-      // A frozen LSTM keeps no input (dx = dgates W_ih needs only W_ih), as
-      // addmm keeps mat1 only for the weight's gradient; the gates, states
-      // and the recurrence dh_{t-1} = dgates W_hh are needed either way.
+    case OpKind::lstm:
+    case OpKind::gru: {
+      // A frozen LSTM or GRU keeps no input (dx = dgates W_ih needs only
+      // W_ih), as addmm keeps mat1 only for the weight's gradient; the gates,
+      // states and the recurrence dh_{t-1} = dgates W_hh are needed either way.
       const Shape& x = m.tensor(n.inputs[0]).shape;
-      const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden");
+      const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden"), G = (n.op == OpKind::lstm ? 4 : 3) * H;
       const double dirs = n.attrs.flag("bidirectional") ? 2 : 1;
       if (!g.base) drop(is_input(0));
-      const double ih = 2.0 * T * 4 * H * in, hh = 2.0 * T * 4 * H * H;
+      const double ih = 2.0 * T * G * in, hh = 2.0 * T * G * H;
       d.bwd_flops = dirs * (hh + 16.0 * T * H + (input_grad(0) ? ih : 0) + (g.base ? ih + hh : 0));
       break;
     }

@@ -65,6 +65,9 @@ const std::vector<OpSpec>& op_table() {
       // the reversed sequence, its hidden states beside the first's, [T, 2 hidden].
       {OpKind::lstm, "lstm", 1,
        {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}, {"bidirectional", T::boolean, false}}},
+      // nn.GRU, one layer, as lstm: gates in PyTorch's order (reset, update, new).
+      {OpKind::gru, "gru", 1,
+       {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}, {"bidirectional", T::boolean, false}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       // dims: the trailing per-sample axes normalised together, 1 (the last)
       // by default; nn.LayerNorm([C, H, W]) is 3. Weight and bias: their shape.
@@ -606,11 +609,12 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       checked_numel(out.shape, fail);
       break;
     }
-    case OpKind::lstm: {  // a sequence [T, in] -> the hidden state at each step [T, hidden]
+    case OpKind::lstm:
+    case OpKind::gru: {  // a sequence [T, in] -> the hidden state at each step [T, hidden]
       const auto& x = expect_rank(m, n, 0, 2, 2, "[T, in]", fail);
       expect_float(x, fail);
       const int64_t H = positive(n, "hidden", fail), dirs = n.attrs.flag("bidirectional") ? 2 : 1;
-      check_weight("the gates' weights [4 hidden, in + hidden]", {4 * H, x.shape[1] + H}, fail);
+      check_weight("the gates' weights [4 hidden, in + hidden]", {4 * H, x.shape[1] + H}, fail);  // (GRU: 3)
       out.shape = {x.shape[0], dirs * H};
       checked_numel({x.shape[0], dirs, 7 * H}, fail);  // what it keeps a step (ops_decl.cpp)
       break;

@@ -333,11 +333,13 @@ class Emitter {
         ev.gemms.push_back({b * d(numel(x) / x[0]), d(n.attrs.integer("out") / g * w.kh * w.kw), d(x[0] / g), d(g)});
         break;
       }
-      case OpKind::lstm: {  // x W_ih^T over the whole sequence, then T products h_{t-1} W_hh^T, one a step
+      case OpKind::lstm:
+      case OpKind::gru: {  // x W_ih^T over the whole sequence, then T products h_{t-1} W_hh^T, one a step
         const Shape& x = in_shape(0);
         const int64_t H = n.attrs.integer("hidden"), dirs = n.attrs.flag("bidirectional") ? 2 : 1;
-        ev.gemms.push_back({b * d(x[0]), d(4 * H), d(x[1]), d(dirs)});
-        ev.gemms.push_back({b, d(4 * H), d(H), d(x[0] * dirs)});
+        const int64_t G = (n.op == OpKind::lstm ? 4 : 3) * H;
+        ev.gemms.push_back({b * d(x[0]), d(G), d(x[1]), d(dirs)});
+        ev.gemms.push_back({b, d(G), d(H), d(x[0] * dirs)});
         break;
       }
       case OpKind::attention: {  // QKV and output projections around the T x Tk core

@@ -149,6 +149,10 @@ inline std::vector<OpCase> op_cases() {
   // step's h and c), one without biases, and a bidirectional one.
   v.push_back(unary("lstm", arr({5, 3}), Json{{"op", "lstm"}, {"hidden", 4}}));
   v.push_back(unary("lstm_bidirectional", arr({4, 3}), Json{{"op", "lstm"}, {"hidden", 3}, {"bidirectional", true}}));
+  // nn.GRU likewise.
+  v.push_back(unary("gru", arr({5, 3}), Json{{"op", "gru"}, {"hidden", 4}}));
+  v.push_back(unary("gru_nobias", arr({4, 2}), Json{{"op", "gru"}, {"hidden", 3}, {"bias", false}}));
+  v.push_back(unary("gru_bidirectional", arr({4, 3}), Json{{"op", "gru"}, {"hidden", 3}, {"bidirectional", true}}));
   v.push_back(unary("lstm_nobias", arr({4, 2}), Json{{"op", "lstm"}, {"hidden", 3}, {"bias", false}}));
   v.push_back(unary("maxpool2d_pad", arr({2, 7, 7}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
                     Gen::distinct));

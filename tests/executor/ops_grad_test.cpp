@@ -790,12 +790,13 @@ TEST(OpGpuRefusal, TheGpuEngineNamesTheBroadcastingAdd) {
   EXPECT_FALSE(gpu_engine_lacks(parse_model(with_loss(same.ir), same.name)).has_value());
 }
 
-// groupnorm, upsample (nearest or linear), conv_transpose2d and lstm run on the
+// groupnorm, upsample (nearest or linear), conv_transpose2d, lstm and gru run on the
 // CPU engine only: a plan holding one is refused on CUDA before the first
 // step, naming the node and the op; a layernorm over [C, H, W] (dims 3) runs
 // on the CUDA engine's row kernels.
-TEST(OpGpuRefusal, TheGpuEngineNamesGroupnormUpsampleConvTransposeAndLstm) {
-  for (const char* name : {"groupnorm", "upsample_2x", "upsample_bilinear_2x", "conv_transpose2d_nobias", "lstm"}) {
+TEST(OpGpuRefusal, TheGpuEngineNamesGroupnormUpsampleConvTransposeAndRecurrentOps) {
+  for (const char* name :
+       {"groupnorm", "upsample_2x", "upsample_bilinear_2x", "conv_transpose2d_nobias", "lstm", "gru"}) {
     const OpCase c = find_case(name);
     const auto why = gpu_engine_lacks(parse_model(with_loss(c.ir), c.name));
     ASSERT_TRUE(why.has_value()) << name;

@@ -139,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "tiny-albert-opset17.onnx", "weights/tiny-groupnorm-opset17.onnx",
                                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
                                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
-                                           "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx"),
+                                           "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
+                                           "weights/tiny-gru-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -160,7 +161,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // nearest upsampling between a U-Net's levels (tiny-unet), LayerNorm
 // over [C, H, W] and [H, W] (tiny-layernorm-chw), bilinear and linear
 // upsampling (tiny-fpn), ConvTranspose2d and ConvTranspose1d
-// (tiny-autoencoder), two-layer nn.LSTMs (tiny-lstm, tiny-bilstm), and the class
+// (tiny-autoencoder), two-layer nn.LSTMs and nn.GRUs (tiny-lstm,
+// tiny-bilstm, tiny-gru), and the class
 // token's select as a view (tiny-hf-vit).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
@@ -177,7 +179,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
-                           "tiny-hf-vit-opset17.onnx"}) {
+                           "weights/tiny-gru-opset17.onnx", "tiny-hf-vit-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -1201,6 +1201,32 @@ TEST(RealExports, EachLstmLayerIsOneLstm) {
     }
 }
 
+// nn.GRU exports as ONNX GRU (linear_before_reset 1), its gates reordered
+// from PyTorch's r, z, n to ONNX's z, r, h: each layer is one gru. PyTorch's
+// figures for weighted_models.py's TinyGRU (a bidirectional layer 12 wide,
+// then one 20 wide; sequence 16, batch 1): 8,472 parameters and 29,700
+// bytes saved with the loss. By hand, from ATen's CPU GRUCell (see
+// ops_decl.cpp): a step and direction keeps 7 hidden (2 x 7 x 12 and 7 x 20
+// floats a step: 10,752 + 8,960), each layer its input (1,024 + 1,536), the
+// head its input (1,280): 23,552, plus the loss's 6,148. The folded export
+// (tiny-gru-folded) the same.
+TEST(RealExports, EachGruLayerIsOneGru) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const char* file : {"tiny-gru-opset17.onnx", "tiny-gru-folded-opset17.onnx"})
+    for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+      const Model m = expect_pytorchs_figures(file, fusion, 8472, 29700, 0, 16);
+      std::vector<std::tuple<Shape, Shape, bool>> layers;  // (input, output, bidirectional) of each gru
+      for (const Node& n : m.nodes) {
+        EXPECT_NE(n.op, OpKind::transpose) << file << " " << n.name;
+        if (n.op == OpKind::gru)
+          layers.emplace_back(m.tensor(n.inputs[0]).shape, m.tensor(n.output).shape, n.attrs.flag("bidirectional"));
+      }
+      EXPECT_EQ(layers, (std::vector<std::tuple<Shape, Shape, bool>>{{{16, 16}, {16, 24}, true},
+                                                                      {{16, 24}, {16, 20}, false}}))
+          << file;
+    }
+}
+
 // What an LSTM node can say that dlplan's lstm (one layer from zero
 // states, giving the output sequence) does not run is refused, naming the
 // node and the reason: a learned initial state, and a head on h_n.

@@ -225,10 +225,10 @@ def _user_models():
             return self.head(torch.tanh(self.decode(self.encode(x))).mean((2, 3)))
 
     class LSTMClassifier(nn.Module):
-        def __init__(self, layers=1, bidirectional=False):
+        def __init__(self, layers=1, bidirectional=False, cell=nn.LSTM):
             super().__init__()
             self.embed = nn.Embedding(1000, 32)
-            self.rnn = nn.LSTM(32, 32, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+            self.rnn = cell(32, 32, num_layers=layers, batch_first=True, bidirectional=bidirectional)
             self.head = nn.Linear(64 if bidirectional else 32, 5)
 
         def forward(self, ids):
@@ -259,6 +259,7 @@ def _user_models():
         "user-lstm": (LSTMClassifier, ids, True),
         "user-lstm-3-layers": (lambda: LSTMClassifier(layers=3), ids, True),
         "user-bilstm": (lambda: LSTMClassifier(bidirectional=True), ids, True),
+        "user-gru": (lambda: LSTMClassifier(layers=2, bidirectional=True, cell=nn.GRU), ids, True),
     }
 
 

@@ -99,13 +99,15 @@ CASES = {
     # biases) over an embedding, the last step classified; PyTorch's side
     # runs torch.lstm itself.
     "tiny-lstm": ("tests/fixtures/tiny-lstm.json", 4, []),
+    # nn.GRU the same way (torch.gru on PyTorch's side).
+    "tiny-gru": ("tests/fixtures/tiny-gru.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
            "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d", "tiny-groupnorm-upsample",
            "tiny-upsample-linear", "tiny-upsample-linear-1d", "tiny-conv-transpose", "tiny-conv-transpose-1d",
-           "tiny-lstm"]
+           "tiny-lstm", "tiny-gru"]
 
 
 def read_f32(path):

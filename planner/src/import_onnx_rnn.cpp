@@ -1,4 +1,5 @@
-// nn.LSTM as torch.onnx.export writes it, recognised as the IR's lstm.
+// nn.LSTM and nn.GRU as torch.onnx.export writes them, recognised as the
+// IR's lstm and gru.
 //
 // torch 1.13 exports each layer of an nn.LSTM as one ONNX LSTM node, which
 // runs sequence-first ([T, b, in] -> Y [T, directions, b, H]):
@@ -16,6 +17,10 @@
 // say (sequence lengths, given states, peepholes, clip, other activations,
 // h_n or c_n read after it) is refused with the reason, as the IR's lstm
 // is one layer from zero states.
+//
+// nn.GRU exports the same way as ONNX GRU (linear_before_reset 1, as
+// PyTorch computes r (W_hn h + b_hn)), its 3 gates reordered from PyTorch's
+// (r, z, n) to ONNX's (z, r, h): Slices of rows [H, 2H), [0, H), [2H, 3H).
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -75,12 +80,16 @@ std::optional<std::pair<int64_t, int64_t>> slice_rows(const Graph& g, const onnx
 
 // Concat(Slice(p, rows [0, n)), Slice(p, [3n, 4n)), Slice(p, [n, 3n))) of one
 // learned tensor p with 4n rows: PyTorch's i, f, g, o reordered to ONNX's
-// i, o, f, c. Returns p, and adds the nodes to `nodes`.
-std::optional<std::string> reordered_gates(const Graph& g, const std::string& t, int64_t n, std::vector<int>& nodes) {
+// i, o, f, c (LSTM, 4 gates); for a GRU's 3, rows [n, 2n), [0, n), [2n,
+// 3n): r, z, n to z, r, h. Returns p, and adds the nodes to `nodes`.
+std::optional<std::string> reordered_gates(const Graph& g, const std::string& t, int64_t n, int gates,
+                                           std::vector<int>& nodes) {
   const int c = g.producer_of(t);
   if (c < 0 || g.node(c).op_type() != "Concat" || attr_int(g.node(c), "axis", 0) != 0 || g.node(c).input_size() != 3)
     return std::nullopt;
-  const std::pair<int64_t, int64_t> want[3] = {{0, n}, {3 * n, 4 * n}, {n, 3 * n}};
+  const std::pair<int64_t, int64_t> lstm[3] = {{0, n}, {3 * n, 4 * n}, {n, 3 * n}};
+  const std::pair<int64_t, int64_t> gru[3] = {{n, 2 * n}, {0, n}, {2 * n, 3 * n}};
+  const auto* want = gates == 4 ? lstm : gru;
   std::string source;
   std::vector<int> found{c};
   for (int k = 0; k < 3; ++k) {
@@ -90,7 +99,7 @@ std::optional<std::string> reordered_gates(const Graph& g, const std::string& t,
     const std::string& p = g.node(s).input(0);
     if (!g.is_learned(p) || (!source.empty() && p != source)) return std::nullopt;
     const auto ps = g.shape(p);
-    if (!ps || ps->empty() || (*ps)[0] != 4 * n) return std::nullopt;
+    if (!ps || ps->empty() || (*ps)[0] != gates * n) return std::nullopt;
     source = p;
     found.push_back(s);
   }
@@ -132,11 +141,11 @@ std::optional<std::vector<std::string>> per_direction(const Graph& g, const std:
 }
 
 // A folded initializer of W, R or B: `rows` rows of one gate set a direction.
-std::vector<WeightRef> folded_rows(const std::string& init, int dirs, int rows) {
+std::vector<WeightRef> folded_rows(const std::string& init, int dirs, int rows, int gates) {
   std::vector<WeightRef> out;
   for (int r = 0; r < dirs * rows; ++r) {
     WeightRef w{init, false, r, r + 1};
-    w.onnx_gates = true;
+    w.onnx_gates = gates;
     out.push_back(w);
   }
   return out;
@@ -144,16 +153,16 @@ std::vector<WeightRef> folded_rows(const std::string& init, int dirs, int rows) 
 
 // W or R [dirs, 4H, cols]: the PyTorch weights it reorders (a direction
 // each), or the folded initializer's rows in ONNX's gate order.
-std::optional<std::vector<WeightRef>> gate_weights(const Graph& g, const std::string& t, int64_t H, int dirs,
-                                                   std::vector<int>& nodes) {
-  if (g.is_init(t)) return folded_rows(t, dirs, 1);
+std::optional<std::vector<WeightRef>> gate_weights(const Graph& g, const std::string& t, int64_t H, int gates,
+                                                   int dirs, std::vector<int>& nodes) {
+  if (g.is_init(t)) return folded_rows(t, dirs, 1, gates);
   std::vector<int> found;
   const auto parts = per_direction(g, t, dirs, found);
   if (!parts) return std::nullopt;
   std::vector<WeightRef> out;
   for (const auto& part : *parts) {
     const auto u = unsqueezed(g, part);
-    const auto p = u ? reordered_gates(g, g.node(*u).input(0), H, found) : std::nullopt;
+    const auto p = u ? reordered_gates(g, g.node(*u).input(0), H, gates, found) : std::nullopt;
     if (!p) return std::nullopt;
     found.push_back(*u);
     out.push_back(WeightRef{*p});
@@ -163,9 +172,9 @@ std::optional<std::vector<WeightRef>> gate_weights(const Graph& g, const std::st
 }
 
 // B [dirs, 8H]: bias_ih and bias_hh of each direction, each reordered.
-std::optional<std::vector<WeightRef>> gate_biases(const Graph& g, const std::string& t, int64_t H, int dirs,
-                                                  std::vector<int>& nodes) {
-  if (g.is_init(t)) return folded_rows(t, dirs, 2);
+std::optional<std::vector<WeightRef>> gate_biases(const Graph& g, const std::string& t, int64_t H, int gates,
+                                                  int dirs, std::vector<int>& nodes) {
+  if (g.is_init(t)) return folded_rows(t, dirs, 2, gates);
   std::vector<int> found;
   const auto parts = per_direction(g, t, dirs, found);
   if (!parts) return std::nullopt;
@@ -177,7 +186,7 @@ std::optional<std::vector<WeightRef>> gate_biases(const Graph& g, const std::str
     found.push_back(*u);
     found.push_back(*c);
     for (int k = 0; k < 2; ++k) {
-      const auto p = reordered_gates(g, g.node(*c).input(k), H, found);
+      const auto p = reordered_gates(g, g.node(*c).input(k), H, gates, found);
       if (!p) return std::nullopt;
       out.push_back(WeightRef{*p});
     }
@@ -205,14 +214,20 @@ std::optional<std::vector<int>> sequence_of(const Graph& g, const std::string& y
   return std::vector<int>{readers[0], next[0]};
 }
 
-// Whether t is another LSTM's sequence-first output (the layer below).
-bool from_layer_below(const Graph& g, const std::string& t) {
+bool is_graph_output(const Graph& g, const std::string& t) {
+  for (const auto& o : g.g.output())
+    if (o.name() == t) return true;
+  return false;
+}
+
+// Whether t is another LSTM's (GRU's) sequence-first output (the layer below).
+bool from_layer_below(const Graph& g, const std::string& t, const std::string& op) {
   const int p = g.producer_of(t);
   if (p < 0) return false;
   const auto& n = g.node(p);
   const auto lstm_of = [&](const std::string& y) {
     const int l = g.producer_of(y);
-    return l >= 0 && g.node(l).op_type() == "LSTM" && g.node(l).output(0) == y;
+    return l >= 0 && g.node(l).op_type() == op && g.node(l).output(0) == y;
   };
   if (squeezes_axis_1(g, n)) return lstm_of(n.input(0));
   if (n.op_type() != "Reshape") return false;
@@ -222,76 +237,92 @@ bool from_layer_below(const Graph& g, const std::string& t) {
 
 }  // namespace
 
-std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why) {
-  const auto& n = g.node(lstm);
+std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why) {
+  const auto& n = g.node(node);
+  const std::string& op = n.op_type();  // LSTM or GRU
+  const bool lstm = op == "LSTM";
+  const int gates = lstm ? 4 : 3;
   const auto input = [&](int k) -> std::string { return n.input_size() > k ? n.input(k) : std::string(); };
   const int64_t H = attr_int(n, "hidden_size", 0);
   const std::string direction = attr_text(n, "direction", "forward");
   if (direction != "forward" && direction != "bidirectional") {
-    why = fmt::format("direction '{}', which nn.LSTM does not export (forward, or bidirectional)", direction);
+    why = fmt::format("direction '{}', which nn.{} does not export (forward, or bidirectional)", direction, op);
     return std::nullopt;
   }
   const int dirs = direction == "bidirectional" ? 2 : 1;
   if (attr_int(n, "layout", 0) != 0 || attr(n, "clip") || attr_int(n, "input_forget", 0) != 0 || H <= 0) {
-    why = "a layout, clip, input_forget or missing hidden_size that nn.LSTM does not export";
+    why = fmt::format("a layout, clip, input_forget or missing hidden_size that nn.{} does not export", op);
+    return std::nullopt;
+  }
+  if (!lstm && attr_int(n, "linear_before_reset", 0) != 1) {
+    why = "linear_before_reset 0: the reset gate applied before W_hn, where nn.GRU applies it after";
     return std::nullopt;
   }
   if (const auto acts = attr(n, "activations"); acts && acts->strings_size() > 0) {
     std::vector<std::string> a(acts->strings().begin(), acts->strings().end());
-    if (a != std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}) {
-      why = "activations other than nn.LSTM's (sigmoid, tanh, tanh)";
+    const std::vector<std::string> torch = lstm ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+                                                : std::vector<std::string>{"Sigmoid", "Tanh"};
+    if (a != torch && a.size() != 2 * torch.size()) {  // (bidirectional: both directions', each as torch's)
+      why = fmt::format("activations other than nn.{}'s (sigmoid, tanh)", op);
       return std::nullopt;
     }
   }
-  if (!input(4).empty() || !input(7).empty()) {
-    why = "sequence lengths (a packed sequence) or peepholes, which nn.LSTM's plain forward does not export";
+  if (!input(4).empty() || (lstm && !input(7).empty())) {
+    why = "sequence lengths (a packed sequence) or peepholes, which a plain forward does not export";
     return std::nullopt;
   }
-  if (!zero_state(g, input(5)) || !zero_state(g, input(6))) {
-    why = "its initial state (h_0, c_0) is given; dlplan's lstm starts from zeros, as nn.LSTM does without one";
+  if (!zero_state(g, input(5)) || (lstm && !zero_state(g, input(6)))) {
+    why = fmt::format("its initial state ({}) is given; dlplan's {} starts from zeros, as nn.{} does without one",
+                      lstm ? "h_0, c_0" : "h_0", lstm ? "lstm" : "gru", op);
     return std::nullopt;
   }
   for (int k = 1; k < std::min(n.output_size(), 3); ++k)
     if (!n.output(k).empty() && !g.consumers_of(n.output(k)).empty()) {
-      why = fmt::format("its final {} state is read after it; dlplan's lstm gives the output sequence only "
-                        "(for a one-layer forward LSTM, output[:, -1] is h_n)",
-                        k == 1 ? "hidden (h_n)" : "cell (c_n)");
+      why = fmt::format("its final {} state is read after it; dlplan's {} gives the output sequence only "
+                        "(for a one-layer forward {}, output[:, -1] is h_n)",
+                        k == 1 ? "hidden (h_n)" : "cell (c_n)", lstm ? "lstm" : "gru", op);
       return std::nullopt;
     }
 
   Fusion f;
-  f.kind = "lstm";
+  f.kind = lstm ? "lstm" : "gru";
   f.name = n.name().empty() ? n.output(0) : n.name();
   f.unit_source = n.name();
-  f.nodes = {lstm};
+  f.nodes = {node};
   // The input: a batch_first tensor transposed to sequence-first, or the
   // previous layer's output (sequence-first, read by no other node).
   const int xp = g.producer_of(input(0));
   if (xp >= 0 && has_perm(g.node(xp), {1, 0, 2}) && g.consumers_of(input(0)).size() == 1) {
     f.x = g.node(xp).input(0);
     f.nodes.push_back(xp);
-  } else if (from_layer_below(g, input(0))) {
+  } else if (from_layer_below(g, input(0), op)) {
     f.x = input(0);
   } else {
-    why = "its input is not a batch_first tensor (nn.LSTM(batch_first=True)) or the layer below's output; dlplan "
-          "plans per sample with the batch axis first";
+    why = fmt::format("its input is not a batch_first tensor (nn.{}(batch_first=True)) or the layer below's output; "
+                      "dlplan plans per sample with the batch axis first",
+                      op);
     return std::nullopt;
   }
   // The output made sequence-first [T, b, dirs H], then either the
   // transpose back to batch_first or the next layers alone.
   const auto seq_nodes = sequence_of(g, n.output(0), dirs, H);
   if (!seq_nodes) {
-    why = "its output is not made [T, b, directions x hidden] as nn.LSTM's export does";
+    why = fmt::format("its output is not made [T, b, directions x hidden] as nn.{}'s export does", op);
     return std::nullopt;
   }
   f.nodes.insert(f.nodes.end(), seq_nodes->begin(), seq_nodes->end());
   const std::string& seq = g.node(seq_nodes->back()).output(0);
-  const auto& readers = g.consumers_of(seq);
+  // Its readers, less dead ones: where one nn.GRU's output goes straight into
+  // another, torch cancels the transpose back against the next one's but
+  // leaves the first in the graph, read by nothing.
+  std::vector<int> readers;
+  for (int r : g.consumers_of(seq))
+    if (!g.consumers_of(g.node(r).output(0)).empty() || is_graph_output(g, g.node(r).output(0))) readers.push_back(r);
   if (readers.size() == 1 && has_perm(g.node(readers[0]), {1, 0, 2})) {
     f.nodes.push_back(readers[0]);
     f.out = g.node(readers[0]).output(0);
   } else if (!readers.empty() && std::all_of(readers.begin(), readers.end(), [&](int r) {
-               return g.node(r).op_type() == "LSTM" && g.node(r).input(0) == seq;
+               return g.node(r).op_type() == op && g.node(r).input(0) == seq;
              })) {
     f.out = seq;
   } else {
@@ -300,16 +331,20 @@ std::optional<Fusion> match_lstm(const Graph& g, int lstm, std::string& why) {
     return std::nullopt;
   }
 
-  const auto w = gate_weights(g, input(1), H, dirs, f.nodes);
-  const auto r = w ? gate_weights(g, input(2), H, dirs, f.nodes) : std::nullopt;
+  const auto w = gate_weights(g, input(1), H, gates, dirs, f.nodes);
+  const auto r = w ? gate_weights(g, input(2), H, gates, dirs, f.nodes) : std::nullopt;
   if (!w || !r) {
-    why = "its weights are neither nn.LSTM's weight_ih and weight_hh reordered to ONNX's gate order nor initializers";
+    why = fmt::format("its weights are neither nn.{}'s weight_ih and weight_hh reordered to ONNX's gate order nor "
+                      "initializers",
+                      op);
     return std::nullopt;
   }
   const bool bias = !input(3).empty();
-  const auto b = bias ? gate_biases(g, input(3), H, dirs, f.nodes) : std::vector<WeightRef>{};
+  const auto b = bias ? gate_biases(g, input(3), H, gates, dirs, f.nodes) : std::vector<WeightRef>{};
   if (!b) {
-    why = "its bias is neither nn.LSTM's bias_ih and bias_hh reordered to ONNX's gate order nor an initializer";
+    why = fmt::format("its bias is neither nn.{}'s bias_ih and bias_hh reordered to ONNX's gate order nor an "
+                      "initializer",
+                      op);
     return std::nullopt;
   }
   for (int d = 0; d < dirs; ++d) {  // the IR's parameters: weight_ih, weight_hh[, bias_ih, bias_hh], then _reverse
