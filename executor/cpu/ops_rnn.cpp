@@ -78,6 +78,35 @@ RnnParams rnn_params(const OpContext& c, int d) {
 // The time of direction d's k-th step (the reverse direction starts at the end).
 inline int64_t time_of(const RnnShape& s, int d, int64_t k) { return d == 0 ? k : s.T - 1 - k; }
 
+// Every step's gradients of the input side's and the hidden side's gate
+// pre-activations (rows (sample, step), `ld` apart; the same rows for an
+// LSTM, two halves of a row for a GRU).
+struct GateGrads {
+  const float *ih, *hh;
+  int64_t ld;
+};
+
+// After a direction's steps: dW_ih += d(ig)^T x, dW_hh += d(hg)^T h_{t-1}
+// (h_prev: step 0's h_{t-1} in the state, a step's state apart), bias_ih
+// and bias_hh the sums of d(ig) and d(hg), and dx += d(ig) W_ih; one GEMM
+// each over all steps.
+void weight_and_input_grads(OpContext& c, const RnnShape& s, const RnnParams& p, int64_t G, const GateGrads& dg,
+                            const float* h_prev) {
+  const int64_t R = s.b * s.T;
+  if (float* dw = grad_or_null(c.dparams[p.first]))
+    gemm(true, false, G, s.in, R, 1.0f, dg.ih, dg.ld, c.in[0].f(), s.in, 1.0f, dw, s.in);
+  if (float* dw = grad_or_null(c.dparams[p.first + 1]))
+    gemm(true, false, G, s.H, R, 1.0f, dg.hh, dg.ld, h_prev, s.step(), 1.0f, dw, s.H);
+  for (size_t q = 2; q < p.count; ++q)
+    if (float* db = grad_or_null(c.dparams[p.first + q])) {
+      const float* from = q == 2 ? dg.ih : dg.hh;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < G; ++j) db[j] += from[r * dg.ld + j];
+    }
+  if (float* dx = grad_or_null(c.din[0]))
+    gemm(false, false, R, s.in, G, 1.0f, dg.ih, dg.ld, c.params[p.first].f(), s.in, 1.0f, dx, s.in);
+}
+
 }  // namespace
 
 void lstm_forward(OpContext& c) {
@@ -141,7 +170,7 @@ void lstm_forward(OpContext& c) {
 
 void lstm_backward(OpContext& c) {
   const RnnShape s = rnn_shape(c);
-  const int64_t H = s.H, G = 4 * H, R = s.b * s.T;
+  const int64_t H = s.H, G = 4 * H;
   const float* st = saved_named(c, "state").f();
   Tensor dg_t = alloc_temp(c, {s.b, s.T, G}, "dgates");
   Tensor carry_t = alloc_temp(c, {s.b, 2 * H}, "dstate");
@@ -151,7 +180,7 @@ void lstm_backward(OpContext& c) {
 
   for (int d = 0; d < s.dirs; ++d) {
     const RnnParams p = rnn_params(c, d);
-    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* w_hh = c.params[p.first + 1].f();
     const float* base = st + d * s.slot();
     std::fill(carry, carry + s.b * 2 * H, 0.0f);
     for (int64_t k = s.T - 1; k >= 0; --k) {
@@ -178,15 +207,7 @@ void lstm_backward(OpContext& c) {
     }
     dg_b.store();
     carry_b.store();
-    if (float* dw = grad_or_null(c.dparams[p.first]))
-      gemm(true, false, G, s.in, R, 1.0f, dg, G, c.in[0].f(), s.in, 1.0f, dw, s.in);
-    if (float* dw = grad_or_null(c.dparams[p.first + 1]))
-      gemm(true, false, G, H, R, 1.0f, dg, G, base + h_prev(s), s.step(), 1.0f, dw, H);
-    for (size_t q = 2; q < p.count; ++q)
-      if (float* db = grad_or_null(c.dparams[p.first + q]))
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t j = 0; j < G; ++j) db[j] += dg[r * G + j];
-    if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, G, w_ih, s.in, 1.0f, dx, s.in);
+    weight_and_input_grads(c, s, p, G, {dg, dg, G}, base + h_prev(s));
   }
 }
 
@@ -264,7 +285,7 @@ void gru_forward(OpContext& c) {
 
 void gru_backward(OpContext& c) {
   const RnnShape s = rnn_shape(c);
-  const int64_t H = s.H, G = 3 * H, R = s.b * s.T;
+  const int64_t H = s.H, G = 3 * H;
   const float* st = saved_named(c, "state").f();
   Tensor dg_t = alloc_temp(c, {s.b, s.T, 2 * G}, "dgates");  // a step: d(ig) [3H], d(hg) [3H]
   Tensor carry_t = alloc_temp(c, {s.b, H}, "dstate");
@@ -274,7 +295,7 @@ void gru_backward(OpContext& c) {
 
   for (int d = 0; d < s.dirs; ++d) {
     const RnnParams p = rnn_params(c, d);
-    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* w_hh = c.params[p.first + 1].f();
     const float* base = st + d * s.slot();
     std::fill(carry, carry + s.b * H, 0.0f);
     for (int64_t k = s.T - 1; k >= 0; --k) {
@@ -302,15 +323,7 @@ void gru_backward(OpContext& c) {
     }
     dg_b.store();
     carry_b.store();
-    if (float* dw = grad_or_null(c.dparams[p.first]))
-      gemm(true, false, G, s.in, R, 1.0f, dg, 2 * G, c.in[0].f(), s.in, 1.0f, dw, s.in);
-    if (float* dw = grad_or_null(c.dparams[p.first + 1]))
-      gemm(true, false, G, H, R, 1.0f, dg + G, 2 * G, base + kHprev * H, s.step(), 1.0f, dw, H);
-    for (size_t q = 2; q < p.count; ++q)  // bias_ih sums d(ig), bias_hh d(hg)
-      if (float* db = grad_or_null(c.dparams[p.first + q]))
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t j = 0; j < G; ++j) db[j] += dg[r * 2 * G + (q - 2) * G + j];
-    if (float* dx = grad_or_null(c.din[0])) gemm(false, false, R, s.in, G, 1.0f, dg, 2 * G, w_ih, s.in, 1.0f, dx, s.in);
+    weight_and_input_grads(c, s, p, G, {dg, dg + G, 2 * G}, base + kHprev * H);
   }
 }
 

@@ -151,42 +151,30 @@ std::vector<WeightRef> folded_rows(const std::string& init, int dirs, int rows, 
   return out;
 }
 
-// W or R [dirs, 4H, cols]: the PyTorch weights it reorders (a direction
-// each), or the folded initializer's rows in ONNX's gate order.
-std::optional<std::vector<WeightRef>> gate_weights(const Graph& g, const std::string& t, int64_t H, int gates,
-                                                   int dirs, std::vector<int>& nodes) {
-  if (g.is_init(t)) return folded_rows(t, dirs, 1, gates);
+// W, R or B [dirs, parts x G H(, cols)]: for each direction, `parts` PyTorch
+// tensors (W, R: the weight; B: bias_ih and bias_hh), each reordered to
+// ONNX's gates and Unsqueezed to a direction (B: Concatenated first); or the
+// folded initializer's rows in ONNX's gate order.
+std::optional<std::vector<WeightRef>> gate_params(const Graph& g, const std::string& t, int64_t H, int gates,
+                                                  int dirs, int parts, std::vector<int>& nodes) {
+  if (g.is_init(t)) return folded_rows(t, dirs, parts, gates);
   std::vector<int> found;
-  const auto parts = per_direction(g, t, dirs, found);
-  if (!parts) return std::nullopt;
+  const auto per_dir = per_direction(g, t, dirs, found);
+  if (!per_dir) return std::nullopt;
   std::vector<WeightRef> out;
-  for (const auto& part : *parts) {
-    const auto u = unsqueezed(g, part);
-    const auto p = u ? reordered_gates(g, g.node(*u).input(0), H, gates, found) : std::nullopt;
-    if (!p) return std::nullopt;
+  for (const auto& d : *per_dir) {
+    const auto u = unsqueezed(g, d);
+    if (!u) return std::nullopt;
     found.push_back(*u);
-    out.push_back(WeightRef{*p});
-  }
-  nodes.insert(nodes.end(), found.begin(), found.end());
-  return out;
-}
-
-// B [dirs, 8H]: bias_ih and bias_hh of each direction, each reordered.
-std::optional<std::vector<WeightRef>> gate_biases(const Graph& g, const std::string& t, int64_t H, int gates,
-                                                  int dirs, std::vector<int>& nodes) {
-  if (g.is_init(t)) return folded_rows(t, dirs, 2, gates);
-  std::vector<int> found;
-  const auto parts = per_direction(g, t, dirs, found);
-  if (!parts) return std::nullopt;
-  std::vector<WeightRef> out;
-  for (const auto& part : *parts) {
-    const auto u = unsqueezed(g, part);
-    const auto c = u ? concat_of_two(g, g.node(*u).input(0)) : std::nullopt;
-    if (!c) return std::nullopt;
-    found.push_back(*u);
-    found.push_back(*c);
-    for (int k = 0; k < 2; ++k) {
-      const auto p = reordered_gates(g, g.node(*c).input(k), H, gates, found);
+    std::vector<std::string> reordered{g.node(*u).input(0)};
+    if (parts == 2) {
+      const auto c = concat_of_two(g, reordered[0]);
+      if (!c) return std::nullopt;
+      found.push_back(*c);
+      reordered = {g.node(*c).input(0), g.node(*c).input(1)};
+    }
+    for (const auto& r : reordered) {
+      const auto p = reordered_gates(g, r, H, gates, found);
       if (!p) return std::nullopt;
       out.push_back(WeightRef{*p});
     }
@@ -331,8 +319,8 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
     return std::nullopt;
   }
 
-  const auto w = gate_weights(g, input(1), H, gates, dirs, f.nodes);
-  const auto r = w ? gate_weights(g, input(2), H, gates, dirs, f.nodes) : std::nullopt;
+  const auto w = gate_params(g, input(1), H, gates, dirs, 1, f.nodes);
+  const auto r = w ? gate_params(g, input(2), H, gates, dirs, 1, f.nodes) : std::nullopt;
   if (!w || !r) {
     why = fmt::format("its weights are neither nn.{}'s weight_ih and weight_hh reordered to ONNX's gate order nor "
                       "initializers",
@@ -340,7 +328,7 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
     return std::nullopt;
   }
   const bool bias = !input(3).empty();
-  const auto b = bias ? gate_biases(g, input(3), H, gates, dirs, f.nodes) : std::vector<WeightRef>{};
+  const auto b = bias ? gate_params(g, input(3), H, gates, dirs, 2, f.nodes) : std::vector<WeightRef>{};
   if (!b) {
     why = fmt::format("its bias is neither nn.{}'s bias_ih and bias_hh reordered to ONNX's gate order nor an "
                       "initializer",
