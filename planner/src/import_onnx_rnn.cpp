@@ -62,6 +62,8 @@ bool zero_state(const Graph& g, const std::string& t, int depth = 0) {
     const auto vals = tensor_values(v->t());
     return vals && std::all_of(vals->begin(), vals->end(), [](double e) { return e == 0.0; });
   }
+  // A learned initial state is a parameter even while it holds zeros.
+  if (g.is_learned(t)) return false;
   const auto vals = g.values(t);
   return vals && std::all_of(vals->begin(), vals->end(), [](double e) { return e == 0.0; });
 }
