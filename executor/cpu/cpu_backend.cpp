@@ -134,6 +134,8 @@ class CpuBackend final : public Backend {
       case OpKind::softmax: return softmax_forward(c);
       case OpKind::causal_mask: return causal_mask_forward(c);
       case OpKind::alibi: return alibi_forward(c);
+      case OpKind::window_position_bias: return window_position_bias_forward(c);
+      case OpKind::window_mask: return window_mask_forward(c);
       case OpKind::rope: return rope_forward(c);
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
@@ -197,6 +199,8 @@ class CpuBackend final : public Backend {
       case OpKind::softmax: return softmax_backward(c);
       case OpKind::causal_mask: return causal_mask_backward(c);
       case OpKind::alibi: return alibi_backward(c);
+      case OpKind::window_position_bias: return window_position_bias_backward(c);
+      case OpKind::window_mask: return window_mask_backward(c);
       case OpKind::rope: return rope_backward(c);
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);

@@ -201,6 +201,10 @@ void causal_mask_forward(OpContext& c);
 void causal_mask_backward(OpContext& c);
 void alibi_forward(OpContext& c);
 void alibi_backward(OpContext& c);
+void window_position_bias_forward(OpContext& c);
+void window_position_bias_backward(OpContext& c);
+void window_mask_forward(OpContext& c);
+void window_mask_backward(OpContext& c);
 void rope_forward(OpContext& c);
 void rope_backward(OpContext& c);
 

@@ -1,5 +1,6 @@
 // Ops that move elements without arithmetic: transpose (x.permute(perm) over
-// the per-sample axes, made contiguous) and slice (a range along one axis).
+// the per-sample axes, made contiguous) and slice (a range along one axis,
+// strided or not).
 // Nothing is saved; backward moves the gradient back where it came from.
 #include "ops.hpp"
 
@@ -29,19 +30,26 @@ std::vector<int64_t> permuted_offsets(const Shape& in, const std::vector<int64_t
 
 // slice: per sample, with outer = the product of the dimensions before the
 // axis, each outer row of the output is the run [start, end) of the input's
-// row along the axis (and everything after it).
+// row along the axis (and everything after it), or with a step, every
+// step-th block of `inner` elements of that run.
 namespace {
 
 template <typename Fn>  // fn(out_offset, in_offset, count)
 void for_each_slice_run(const OpContext& c, Fn fn) {
   const auto axis = static_cast<size_t>(c.node->attrs.integer("axis"));
-  const int64_t start = c.node->attrs.integer("start");
+  const int64_t start = c.node->attrs.integer("start"), step = c.node->attrs.integer("step");
   const Shape& in = in_shape(c, 0);
   int64_t outer = c.batch, inner = 1;
   for (size_t d = 0; d < axis; ++d) outer *= in[d];
   for (size_t d = axis + 1; d < in.size(); ++d) inner *= in[d];
-  const int64_t in_row = in[axis] * inner, out_row = out_shape(c)[axis] * inner;
-  for (int64_t r = 0; r < outer; ++r) fn(r * out_row, r * in_row + start * inner, out_row);
+  const int64_t kept = out_shape(c)[axis], in_row = in[axis] * inner, out_row = kept * inner;
+  for (int64_t r = 0; r < outer; ++r) {
+    if (step == 1) {
+      fn(r * out_row, r * in_row + start * inner, out_row);
+      continue;
+    }
+    for (int64_t k = 0; k < kept; ++k) fn(r * out_row + k * inner, r * in_row + (start + k * step) * inner, inner);
+  }
 }
 
 }  // namespace

@@ -837,7 +837,9 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::moe_router:  // trainer.cpp's gpu_engine_lacks refuses such a plan first
     case OpKind::moe_expert:
     case OpKind::moe_combine:
-    case OpKind::relative_position_bias: break;
+    case OpKind::relative_position_bias:
+    case OpKind::window_position_bias:
+    case OpKind::window_mask: break;
     case OpKind::maxpool2d: return maxpool2d_fwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_fwd(rt, c);
     case OpKind::global_avgpool: return global_avgpool_fwd(rt, c);
@@ -900,7 +902,9 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::moe_router:
     case OpKind::moe_expert:
     case OpKind::moe_combine:
-    case OpKind::relative_position_bias: break;
+    case OpKind::relative_position_bias:
+    case OpKind::window_position_bias:
+    case OpKind::window_mask: break;
     case OpKind::maxpool2d: return maxpool2d_bwd(rt, c);
     case OpKind::avgpool2d: return avgpool2d_bwd(rt, c);
     case OpKind::global_avgpool: return global_avgpool_bwd(rt, c);

@@ -62,6 +62,7 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::pos_embedding:
     case OpKind::cls_token:
     case OpKind::relative_position_bias:  // (HF T5 draws it N(0, d_model^-1/2))
+    case OpKind::window_position_bias:    // (torchvision's Swin: truncated N(0, 0.02))
       return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)
     case OpKind::rmsnorm:  // scale w + offset starts at 1: HF GemmaRMSNorm (offset 1) initialises w to 0
     case OpKind::scale:    // (a written-out GemmaRMSNorm's weight)

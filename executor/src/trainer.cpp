@@ -79,6 +79,12 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::linear && n.attrs.has("scale") && n.attrs.number("scale") != 1.0)
       return fmt::format("node '{}' scales its input by {} (T5's tied head), which the CPU engine trains and the CUDA "
                          "engine does not yet", n.name, n.attrs.number("scale"));
+    if (n.op == OpKind::window_position_bias || n.op == OpKind::window_mask)
+      return fmt::format("node '{}' is a {} (Swin's windows), which the CPU engine trains and the CUDA engine does not "
+                         "yet", n.name, to_string(n.op));
+    if (n.op == OpKind::slice && n.attrs.integer("step") != 1)
+      return fmt::format("node '{}' is a strided slice (Swin's patch merging), which the CPU engine trains and the CUDA "
+                         "engine does not yet", n.name);
     if (n.op == OpKind::relative_position_bias)
       return fmt::format("node '{}' is a relative position bias (T5), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);

@@ -29,11 +29,13 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -109,6 +111,14 @@ class Importer {
     std::optional<int64_t> row;  // every position reads this row
     int64_t offset = 0;          // else position t reads row offset + t
     std::string table;           // the initializer
+  };
+  // Swin's relative position table read at relative_position_index, on its
+  // way to the scores (map_window_table).
+  struct WindowTable {
+    std::string table;  // the initializer [(2 Wh - 1)(2 Ww - 1), heads]
+    std::array<int64_t, 2> window;
+    int64_t heads = 0;
+    bool heads_first = false;  // permuted to [heads, T, T]; else the gathered [T, T, heads] order
   };
 
  public:
@@ -289,6 +299,12 @@ class Importer {
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
     if (!s || s->empty()) return {};
+    if (const auto b2 = batch_second_.find(t); b2 != batch_second_.end() && s->size() >= 2 && (*s)[1] > 0) {
+      Dims d = *s;  // [k, b m, ...] -> [k, m, ...]; [k, b, ...] -> [k, ...]
+      if (b2->second > 0) d[1] /= b2->second;
+      else d.erase(d.begin() + 1);
+      return d;
+    }
     Dims d(s->begin() + 1, s->end());
     if (auto f = batch_folded_.find(t); f != batch_folded_.end() && (*s)[0] > 0)
       d.insert(d.begin(), (*s)[0] / f->second);  // [b m, ...] -> [m, ...]
@@ -371,6 +387,7 @@ class Importer {
         absorbed_bias = *add;
         absorbed_.insert(*add);
         result = g_.node(*add).output(0);
+        carry_batch_fold({n.output(0)}, {result});  // the absorbed Add is not walked: [b m, T, N] stays folded
       }
     OJson a{{"out", out}, {"bias", bias}};
     // A head reading an embedding's own table (GPT-2's lm_head is
@@ -462,10 +479,10 @@ class Importer {
     return gamma;
   }
 
-  // A Slice of one per-sample axis with step 1 and constant bounds (after
-  // fold_shape_subgraphs): the axis (of the full shape), and [start, end)
-  // clamped as ONNX does. Nothing for any other Slice.
-  std::optional<std::tuple<int64_t, int64_t, int64_t>> sliced(const onnx::NodeProto& n) const {
+  // A Slice of one per-sample axis with a positive step and constant bounds
+  // (after fold_shape_subgraphs): the axis (of the full shape), [start, end)
+  // clamped as ONNX does, and the step. Nothing for any other Slice.
+  std::optional<std::tuple<int64_t, int64_t, int64_t, int64_t>> sliced(const onnx::NodeProto& n) const {
     const auto s = g_.shape(n.input(0));
     const auto starts = g_.values(n.input(1)), ends = g_.values(n.input(2));
     std::optional<std::vector<double>> axes, steps;
@@ -473,8 +490,10 @@ class Importer {
     if (n.input_size() > 4 && !n.input(4).empty()) steps = g_.values(n.input(4));
     if (!s || !starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
     if ((n.input_size() > 3 && !n.input(3).empty() && (!axes || axes->size() != 1)) ||
-        (n.input_size() > 4 && !n.input(4).empty() && (!steps || steps->size() != 1 || (*steps)[0] != 1.0)))
+        (n.input_size() > 4 && !n.input(4).empty() && (!steps || steps->size() != 1 || !((*steps)[0] >= 1.0) ||
+                                                       (*steps)[0] > static_cast<double>(kMaxTensorElements))))
       return std::nullopt;
+    const auto step = steps ? static_cast<int64_t>((*steps)[0]) : 1;
     const auto rank = static_cast<int64_t>(s->size());
     for (const auto* v : {&*starts, &*ends})
       if (std::isnan((*v)[0])) return std::nullopt;
@@ -489,7 +508,7 @@ class Importer {
     };
     const int64_t start = bound((*starts)[0]), end = bound((*ends)[0]);
     if (start >= end) return std::nullopt;
-    return std::make_tuple(axis, start, end);
+    return std::make_tuple(axis, start, end, step);
   }
 
   // The per-sample shape a Reshape, Squeeze or Unsqueeze of `x` gives, when
@@ -633,6 +652,8 @@ class Importer {
     const auto& n = g_.node(i);
     const auto& op = n.op_type();
     const auto data = data_inputs(n);
+    for (const auto& t : data)
+      if (window_tables_.count(t)) return map_window_table(n, i, data, t);
     if (const auto h = handlers().find(op); h != handlers().end()) return (this->*(h->second))(n, i, data);
     unknown(n, i, data);
   }
@@ -994,6 +1015,11 @@ class Importer {
       auto w = *g_.shape(n.input(0));
       if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
       if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
+        if (const auto idx = g_.values(n.input(1)))
+          if (const auto window = window_of_relative_index(*idx, w[0])) {  // Swin's relative position bias
+            window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false};
+            return;
+          }
         pos_tables_[n.output(0)] = table_read(n, i, w[0]);
         return;
       }
@@ -1009,6 +1035,7 @@ class Importer {
     auto idx = g_.values(n.input(1));
     const auto idx_shape = g_.shape(n.input(1));
     const int64_t axis = attr_int(n, "axis", 0);
+    if (batch_second_.count(n.input(0))) return map_part_of_batch_second(n, i, data);
     const bool folded = batch_folded_.count(n.input(0)) > 0;
     if (axis == 1 && !folded && idx && idx->size() == 1) {
       // x[:, -1] (the last step of an LSTM's output) counts from the end.
@@ -1044,6 +1071,102 @@ class Importer {
       }
     }
     return unknown(n, i, data);
+  }
+
+  // Swin's relative position bias between its Gather and the scores (`from`
+  // holds the gathered table): views of the gathered [T T, H] rows ([T, T,
+  // H], unsqueezed), one permute to [H, T, T], and the Add to the scores
+  // [.., H, T, T], which is the IR's window_position_bias of the table. Any
+  // other use is refused, naming the node.
+  void map_window_table(const onnx::NodeProto& n, int i, const std::vector<std::string>& data,
+                        const std::string& from) {
+    WindowTable wt = window_tables_.at(from);
+    const int64_t T = wt.window[0] * wt.window[1], H = wt.heads;
+    const auto& op = n.op_type();
+    auto squeezed = [&](const std::string& t) {  // leading 1s dropped
+      Dims d = g_.shape(t).value_or(Dims{});
+      while (d.size() > 1 && d.front() == 1) d.erase(d.begin());
+      return d;
+    };
+    const Dims layout = wt.heads_first ? Dims{H, T, T} : Dims{T, T, H};
+    static const std::set<std::string> kViews = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast"};
+    if (data.size() == 1 && kViews.count(op)) {
+      const Dims out = squeezed(n.output(0));
+      if (out == layout || (!wt.heads_first && out == Dims{T * T, H})) {
+        window_tables_[n.output(0)] = wt;
+        return;
+      }
+    } else if (data.size() == 1 && op == "Transpose" && !wt.heads_first && g_.shape(from) == Dims{T, T, H} &&
+               attr_ints(n, "perm") == std::vector<int64_t>{2, 0, 1}) {
+      wt.heads_first = true;
+      window_tables_[n.output(0)] = wt;
+      return;
+    } else if (op == "Add" && data.size() == 2 && wt.heads_first) {
+      const std::string& x = data[0] == from ? data[1] : data[0];
+      const Dims px = per_sample(x);
+      if (!window_tables_.count(x) && px.size() >= 3 && Dims(px.end() - 3, px.end()) == layout) {
+        emit(ir_name_for(n), "window_position_bias", {ir_of(x, n, i)},
+             OJson{{"window", pair(wt.window[0], wt.window[1])}}, n.output(0), n.name());
+        last_window_ = wt.window;
+        return weigh("table", WeightRef{wt.table});
+      }
+    }
+    fail(fmt::format("{}: reads the relative position bias table '{}' (a {} x {} window's, as Swin's) in a way dlplan "
+                     "does not follow: views of the gathered rows, one permute to [heads, T, T], then an Add to "
+                     "scores [.., heads, T, T]",
+                     label(n, i), wt.table, wt.window[0], wt.window[1]));
+  }
+
+  // Whether every reader of t takes one part of its first axis at a constant
+  // index (Gather, axis 0, a scalar): q, k and v of Swin's fused qkv.
+  bool read_by_parts(const std::string& t) const {
+    const auto& cons = g_.consumers_of(t);
+    return !cons.empty() && std::all_of(cons.begin(), cons.end(), [&](int c) {
+      const auto& r = g_.node(c);
+      const auto idx = r.op_type() == "Gather" ? g_.values(r.input(1)) : std::nullopt;
+      const auto is = r.op_type() == "Gather" ? g_.shape(r.input(1)) : std::nullopt;
+      return r.input(0) == t && attr_int(r, "axis", 0) == 0 && idx && idx->size() == 1 && is && is->empty();
+    });
+  }
+
+  // qkv.permute(2, 0, 3, 1, 4) of [b m, T, 3, H, hd] (or [b, T, 3, H, hd]):
+  // the batch lands on axis 1, and each reader then takes one of the 3 parts
+  // (read_by_parts), which is batch-major again. Per sample the same permute
+  // of [m, T, 3, H, hd] (or, without the batch axis, of [T, 3, H, hd]); the
+  // parts are map_part_of_batch_second's.
+  void map_batch_second(const onnx::NodeProto& n, int i, const std::string& x, const std::vector<int64_t>& perm) {
+    const auto f = batch_folded_.find(x);
+    OJson per = OJson::array();
+    for (auto p : perm)
+      if (f != batch_folded_.end()) per.push_back(p);
+      else if (p != 0) per.push_back(p - 1);
+    batch_second_[n.output(0)] = f != batch_folded_.end() ? f->second : 0;
+    emit(ir_name_for(n), "transpose", {ir_of(x, n, i)}, OJson{{"perm", per}}, n.output(0), n.name());
+  }
+
+  // t[k] of a tensor map_batch_second made: per sample a slice of width 1
+  // of the first axis and a reshape that drops it. Copies under both
+  // fusions: PyTorch's select is a view, but each part's matmul reads it as
+  // [b m H, T, hd], which the permuted layout cannot give without a copy (the
+  // windows' stride is not the heads' times their count), and keeps that
+  // part-sized copy, not the fused qkv's storage. (With b m = 1, Swin's last
+  // stage at batch 1, it would keep the storage: 2 of 3 parts more there.)
+  void map_part_of_batch_second(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = n.input(0);
+    const auto idx = g_.values(n.input(1));
+    const auto xs = g_.shape(x);
+    const auto is = g_.shape(n.input(1));
+    if (attr_int(n, "axis", 0) != 0 || !idx || idx->size() != 1 || !is || !is->empty() || !xs || (*xs)[0] <= 0)
+      return unknown(n, i, data);
+    int64_t k = static_cast<int64_t>((*idx)[0]);
+    if (k < 0) k += (*xs)[0];
+    if (k < 0 || k >= (*xs)[0]) return unknown(n, i, data);
+    if (const int64_t b = batch_second_.at(x); b > 0) batch_folded_[n.output(0)] = b;
+    const OJson range{{"axis", 0}, {"start", k}, {"end", k + 1}};
+    const OJson squeeze{{"shape", per_sample(n.output(0))}};
+    const std::string part = n.output(0) + "#slice";
+    emit(ir_name_for(n), "slice", {ir_of(x, n, i)}, range, part, n.name());
+    emit(unique_name(normalize(n.name()) + ".squeeze"), "reshape", {ir_[part]}, squeeze, n.output(0), n.name());
   }
 
   // Add, Mul, Sub, Div
@@ -1143,6 +1266,14 @@ class Importer {
           if (const auto v = g_.values(t)) {
             if (op == "Add" && is_alibi(t, *v, x))
               return emit(ir_name_for(n), "alibi", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
+            if (const auto ms = g_.shape(t); op == "Add" && ms)
+              if (const auto wm = match_window_mask(*v, *ms, per_sample(x), last_window_)) {
+                const OJson a{{"windows", pair(wm->windows[0], wm->windows[1])},
+                              {"window", pair(wm->window[0], wm->window[1])},
+                              {"shift", pair(wm->shift[0], wm->shift[1])},
+                              {"value", wm->value}};
+                return emit(ir_name_for(n), "window_mask", {ir_of(x, n, i)}, a, n.output(0), n.name());
+              }
             if (op == "Add")
               if (const auto cm = causal_mask_value(t, *v, x); cm && per_sample_axis(x, cm->query_axis))
                 return emit(ir_name_for(n), "causal_mask", {ir_of(x, n, i)}, causal_mask_attrs(*cm, x), n.output(0),
@@ -1225,12 +1356,22 @@ class Importer {
 
   void map_slice(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const std::string& x = first_data(n, i, data);
+    // An empty part: torch.roll by 0 along one axis (Swin's windows as tall
+    // as the map) exports Slice [0, 0) and a Concat of it with the rest.
+    // Nothing to plan; map_concat leaves it out.
+    if (const auto out = g_.shape(n.output(0)), in = g_.shape(x);
+        out && in && out->size() == in->size() && std::count(out->begin(), out->end(), 0) == 1 &&
+        std::count(in->begin(), in->end(), 0) == 0) {
+      empty_.insert(n.output(0));
+      return;
+    }
     if (n.input_size() >= 3) {
       if (auto r = sliced(n)) {
-        const auto& [axis, start, end] = *r;
-        if (start == 0 && end == (*g_.shape(x))[static_cast<size_t>(axis)]) return alias(n, i, x);
+        const auto& [axis, start, end, step] = *r;
+        if (start == 0 && end == (*g_.shape(x))[static_cast<size_t>(axis)] && step == 1) return alias(n, i, x);
         OJson a{{"axis", *per_sample_axis(x, axis)}, {"start", start}, {"end", end}};
-        if (fusion_ == FusionMode::eager) a["view"] = true;  // x[..., a:b] and torch.chunk are views
+        if (step != 1) a["step"] = step;  // x[:, 0::2] (Swin's patch merging)
+        if (fusion_ == FusionMode::eager) a["view"] = true;  // x[..., a:b:s] and torch.chunk are views
         return emit(ir_name_for(n), "slice", {ir_of(x, n, i)}, a, n.output(0), n.name());
       }
       return unknown(n, i, data);
@@ -1285,6 +1426,8 @@ class Importer {
     auto perm = attr_ints(n, "perm");
     if (perm.empty())
       for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
+    if (perm.size() == s->size() && perm.size() >= 3 && perm[0] != 0 && perm[1] == 0 && read_by_parts(n.output(0)))
+      return map_batch_second(n, i, x, perm);
     if (perm.size() != s->size() || perm[0] != 0)
       fail(
           fmt::format("{}: perm [{}] moves the batch axis of its input {}; dlplan plans per sample, so the batch "
@@ -1444,7 +1587,12 @@ class Importer {
     return unknown(n, i, data);
   }
 
-  void map_concat(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+  void map_concat(const onnx::NodeProto& n, int i, const std::vector<std::string>& all_data) {
+    std::vector<std::string> data;  // the empty parts left out (map_slice)
+    std::copy_if(all_data.begin(), all_data.end(), std::back_inserter(data),
+                 [&](const std::string& t) { return !empty_.count(t); });
+    if (data.size() == 1 && static_cast<size_t>(n.input_size()) == all_data.size() && data.size() < all_data.size())
+      return alias(n, i, data[0]);
     if (n.input_size() == 2 && attr_int(n, "axis", 0) == 1) {
       int p = g_.producer_of(n.input(0));
       const bool cls =
@@ -1455,7 +1603,7 @@ class Importer {
         return weigh("weight", WeightRef{g_.is_init(n.input(0)) ? n.input(0) : g_.node(p).input(0)});
       }
     }
-    if (!data.empty() && static_cast<int>(data.size()) == n.input_size()) {
+    if (!data.empty() && all_data.size() == static_cast<size_t>(n.input_size())) {
       // Every input an activation (DenseNet's features so far, SqueezeNet's
       // expand branches): the IR's concat along the per-sample axis.
       // An input whose shape inference could not tell (shufflenet's Slice
@@ -1678,12 +1826,17 @@ class Importer {
   std::map<std::string, int> fusion_by_out_;
   std::map<int, int> fused_node_;
   std::set<int> needed_fusions_, needed_, absorbed_;
-  std::set<std::string> used_inputs_, used_names_, pooled_;
+  std::set<std::string> used_inputs_, used_names_, pooled_, empty_;
   mutable std::map<std::string, bool> dep_memo_;
   std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
   std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
+  std::map<std::string, WindowTable> window_tables_;
+  std::optional<std::array<int64_t, 2>> last_window_;  // the last window_position_bias's window
+  // ONNX tensor [k, b m, ...] or [k, b, ...], whose batch a Transpose moved
+  // to axis 1 (Swin's qkv.permute(2, 0, 3, 1, 4)) -> b when folded into m, else 0
+  std::map<std::string, int64_t> batch_second_;
   std::map<std::string, Unknown> unknown_;
   std::string last_emitted_;
   std::map<std::string, WeightRef> weights_;

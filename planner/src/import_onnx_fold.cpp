@@ -233,7 +233,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
       {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
-      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}};
+      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -431,6 +431,34 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     }
     return c;
   }
+  if (op == "ScatterND") {  // x[a:b, c:d] = v (Swin's shifted-window mask, region by region)
+    // indices [..., k]: each row names a slice data[i_0, ..., i_k-1] of the
+    // data's trailing shape, which the matching block of updates replaces.
+    const Dims& ds = in[0]->shape;
+    const Dims& is = in[1]->shape;
+    if (attr_text(n, "reduction", "none") != "none" || is.empty() || is.back() < 1 ||
+        is.back() > static_cast<int64_t>(ds.size()) || static_cast<int64_t>(in[0]->v.size()) != count(ds) ||
+        static_cast<int64_t>(in[1]->v.size()) != count(is))
+      return std::nullopt;
+    const auto k = static_cast<size_t>(is.back());
+    int64_t block = 1;
+    for (size_t d = k; d < ds.size(); ++d) block *= ds[d];
+    const int64_t rows = count(is) / static_cast<int64_t>(k);
+    if (static_cast<int64_t>(in[2]->v.size()) != rows * block) return std::nullopt;
+    Const c = *in[0];
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t at = 0;
+      for (size_t d = 0; d < k; ++d) {
+        auto i = static_cast<int64_t>(in[1]->v[static_cast<size_t>(r) * k + d]);
+        if (i < 0) i += ds[d];
+        if (i < 0 || i >= ds[d]) return std::nullopt;
+        at = at * ds[d] + i;
+      }
+      for (int64_t e = 0; e < block; ++e)
+        c.v[static_cast<size_t>(at * block + e)] = to_type(in[2]->v[static_cast<size_t>(r * block + e)], t0);
+    }
+    return c;
+  }
   if (op == "CumSum") {  // torch.cumsum along one axis (OPT's positions from its attention mask)
     const auto ax = ints_of(in[1]);
     const Dims& s = in[0]->shape;
@@ -564,8 +592,14 @@ class Folder {
  private:
   std::optional<Const> shape_of(const Graph& g, const onnx::NodeProto& n) const {
     if (n.input_size() < 1) return std::nullopt;
-    const auto s = g.shape(n.input(0));
-    if (!s || std::any_of(s->begin(), s->end(), [](int64_t d) { return d <= 0; })) return std::nullopt;
+    auto s = g.shape(n.input(0));
+    // A constant folded this pass has its exact shape, an empty axis
+    // included (Swin's mask regions for a shift of 0); shape inference's 0
+    // may mean unknown.
+    if (const auto k = known_.find(n.input(0)); k != known_.end()) s = k->second.shape;
+    if (s && std::any_of(s->begin(), s->end(), [](int64_t d) { return d == 0; }) && !known_.count(n.input(0)))
+      return std::nullopt;
+    if (!s || std::any_of(s->begin(), s->end(), [](int64_t d) { return d < 0; })) return std::nullopt;
     if (n.op_type() == "Size") return Const{{}, {static_cast<double>(count(*s))}, TP::INT64};
     const auto rank = static_cast<int64_t>(s->size());
     auto clampdim = [&](int64_t a) { return std::clamp<int64_t>(a < 0 ? a + rank : a, 0, rank); };

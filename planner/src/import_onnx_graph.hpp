@@ -9,6 +9,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -97,6 +98,24 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
 // (import_onnx_rnn.cpp); else nothing, and `why` says what the node does
 // that the IR's op does not.
 std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why);
+
+// Swin's windows (import_onnx_window.cpp). The window [Wh, Ww] whose
+// relative position index (window_relative_index, row-major over [T, T])
+// the constant `index` holds, reading a table of `rows` rows; nothing for any
+// other index.
+std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector<double>& index, int64_t rows);
+// A shifted-window mask: the layout and values a window_mask op adds.
+struct WindowMask {
+  std::array<int64_t, 2> windows, window, shift;
+  double value;
+};
+// Whether `values` of shape `mask` are the shifted-window mask of scores
+// [nW, H, T, T] per sample (the mask [.., nW, 1, T, T], leading axes 1):
+// one value where window_mask_hides, 0 elsewhere, for some grid of nW
+// windows, window of T positions and shift. `prefer`: the window to try
+// first (the table's of the same block).
+std::optional<WindowMask> match_window_mask(const std::vector<double>& values, const Dims& mask, const Dims& scores,
+                                            std::optional<std::array<int64_t, 2>> prefer);
 
 // The values of a tensor stored in the file (raw or typed data), as doubles;
 // nothing for external data or an element type not read here.

@@ -134,4 +134,26 @@ std::vector<double> alibi_slopes(int64_t heads) {
   return s;
 }
 
+int64_t window_relative_index(int64_t p, int64_t q, int64_t window_h, int64_t window_w) {
+  const int64_t dy = p / window_w - q / window_w, dx = p % window_w - q % window_w;
+  return (dy + window_h - 1) * (2 * window_w - 1) + (dx + window_w - 1);
+}
+
+bool window_mask_hides(int64_t w, int64_t p, int64_t q, const std::array<int64_t, 2>& windows,
+                       const std::array<int64_t, 2>& window, const std::array<int64_t, 2>& shift) {
+  // Along one axis of the rolled map (extent = windows * window): the last
+  // `window` positions split where the roll brought the first `shift` ones
+  // (torchvision's slices (0, -window), (-window, -shift), (-shift, None)).
+  auto region = [](int64_t at, int64_t extent, int64_t win, int64_t sh) -> int64_t {
+    return at < extent - win ? 0 : at < extent - sh ? 1 : 2;
+  };
+  auto label = [&](int64_t pos) {
+    const int64_t y = (w / windows[1]) * window[0] + pos / window[1];
+    const int64_t x = (w % windows[1]) * window[1] + pos % window[1];
+    return region(y, windows[0] * window[0], window[0], shift[0]) * 3 +
+           region(x, windows[1] * window[1], window[1], shift[1]);
+  };
+  return label(p) != label(q);
+}
+
 }  // namespace dlplan

@@ -112,6 +112,21 @@ void declare_relative_position_bias(const Model& m, const Node& n, OpDecl& d) {
   d.bwd_flops = static_cast<double>(H * T * T);  // one add per element
 }
 
+// Swin's relative position bias (ops_schema.cpp): an add of a table read at
+// constant indices. Keeps nothing: the gather's backward needs only the
+// indices (a buffer), the add's nothing. Backward scatters the gradient,
+// summed over the batch and the windows, into the table.
+void declare_window_position_bias(const Model& m, const Node& n, OpDecl& d) {
+  const Shape& x = m.tensor(n.inputs[0]).shape;
+  const auto [wh, ww] = n.attrs.pair("window");
+  const int64_t H = x[x.size() - 3], rows = (2 * wh - 1) * (2 * ww - 1);
+  // Not decayed: torchvision's Swin recipe trains it with
+  // --transformer-embedding-decay 0, as position embeddings.
+  d.params.push_back({"table", rows * H, false, {rows, H}});
+  d.fwd_flops = static_cast<double>(numel(x));
+  d.bwd_flops = static_cast<double>(numel(x));
+}
+
 // Mixture of experts (MoeRouting), as autograd keeps it in Mixtral's eager
 // loop. The router: logits x W^T and their softmax; it keeps its input (for
 // the weight gradient) and its output (the softmax's backward).
@@ -503,7 +518,11 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::add:
     case OpKind::causal_mask:  // an add of a constant: keeps nothing (derivatives.yaml: add)
     case OpKind::alibi:
+    case OpKind::window_mask:
       d.fwd_flops = static_cast<double>(out_elems);
+      break;
+    case OpKind::window_position_bias:
+      declare_window_position_bias(m, n, d);
       break;
     case OpKind::rope:  // products by constant tables: only the tables, shared by the batch, kept
       d.fwd_flops = 3.0 * static_cast<double>(out_elems);

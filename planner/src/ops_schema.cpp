@@ -141,6 +141,19 @@ const std::vector<OpSpec>& op_table() {
       // slope_h * j at key j (alibi_slopes; BLOOM's baddbmm with its alibi
       // tensor). Keeps nothing.
       {OpKind::alibi, "alibi", 1, {}},
+      // Swin's relative position bias on the scores of each window [..., H,
+      // T, T], T = window[0] * window[1]: query p and key q of head h add
+      // table[window_relative_index(p, q), h] of a learned [(2 Wh - 1)(2 Ww -
+      // 1), H] table (torchvision's relative_position_bias_table read at
+      // relative_position_index). Keeps nothing.
+      {OpKind::window_position_bias, "window_position_bias", 1, {{"window", T::int_or_pair, nullptr}}},
+      // Swin's shifted-window mask on scores [windows[0] windows[1], H, T, T]:
+      // `value` (torchvision: -100) added where query and key of a window
+      // came from different regions of the rolled map (window_mask_hides).
+      // Keeps nothing.
+      {OpKind::window_mask, "window_mask", 1,
+       {{"windows", T::int_or_pair, nullptr}, {"window", T::int_or_pair, nullptr},
+        {"shift", T::int_or_pair, nullptr}, {"value", T::number, -100.0}}},
       // Rotary position embedding outside an attention pattern (GPT-NeoX's,
       // Falcon's), rotate-half form on x [..., T, d]: for position t and
       // i < d/2, angle t theta^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2}
@@ -166,9 +179,11 @@ const std::vector<OpSpec>& op_table() {
       // torch.chunk), as --fusion eager plans an imported graph: an op that
       // keeps it for backward keeps the input's whole storage (the step
       // program keeps the input and cuts the slice again for that backward).
+      // step (absent: 1): every step-th element from start, x[..., a:b:s]
+      // (Swin's patch merging reads x[:, 0::2, 1::2, :]).
       {OpKind::slice, "slice", 1,
        {{"axis", T::integer, nullptr}, {"start", T::integer, nullptr}, {"end", T::integer, nullptr},
-        {"view", T::boolean, kDerived}}},
+        {"step", T::integer, 1}, {"view", T::boolean, kDerived}}},
       // Inputs: x [T, D]; with cross, then the sequence keys and values are
       // projected from, memory [Tk, Dm] (an encoder's output: T5's
       // EncDecAttention); with position_bias, last a bias [heads, T, Tk] added
@@ -695,6 +710,35 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = x.shape;
       break;
     }
+    case OpKind::window_position_bias: {
+      const auto& x = expect_rank(m, n, 0, 3, any_rank, "[..., H, T, T]", fail);
+      expect_float(x, fail);
+      const auto [wh, ww] = n.attrs.pair("window");
+      if (wh <= 0 || ww <= 0 || wh > 4096 || ww > 4096) fail("window [{}, {}] must be positive (and at most 4096)", wh, ww);
+      const int64_t T = x.shape.back(), H = x.shape[x.shape.size() - 3];
+      if (x.shape[x.shape.size() - 2] != T || T != wh * ww)
+        fail("input '{}' {}: the last two axes must both be the window's {} x {} = {} positions", x.name,
+             to_string(x.shape), wh, ww, wh * ww);
+      check_weight("the bias table [(2 Wh - 1)(2 Ww - 1), H]", {2 * wh - 1, 2 * ww - 1, H}, fail);
+      out.shape = x.shape;
+      break;
+    }
+    case OpKind::window_mask: {
+      const auto& x = expect_rank(m, n, 0, 4, 4, "[windows, H, T, T]", fail);
+      expect_float(x, fail);
+      const auto [nh, nw] = n.attrs.pair("windows");
+      const auto [wh, ww] = n.attrs.pair("window");
+      const auto [sh, sw] = n.attrs.pair("shift");
+      if (nh <= 0 || nw <= 0 || wh <= 0 || ww <= 0 || wh > 4096 || ww > 4096 || nh > 4096 || nw > 4096)
+        fail("windows [{}, {}] and window [{}, {}] must be positive (and at most 4096)", nh, nw, wh, ww);
+      if (sh < 0 || sw < 0 || sh >= wh || sw >= ww)
+        fail("shift [{}, {}] must lie within the window [{}, {}]", sh, sw, wh, ww);
+      if (x.shape[0] != nh * nw || x.shape[2] != wh * ww || x.shape[3] != wh * ww)
+        fail("input '{}' {}: expected [{} windows, H, {}, {}]", x.name, to_string(x.shape), nh * nw, wh * ww, wh * ww);
+      if (!std::isfinite(n.attrs.number("value"))) fail("value must be finite");
+      out.shape = x.shape;
+      break;
+    }
     case OpKind::reduce_mean: {
       const bool keep = n.attrs.flag("keepdims");
       const char* want = keep ? "at least one dimension"
@@ -800,12 +844,13 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       const int64_t axis = n.attrs.integer("axis"), start = n.attrs.integer("start"), end = n.attrs.integer("end");
       if (axis < 0 || axis >= static_cast<int64_t>(x.shape.size()))
         fail("axis {} is outside the per-sample dimensions of '{}' {}", axis, x.name, to_string(x.shape));
-      const int64_t dim = x.shape[static_cast<size_t>(axis)];
+      const int64_t dim = x.shape[static_cast<size_t>(axis)], step = n.attrs.integer("step");
       if (start < 0 || end > dim || start >= end)
         fail("[start, end) = [{}, {}) is not a non-empty range within axis {} of '{}' {}", start, end, axis, x.name,
              to_string(x.shape));
+      if (step < 1) fail("step {} must be positive", step);
       out.shape = x.shape;
-      out.shape[static_cast<size_t>(axis)] = end - start;
+      out.shape[static_cast<size_t>(axis)] = (end - start + step - 1) / step;
       break;
     }
     case OpKind::concat: {

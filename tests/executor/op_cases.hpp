@@ -242,6 +242,14 @@ inline std::vector<OpCase> op_cases() {
                     Json{{"op", "causal_mask"}, {"value", -2.5}, {"fill", true}, {"query_axis", 0}}));
   // ALiBi's bias over scores [H, T, Tk] (BLOOM), 3 heads: slopes 1/16 and 1/256, then 1/4
   v.push_back(unary("alibi", arr({3, 2, 4}), Json{{"op", "alibi"}}));
+  // Swin's relative position bias: 2 windows of 2 heads over a 2 x 3 window
+  // (a [15, 2] table), and one [H, T, T] block over a 2 x 2 window
+  v.push_back(unary("window_position_bias", arr({2, 2, 6, 6}), Json{{"op", "window_position_bias"}, {"window", {2, 3}}}));
+  v.push_back(unary("window_position_bias_square", arr({3, 4, 4}), Json{{"op", "window_position_bias"}, {"window", 2}}));
+  // Swin's shifted-window mask: a 2 x 2 grid of 2 x 3 windows shifted by (1, 1);
+  // a small value keeps the finite differences meaningful
+  v.push_back(unary("window_mask", arr({4, 2, 6, 6}),
+                    Json{{"op", "window_mask"}, {"windows", 2}, {"window", {2, 3}}, {"shift", {1, 1}}, {"value", -2.5}}));
   // RoPE outside an attention (GPT-NeoX): [heads 2, T 3, d 4], a small theta
   // so that every pair turns visibly
   v.push_back(unary("rope", arr({2, 3, 4}), Json{{"op", "rope"}, {"theta", 3.0}}));
@@ -297,6 +305,11 @@ inline std::vector<OpCase> op_cases() {
     c.name = "slice_middle_axis";
     c.ir = make_ir("slice_middle_axis", Json{{"x", f32(arr({2, 5, 3}))}},
                    Json::array({Json{{"name", "op"}, {"op", "slice"}, {"in", {"x"}}, {"axis", 1}, {"start", 1}, {"end", 4}}}));
+    v.push_back(c);    // Swin's patch merging x[:, 1::2]: an odd extent, so the last kept row ends it
+    c.name = "slice_strided";
+    c.ir = make_ir("slice_strided", Json{{"x", f32(arr({3, 7, 2}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "slice"}, {"in", {"x"}}, {"axis", 1}, {"start", 1},
+                                     {"end", 7}, {"step", 2}}}));
     v.push_back(c);
   }
   {  // heads split out of the width, as a view does: [6, 4] -> [6, 2, 2]

@@ -1,4 +1,4 @@
-// All 30 real torch.onnx.export files that import (tests/fixtures/exports,
+// The real torch.onnx.export files that import (tests/fixtures/exports,
 // docs/onnx.md) train on the CPU engine: the plan dlplan makes of the file runs
 // two steps, the first step's loss is that of a freshly initialized
 // 1000-class classifier, near ln 1000, and the engine's measured memory is the
@@ -140,7 +140,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
                                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
                                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
-                                           "weights/tiny-gru-opset17.onnx"),
+                                           "weights/tiny-gru-opset17.onnx", "swin_t-opset17.onnx",
+                                           "weights/tiny-swin-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -162,8 +163,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // over [C, H, W] and [H, W] (tiny-layernorm-chw), bilinear and linear
 // upsampling (tiny-fpn), ConvTranspose2d and ConvTranspose1d
 // (tiny-autoencoder), two-layer nn.LSTMs and nn.GRUs (tiny-lstm,
-// tiny-bilstm, tiny-gru), and the class
-// token's select as a view (tiny-hf-vit).
+// tiny-bilstm, tiny-gru), the class token's select as a view (tiny-hf-vit),
+// and Swin's shifted windows: relative position bias, mask, strided slices
+// and the qkv parts of a batch on axis 1 (tiny-swin).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -179,7 +181,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-unet-opset17.onnx", "weights/tiny-layernorm-chw-opset17.onnx",
                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
-                           "weights/tiny-gru-opset17.onnx", "tiny-hf-vit-opset17.onnx"}) {
+                           "weights/tiny-gru-opset17.onnx", "tiny-hf-vit-opset17.onnx",
+                           "weights/tiny-swin-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -45,7 +45,7 @@ enum class OpKind {
   moe_combine, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
   relative_position_bias, matmul, softmax, causal_mask, alibi, rope, leaky_relu, elu, softplus, mish, prelu,
-  groupnorm, upsample, conv_transpose2d, lstm, gru,
+  groupnorm, upsample, conv_transpose2d, lstm, gru, window_position_bias, window_mask,
 };
 const char* to_string(OpKind op);
 
@@ -53,6 +53,21 @@ const char* to_string(OpKind op);
 // Test Long", Sec. 3; the closest-power-of-two rule of BLOOM's
 // build_alibi_tensor for other head counts).
 std::vector<double> alibi_slopes(int64_t heads);
+
+// Swin's relative position index (Liu et al. 2021, "Swin Transformer",
+// Sec. 3.2; torchvision's _get_relative_position_index): the row of the
+// [(2 Wh - 1)(2 Ww - 1), heads] bias table that query p and key q of one
+// Wh x Ww window read, from their 2-D offset. Positions run row-major over the
+// window (p = y Ww + x).
+int64_t window_relative_index(int64_t p, int64_t q, int64_t window_h, int64_t window_w);
+
+// Swin's shifted-window mask (torchvision 0.14's shifted_window_attention):
+// the padded map of windows[0] x windows[1] windows of window[0] x window[1],
+// rolled back by shift, falls into 3 x 3 regions; whether query p and key q
+// of window w (row-major over the windows) come from different regions, and
+// so are masked.
+bool window_mask_hides(int64_t w, int64_t p, int64_t q, const std::array<int64_t, 2>& windows,
+                       const std::array<int64_t, 2>& window, const std::array<int64_t, 2>& shift);
 
 struct TensorInfo {
   std::string name;   // model input name, or the producing node's name

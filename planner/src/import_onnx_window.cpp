@@ -1,0 +1,76 @@
+// Swin's window attention as torchvision 0.14 exports it: the constants
+// behind its relative position bias and its shifted-window mask, recognised
+// by their values (the IR's window_position_bias and window_mask carry the
+// geometry instead of the numbers).
+//
+// relative_position_index is a buffer [T T] (T = Wh Ww) read by a Gather of
+// the learned table, then viewed [T, T, H], permuted to [H, T, T] and
+// unsqueezed before it is added to the scores. The shifted blocks' mask is
+// built in the graph (zeros, nine regions written by ScatterND, differences,
+// Where), folded at import to constants [1, nW, 1, T, T] added to the scores
+// viewed [b, nW, H, T, T].
+#include "import_onnx_graph.hpp"
+
+#include "dlplan/ir.hpp"
+
+#include <cmath>
+
+namespace dlplan::onnx_import {
+namespace {
+
+// The factor pairs (a, n / a) of n, with `first` (when one) tried first.
+std::vector<std::array<int64_t, 2>> factor_pairs(int64_t n, std::optional<std::array<int64_t, 2>> first) {
+  std::vector<std::array<int64_t, 2>> v;
+  if (first && (*first)[0] * (*first)[1] == n) v.push_back(*first);
+  for (int64_t a = 1; a <= n; ++a)
+    if (n % a == 0 && !(first && (*first)[0] == a && (*first)[1] == n / a)) v.push_back({a, n / a});
+  return v;
+}
+
+}  // namespace
+
+std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector<double>& index, int64_t rows) {
+  const auto n = static_cast<int64_t>(index.size());
+  const auto T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
+  if (T < 2 || T * T != n) return std::nullopt;
+  for (const auto& [wh, ww] : factor_pairs(T, std::nullopt)) {
+    if ((2 * wh - 1) * (2 * ww - 1) != rows) continue;
+    bool same = true;
+    for (int64_t e = 0; e < n && same; ++e)
+      same = index[static_cast<size_t>(e)] == static_cast<double>(window_relative_index(e / T, e % T, wh, ww));
+    if (same) return std::array<int64_t, 2>{wh, ww};
+  }
+  return std::nullopt;
+}
+
+std::optional<WindowMask> match_window_mask(const std::vector<double>& values, const Dims& mask, const Dims& scores,
+                                            std::optional<std::array<int64_t, 2>> prefer) {
+  Dims m = mask;
+  while (m.size() > 4 && m.front() == 1) m.erase(m.begin());
+  if (scores.size() != 4 || m.size() != 4) return std::nullopt;
+  const int64_t W = scores[0], T = scores[2];
+  if (m != Dims{W, 1, T, T} || scores[3] != T || W < 2 || T < 2) return std::nullopt;
+  if (values.size() != static_cast<size_t>(W * T * T)) return std::nullopt;
+  double value = 0;
+  for (double v : values) {
+    if (v == 0) continue;
+    if (value != 0 && v != value) return std::nullopt;  // one masking value
+    value = v;
+  }
+  if (value == 0 || !std::isfinite(value)) return std::nullopt;  // hides nothing: not a shifted window
+  for (const auto& window : factor_pairs(T, prefer))
+    for (const auto& windows : factor_pairs(W, std::nullopt))
+      for (int64_t sh = 0; sh < window[0]; ++sh)
+        for (int64_t sw = 0; sw < window[1]; ++sw) {
+          const std::array<int64_t, 2> shift{sh, sw};
+          bool same = true;
+          for (int64_t e = 0; e < W * T * T && same; ++e) {
+            const bool hides = window_mask_hides(e / (T * T), e / T % T, e % T, windows, window, shift);
+            same = values[static_cast<size_t>(e)] == (hides ? value : 0.0);
+          }
+          if (same) return WindowMask{windows, window, shift, value};
+        }
+  return std::nullopt;
+}
+
+}  // namespace dlplan::onnx_import
