@@ -64,6 +64,7 @@ MODELS = [
     ("densenet169", {}, 224),
     ("vit_b_32", {}, 224),
     ("maxvit_t", {}, 224),
+    ("swin_s", {}, 224),
 ]
 
 # name -> (transformers class, config class, config arguments): small
