@@ -80,6 +80,7 @@ OPS = {
                              "groups": 1, "bias": True}),
     "lstm": (1, {"hidden": _REQUIRED, "bias": True, "bidirectional": False}),
     "gru": (1, {"hidden": _REQUIRED, "bias": True, "bidirectional": False}),
+    "rnn": (1, {"hidden": _REQUIRED, "bias": True, "bidirectional": False, "nonlinearity": "tanh"}),
     "batchnorm": (1, {"eps": 1e-5, "momentum": 0.1}),
     "layernorm": (1, {"eps": 1e-5, "bias": True, "dims": 1}),
     "groupnorm": (1, {"groups": _REQUIRED, "eps": 1e-5, "affine": True}),
@@ -277,7 +278,7 @@ def _plan(ir):
         elif op == "conv2d":
             k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
             out = (int(a["out"]), (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
-        elif op in ("lstm", "gru"):
+        elif op in ("lstm", "gru", "rnn"):
             out = (x[0], int(a["hidden"]) * (2 if a["bidirectional"] else 1))
         elif op == "conv_transpose2d" and len(x) == 2:  # (in - 1) s - 2 p + k + output_padding, the width's
             k, s, p, o = (_window_1d(a, key) for key in ("kernel", "stride", "padding", "output_padding"))
@@ -489,8 +490,8 @@ class IRModule(nn.Module):
             add("weight", P(x[0], int(a["out"]) // g, *k), True)
             if a["bias"]:
                 add("bias", P(int(a["out"])), False)
-        elif op in ("lstm", "gru"):  # nn.LSTM's weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0 (nn.GRU's alike)
-            G = (4 if op == "lstm" else 3) * int(a["hidden"])
+        elif op in ("lstm", "gru", "rnn"):  # nn.LSTM's weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0 (nn.GRU's, nn.RNN's alike)
+            G = {"lstm": 4, "gru": 3, "rnn": 1}[op] * int(a["hidden"])
             for d in ("", "_reverse") if a["bidirectional"] else ("",):
                 add("weight_ih" + d, P(G, x[1]), True)
                 add("weight_hh" + d, P(G, int(a["hidden"])), True)
@@ -663,13 +664,16 @@ class IRModule(nn.Module):
         if op == "conv2d":
             return F.conv2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
                             stride=_pair(a["stride"]), padding=_pair(a["padding"]), groups=int(a["groups"]))
-        if op in ("lstm", "gru"):  # PyTorch's own aten::lstm / aten::gru, batch_first, one layer, zero states
+        if op in ("lstm", "gru", "rnn"):  # PyTorch's own aten::lstm / gru / rnn_tanh / rnn_relu, batch_first, one layer, zero states
             H, bi = int(a["hidden"]), bool(a["bidirectional"])
             names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if a["bias"] else ("weight_ih", "weight_hh")
             ps = [self._p(n, k + d) for d in (("", "_reverse") if bi else ("",)) for k in names]
             h0 = x.new_zeros(2 if bi else 1, x.shape[0], H)
             if op == "gru":
                 return torch.gru(x, h0, ps, bool(a["bias"]), 1, 0.0, self.training, bi, True)[0]
+            if op == "rnn":
+                cell = torch.rnn_relu if a["nonlinearity"] == "relu" else torch.rnn_tanh
+                return cell(x, h0, ps, bool(a["bias"]), 1, 0.0, self.training, bi, True)[0]
             return torch.lstm(x, (h0, h0), ps, bool(a["bias"]), 1, 0.0, self.training, bi, True)[0]
         if op == "conv_transpose2d" and x.dim() == 3:
             return F.conv_transpose1d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
@@ -1053,9 +1057,9 @@ def _node_flops(n):
         window = _window_1d(a, "kernel") if len(x) == 2 else _pair(a["kernel"])[0] * _pair(a["kernel"])[1]
         f = 2.0 * out * (x[0] // int(a["groups"])) * window
         return f, 2 * f
-    if op in ("lstm", "gru"):  # as ops_decl.cpp: the two GEMMs, and the gates' arithmetic, each direction
+    if op in ("lstm", "gru", "rnn"):  # as ops_decl.cpp: the two GEMMs, and the gates' arithmetic, each direction
         T, H, dirs = x[0], int(a["hidden"]), 2 if a["bidirectional"] else 1
-        G = (4 if op == "lstm" else 3) * H
+        G = {"lstm": 4, "gru": 3, "rnn": 1}[op] * H
         f = 2.0 * T * G * (x[1] + H) + 12.0 * T * H
         return dirs * f, dirs * (2.0 * (2.0 * T * G * (x[1] + H)) + 16.0 * T * H)
     if op == "conv_transpose2d":  # 2 (out/groups) k per input element

@@ -107,6 +107,7 @@ class CpuBackend final : public Backend {
       case OpKind::conv_transpose2d: return conv_transpose2d_forward(c);
       case OpKind::lstm: return lstm_forward(c);
       case OpKind::gru: return gru_forward(c);
+      case OpKind::rnn: return rnn_forward(c);
       case OpKind::rmsnorm: return rmsnorm_forward(c);
       case OpKind::gelu: return gelu_forward(c);
       case OpKind::relu: return relu_forward(c);
@@ -172,6 +173,7 @@ class CpuBackend final : public Backend {
       case OpKind::conv_transpose2d: return conv_transpose2d_backward(c);
       case OpKind::lstm: return lstm_backward(c);
       case OpKind::gru: return gru_backward(c);
+      case OpKind::rnn: return rnn_backward(c);
       case OpKind::rmsnorm: return rmsnorm_backward(c);
       case OpKind::gelu: return gelu_backward(c);
       case OpKind::relu: return relu_backward(c);

@@ -141,6 +141,8 @@ void lstm_forward(OpContext& c);
 void lstm_backward(OpContext& c);
 void gru_forward(OpContext& c);
 void gru_backward(OpContext& c);
+void rnn_forward(OpContext& c);
+void rnn_backward(OpContext& c);
 
 // ---- ops_elementwise.cpp -------------------------------------------------------
 void gelu_forward(OpContext& c);

@@ -1,5 +1,5 @@
-// Recurrent ops: lstm (nn.LSTM) and gru (nn.GRU), one layer each, one
-// direction or two.
+// Recurrent ops: lstm (nn.LSTM), gru (nn.GRU) and rnn (nn.RNN), one layer
+// each, one direction or two.
 //
 // x: [b, T, in]; weight_ih [4H, in], weight_hh [4H, H], bias_ih and bias_hh
 // [4H], the gates in PyTorch's order (input i, forget f, cell g, output o);
@@ -36,6 +36,15 @@
 //   dh' = dh z + d(hg) W_hh
 // then dW_ih += d(ig)^T x, dW_hh += d(hg)^T h_{t-1}, the biases the sums,
 // and dx += d(ig) W_ih.
+//
+// rnn: weight_ih [H, in], weight_hh [H, H], biases [H]; as ATen's SimpleCell
+//   h_t = act(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh),  act tanh or relu.
+// Its state is [b, T + 1, dirs, H]: row t holds each direction's h_{t-1} for
+// its step at time t, row T each direction's last h; a step's h_t is the
+// next step's h_{t-1} (ops_decl.cpp: T + 1 hidden states kept). Backward:
+//   da = dh act'(h_t),  dh' = da W_hh
+// with act' 1 - h_t^2 (tanh) or [h_t > 0] (relu), then the weights' and the
+// input's gradients as above.
 #include "cpu/ops.hpp"
 #include "cpu/vec_math.hpp"
 
@@ -49,7 +58,8 @@ namespace {
 
 struct RnnShape {
   int64_t b, T, in, H, dirs;
-  int64_t slot() const { return 7 * H; }            // one direction's slice of a step's state
+  int64_t kept = 7;                                 // hidden widths a step and direction keeps: lstm, gru 7; rnn 1
+  int64_t slot() const { return kept * H; }         // one direction's slice of a step's state
   int64_t step() const { return dirs * slot(); }    // one step's state, both directions
   int64_t sample() const { return T * step(); }
   int64_t width() const { return dirs * H; }        // a row of out
@@ -57,7 +67,9 @@ struct RnnShape {
 
 RnnShape rnn_shape(const OpContext& c) {
   const Shape& x = in_shape(c, 0);
-  return {c.batch, x[0], x[1], c.node->attrs.integer("hidden"), c.node->attrs.flag("bidirectional") ? 2 : 1};
+  RnnShape s{c.batch, x[0], x[1], c.node->attrs.integer("hidden"), c.node->attrs.flag("bidirectional") ? 2 : 1};
+  if (c.node->op == OpKind::rnn) s.kept = 1;
+  return s;
 }
 
 // Offsets inside one direction's slice of a step's state (lstm).
@@ -87,16 +99,23 @@ struct GateGrads {
 };
 
 // After a direction's steps: dW_ih += d(ig)^T x, dW_hh += d(hg)^T h_{t-1}
-// (h_prev: step 0's h_{t-1} in the state, a step's state apart), bias_ih
-// and bias_hh the sums of d(ig) and d(hg), and dx += d(ig) W_ih; one GEMM
-// each over all steps.
+// (h_prev: step 0's h_{t-1} in the state, a step's state apart, and
+// `h_sample` apart from one sample to the next), bias_ih and bias_hh the
+// sums of d(ig) and d(hg), and dx += d(ig) W_ih; one GEMM each over all
+// steps (dW_hh one a sample where the samples' states are not one run).
 void weight_and_input_grads(OpContext& c, const RnnShape& s, const RnnParams& p, int64_t G, const GateGrads& dg,
-                            const float* h_prev) {
+                            const float* h_prev, int64_t h_sample) {
   const int64_t R = s.b * s.T;
   if (float* dw = grad_or_null(c.dparams[p.first]))
     gemm(true, false, G, s.in, R, 1.0f, dg.ih, dg.ld, c.in[0].f(), s.in, 1.0f, dw, s.in);
-  if (float* dw = grad_or_null(c.dparams[p.first + 1]))
-    gemm(true, false, G, s.H, R, 1.0f, dg.hh, dg.ld, h_prev, s.step(), 1.0f, dw, s.H);
+  if (float* dw = grad_or_null(c.dparams[p.first + 1])) {
+    if (h_sample == s.T * s.step())
+      gemm(true, false, G, s.H, R, 1.0f, dg.hh, dg.ld, h_prev, s.step(), 1.0f, dw, s.H);
+    else
+      for (int64_t n = 0; n < s.b; ++n)
+        gemm(true, false, G, s.H, s.T, 1.0f, dg.hh + n * s.T * dg.ld, dg.ld, h_prev + n * h_sample, s.step(), 1.0f, dw,
+             s.H);
+  }
   for (size_t q = 2; q < p.count; ++q)
     if (float* db = grad_or_null(c.dparams[p.first + q])) {
       const float* from = q == 2 ? dg.ih : dg.hh;
@@ -207,7 +226,7 @@ void lstm_backward(OpContext& c) {
     }
     dg_b.store();
     carry_b.store();
-    weight_and_input_grads(c, s, p, G, {dg, dg, G}, base + h_prev(s));
+    weight_and_input_grads(c, s, p, G, {dg, dg, G}, base + h_prev(s), s.sample());
   }
 }
 
@@ -323,7 +342,101 @@ void gru_backward(OpContext& c) {
     }
     dg_b.store();
     carry_b.store();
-    weight_and_input_grads(c, s, p, G, {dg, dg + G, 2 * G}, base + kHprev * H);
+    weight_and_input_grads(c, s, p, G, {dg, dg + G, 2 * G}, base + kHprev * H, s.sample());
+  }
+}
+
+// ---- rnn ---------------------------------------------------------------------
+
+namespace {
+// Where direction d's h_t of the step at time t is in an rnn's state: the
+// row of the next step in that direction, or row T after its last step.
+inline int64_t rnn_h_row(const RnnShape& s, int d, int64_t t) {
+  if (d == 0) return t + 1;  // (row T after the step at T - 1)
+  return t >= 1 ? t - 1 : s.T;
+}
+}  // namespace
+
+void rnn_forward(OpContext& c) {
+  const RnnShape s = rnn_shape(c);
+  const int64_t H = s.H, per = (s.T + 1) * s.step();  // a sample's state
+  const bool relu = c.node->attrs.text("nonlinearity") == "relu";
+  Tensor state_t = alloc_saved(c, {s.b, s.T + 1, s.step()}, compute(c), "state");
+  Fp32Buffer state_b(state_t);
+  float* st = state_b.data();
+  float* y = c.out.f();
+
+  for (int d = 0; d < s.dirs; ++d) {
+    const RnnParams p = rnn_params(c, d);
+    const float *w_ih = c.params[p.first].f(), *w_hh = c.params[p.first + 1].f();
+    const float* b_ih = p.count == 4 ? c.params[p.first + 2].f() : nullptr;
+    const float* b_hh = p.count == 4 ? c.params[p.first + 3].f() : nullptr;
+    float* base = st + d * H;  // direction d's slice of row 0 of sample 0
+    // Every step's x_t W_ih^T at once, into the output's direction d columns.
+    gemm(false, true, s.b * s.T, H, s.in, 1.0f, c.in[0].f(), s.in, w_ih, s.in, 0.0f, y + d * H, s.width());
+    for (int64_t k = 0; k < s.T; ++k) {
+      const int64_t t = time_of(s, d, k), before = k == 0 ? -1 : time_of(s, d, k - 1);
+      for (int64_t n = 0; n < s.b; ++n) {  // h_{t-1}: zeros at the first step
+        float* hp = base + n * per + t * s.step();
+        if (before < 0)
+          std::fill(hp, hp + H, 0.0f);
+        else
+          std::memcpy(hp, y + (n * s.T + before) * s.width() + d * H, static_cast<size_t>(H) * sizeof(float));
+      }
+      // += h_{t-1} W_hh^T for every sample, then the biases and the activation.
+      float* yt = y + t * s.width() + d * H;
+      gemm(false, true, s.b, H, H, 1.0f, base + t * s.step(), per, w_hh, H, 1.0f, yt, s.T * s.width());
+      for (int64_t n = 0; n < s.b; ++n) {
+        float* h = yt + n * s.T * s.width();
+        for (int64_t j = 0; j < H; ++j) {
+          const float a = h[j] + (b_ih ? b_ih[j] + b_hh[j] : 0.0f);
+          h[j] = relu ? std::max(a, 0.0f) : std::tanh(a);
+        }
+        state_b.round(h, H);  // h_t as stored
+      }
+    }
+    for (int64_t n = 0; n < s.b; ++n)  // the last step's h_t, which no later step reads
+      std::memcpy(base + n * per + s.T * s.step(), y + (n * s.T + time_of(s, d, s.T - 1)) * s.width() + d * H,
+                  static_cast<size_t>(H) * sizeof(float));
+  }
+  state_b.store();
+  c.saved.push_back(std::move(state_t));
+}
+
+void rnn_backward(OpContext& c) {
+  const RnnShape s = rnn_shape(c);
+  const int64_t H = s.H, per = (s.T + 1) * s.step();
+  const bool relu = c.node->attrs.text("nonlinearity") == "relu";
+  const float* st = saved_named(c, "state").f();
+  Tensor dg_t = alloc_temp(c, {s.b, s.T, H}, "dgates");
+  Tensor carry_t = alloc_temp(c, {s.b, H}, "dstate");
+  Fp32Buffer dg_b(dg_t), carry_b(carry_t);
+  float *dg = dg_b.data(), *carry = carry_b.data();  // carry: dh' a sample
+  const float* dy = c.dout.f();
+
+  for (int d = 0; d < s.dirs; ++d) {
+    const RnnParams p = rnn_params(c, d);
+    const float* w_hh = c.params[p.first + 1].f();
+    const float* base = st + d * H;
+    std::fill(carry, carry + s.b * H, 0.0f);
+    for (int64_t k = s.T - 1; k >= 0; --k) {
+      const int64_t t = time_of(s, d, k);
+      for (int64_t n = 0; n < s.b; ++n) {
+        const float* h = base + n * per + rnn_h_row(s, d, t) * s.step();
+        const float* dyt = dy + (n * s.T + t) * s.width() + d * H;
+        float* da = dg + (n * s.T + t) * H;
+        const float* dh_c = carry + n * H;
+        for (int64_t j = 0; j < H; ++j) {
+          const float dh = dyt[j] + dh_c[j];
+          da[j] = relu ? (h[j] > 0.0f ? dh : 0.0f) : dh * (1.0f - h[j] * h[j]);
+        }
+      }
+      // dh' = da W_hh for every sample.
+      gemm(false, false, s.b, H, H, 1.0f, dg + t * H, s.T * H, w_hh, H, 0.0f, carry, H);
+    }
+    dg_b.store();
+    carry_b.store();
+    weight_and_input_grads(c, s, p, H, {dg, dg, H}, base, per);
   }
 }
 

@@ -817,6 +817,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::conv_transpose2d:
     case OpKind::lstm:
     case OpKind::gru:
+    case OpKind::rnn:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:
@@ -882,6 +883,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::conv_transpose2d:
     case OpKind::lstm:
     case OpKind::gru:
+    case OpKind::rnn:
     case OpKind::scale:
     case OpKind::transpose:
     case OpKind::slice:

@@ -28,8 +28,9 @@ int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
       const ConvWindow w = conv_window(x, n.attrs);
       return n.attrs.integer("out") / n.attrs.integer("groups") * w.kh * w.kw;
     }
-    case OpKind::lstm:  // nn.LSTM and nn.GRU draw every weight and bias from U(-1/sqrt(hidden), 1/sqrt(hidden))
+    case OpKind::lstm:  // nn.LSTM, nn.GRU and nn.RNN draw every weight and bias from U(-1/sqrt(hidden), 1/sqrt(hidden))
     case OpKind::gru:
+    case OpKind::rnn:
       return n.attrs.integer("hidden");
     case OpKind::attention: {
       if (suffix.rfind("o.", 0) == 0) return n.attrs.integer("heads") * n.attrs.integer("head_dim");
@@ -55,6 +56,7 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::conv_transpose2d:
     case OpKind::lstm:
     case OpKind::gru:
+    case OpKind::rnn:
     case OpKind::attention:
     case OpKind::moe_router:
     case OpKind::moe_expert: return Init::uniform_fan_in;

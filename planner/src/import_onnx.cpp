@@ -159,13 +159,13 @@ class Importer {
  private:
   [[noreturn]] void fail(const std::string& msg) const { throw Error(fmt::format("{}: {}", g_.src, msg)); }
 
-  // An LSTM or GRU on the data path that match_recurrent did not take:
+  // An LSTM, GRU or RNN on the data path that match_recurrent did not take:
   // refused with its reason, before the transposes around it fail for want
   // of a batch axis.
   void refuse_unmatched_recurrent() const {
     for (int i : needed_) {
       const std::string& op = g_.node(i).op_type();
-      if (op != "LSTM" && op != "GRU") continue;
+      if (op != "LSTM" && op != "GRU" && op != "RNN") continue;
       std::string why;
       if (!match_recurrent(g_, i, why))
         fail(fmt::format("{}: an nn.{} dlplan cannot plan: {}", label(g_.node(i), i), op, why));
@@ -1645,7 +1645,7 @@ class Importer {
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
     static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm",
-                                                "rope", "mish", "groupnorm", "lstm", "gru"};
+                                                "rope", "mish", "groupnorm", "lstm", "gru", "rnn"};
     if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
     const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);
@@ -1940,13 +1940,13 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
                             p.name, p.numel));
   if (ref.onnx_gates && with_values) {  // ONNX's gate blocks -> PyTorch's
     const size_t gates = static_cast<size_t>(ref.onnx_gates);
-    if (count % ref.onnx_gates != 0 || (gates != 4 && gates != 3))
+    if (count % ref.onnx_gates != 0 || (gates != 4 && gates != 3 && gates != 1))
       throw Error(fmt::format("{}: initializer '{}' (parameter '{}') does not hold {} gate blocks", g.src, ref.init,
                               p.name, ref.onnx_gates));
     const size_t block = static_cast<size_t>(count) / gates;
-    // LSTM: i, o, f, c -> i, f, g (c), o; GRU: z, r, h -> r, z, n (h).
-    const size_t from[2][4] = {{0, 2, 3, 1}, {1, 0, 2, 0}};
-    const size_t* order = from[gates == 4 ? 0 : 1];
+    // LSTM: i, o, f, c -> i, f, g (c), o; GRU: z, r, h -> r, z, n (h); RNN: its one block.
+    const size_t from[3][4] = {{0, 2, 3, 1}, {1, 0, 2, 0}, {0, 0, 0, 0}};
+    const size_t* order = from[gates == 4 ? 0 : gates == 3 ? 1 : 2];
     std::vector<double> t(vals.size());
     for (size_t k = 0; k < gates; ++k)
       std::copy_n(vals.begin() + static_cast<std::ptrdiff_t>(order[k] * block), block,
@@ -1956,7 +1956,8 @@ ImportedWeight read_weight(const Graph& g, const ParamInfo& p, const WeightRef& 
   ImportedWeight w{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, {}, ref.init};
   if (ref.transpose) w.source += "^T";
   if (ref.end >= 0) w.source += fmt::format("[{}:{}]", ref.begin, ref.end);
-  if (ref.onnx_gates) w.source += ref.onnx_gates == 4 ? " (gates i, o, f, c -> i, f, g, o)" : " (gates z, r, h -> r, z, n)";
+  if (ref.onnx_gates == 4) w.source += " (gates i, o, f, c -> i, f, g, o)";
+  if (ref.onnx_gates == 3) w.source += " (gates z, r, h -> r, z, n)";
   w.values.assign(vals.begin(), vals.end());
   return w;
 }

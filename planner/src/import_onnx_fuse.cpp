@@ -1220,7 +1220,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
     else if (op == "Softplus") take(match_mish(g, i));
     else if (op == "InstanceNormalization") take(match_groupnorm(g, i));
-    else if (op == "LSTM" || op == "GRU") {
+    else if (op == "LSTM" || op == "GRU" || op == "RNN") {
       std::string why;  // the importer asks again for it when the node is on the data path
       take(match_recurrent(g, i, why));
     }

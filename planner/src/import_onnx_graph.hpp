@@ -27,7 +27,7 @@ using Dims = std::vector<int64_t>;  // full ONNX shape (batch first); -1 unknown
 // An LSTM's or GRU's W, R or B folded into an initializer holds its gate
 // blocks in ONNX's order (LSTM: input, output, forget, cell; GRU: update,
 // reset, hidden), a direction after the other (B: W's bias then R's, each
-// direction): onnx_gates (the number of gates, 4 or 3; 0: none) reads it as
+// direction): onnx_gates (the number of gates, 4, 3 or 1; 0: none) reads it as
 // rows of the parameter's size, takes rows [begin, end) and reorders the gate
 // blocks to PyTorch's (input, forget, cell, output; reset, update, new).
 struct WeightRef {
@@ -93,8 +93,8 @@ struct Fusion {
 // (tanh-GELU with a Pow, RMSNorm: both written in Python) are left unfused.
 std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused = nullptr);
 
-// nn.LSTM's or nn.GRU's export (one LSTM or GRU node a layer, with its
-// transposes, squeeze and gate reordering) as the IR's lstm or gru
+// nn.LSTM's, nn.GRU's or nn.RNN's export (one LSTM, GRU or RNN node a layer,
+// with its transposes, squeeze and gate reordering) as the IR's lstm, gru or rnn
 // (import_onnx_rnn.cpp); else nothing, and `why` says what the node does
 // that the IR's op does not.
 std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why);

@@ -1,5 +1,5 @@
-// nn.LSTM and nn.GRU as torch.onnx.export writes them, recognised as the
-// IR's lstm and gru.
+// nn.LSTM, nn.GRU and nn.RNN as torch.onnx.export writes them, recognised as
+// the IR's lstm, gru and rnn.
 //
 // torch 1.13 exports each layer of an nn.LSTM as one ONNX LSTM node, which
 // runs sequence-first ([T, b, in] -> Y [T, directions, b, H]):
@@ -21,6 +21,8 @@
 // nn.GRU exports the same way as ONNX GRU (linear_before_reset 1, as
 // PyTorch computes r (W_hn h + b_hn)), its 3 gates reordered from PyTorch's
 // (r, z, n) to ONNX's (z, r, h): Slices of rows [H, 2H), [0, H), [2H, 3H).
+// nn.RNN exports as ONNX RNN (activations Tanh or Relu), its one block of
+// weights Unsqueezed as it is.
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -86,6 +88,11 @@ std::optional<std::pair<int64_t, int64_t>> slice_rows(const Graph& g, const onnx
 // 3n): r, z, n to z, r, h. Returns p, and adds the nodes to `nodes`.
 std::optional<std::string> reordered_gates(const Graph& g, const std::string& t, int64_t n, int gates,
                                            std::vector<int>& nodes) {
+  if (gates == 1) {  // an RNN's one block: the parameter itself
+    const auto ps = g.shape(t);
+    if (!g.is_learned(t) || !ps || ps->empty() || (*ps)[0] != n) return std::nullopt;
+    return t;
+  }
   const int c = g.producer_of(t);
   if (c < 0 || g.node(c).op_type() != "Concat" || attr_int(g.node(c), "axis", 0) != 0 || g.node(c).input_size() != 3)
     return std::nullopt;
@@ -229,9 +236,10 @@ bool from_layer_below(const Graph& g, const std::string& t, const std::string& o
 
 std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why) {
   const auto& n = g.node(node);
-  const std::string& op = n.op_type();  // LSTM or GRU
-  const bool lstm = op == "LSTM";
-  const int gates = lstm ? 4 : 3;
+  const std::string& op = n.op_type();  // LSTM, GRU or RNN
+  const bool lstm = op == "LSTM", rnn = op == "RNN";
+  const int gates = lstm ? 4 : rnn ? 1 : 3;
+  const char* irop = lstm ? "lstm" : rnn ? "rnn" : "gru";
   const auto input = [&](int k) -> std::string { return n.input_size() > k ? n.input(k) : std::string(); };
   const int64_t H = attr_int(n, "hidden_size", 0);
   const std::string direction = attr_text(n, "direction", "forward");
@@ -244,17 +252,28 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
     why = fmt::format("a layout, clip, input_forget or missing hidden_size that nn.{} does not export", op);
     return std::nullopt;
   }
-  if (!lstm && attr_int(n, "linear_before_reset", 0) != 1) {
+  if (op == "GRU" && attr_int(n, "linear_before_reset", 0) != 1) {
     why = "linear_before_reset 0: the reset gate applied before W_hn, where nn.GRU applies it after";
     return std::nullopt;
   }
+  // nn.RNN's nonlinearity: Tanh (ONNX's default) or Relu, the same for both directions.
+  std::string nonlinearity = "tanh";
   if (const auto acts = attr(n, "activations"); acts && acts->strings_size() > 0) {
     std::vector<std::string> a(acts->strings().begin(), acts->strings().end());
-    const std::vector<std::string> torch = lstm ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
-                                                : std::vector<std::string>{"Sigmoid", "Tanh"};
-    if (a != torch && a.size() != 2 * torch.size()) {  // (bidirectional: both directions', each as torch's)
-      why = fmt::format("activations other than nn.{}'s (sigmoid, tanh)", op);
-      return std::nullopt;
+    if (rnn) {
+      const bool same = std::all_of(a.begin(), a.end(), [&](const std::string& e) { return e == a[0]; });
+      if (!same || a.size() > 2 || (a[0] != "Tanh" && a[0] != "Relu")) {
+        why = "activations other than nn.RNN's (tanh or relu, the same in both directions)";
+        return std::nullopt;
+      }
+      nonlinearity = a[0] == "Relu" ? "relu" : "tanh";
+    } else {
+      const std::vector<std::string> torch = lstm ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+                                                  : std::vector<std::string>{"Sigmoid", "Tanh"};
+      if (a != torch && a.size() != 2 * torch.size()) {  // (bidirectional: both directions', each as torch's)
+        why = fmt::format("activations other than nn.{}'s (sigmoid, tanh)", op);
+        return std::nullopt;
+      }
     }
   }
   if (!input(4).empty() || (lstm && !input(7).empty())) {
@@ -263,19 +282,19 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
   }
   if (!zero_state(g, input(5)) || (lstm && !zero_state(g, input(6)))) {
     why = fmt::format("its initial state ({}) is given; dlplan's {} starts from zeros, as nn.{} does without one",
-                      lstm ? "h_0, c_0" : "h_0", lstm ? "lstm" : "gru", op);
+                      lstm ? "h_0, c_0" : "h_0", irop, op);
     return std::nullopt;
   }
   for (int k = 1; k < std::min(n.output_size(), 3); ++k)
     if (!n.output(k).empty() && !g.consumers_of(n.output(k)).empty()) {
       why = fmt::format("its final {} state is read after it; dlplan's {} gives the output sequence only "
                         "(for a one-layer forward {}, output[:, -1] is h_n)",
-                        k == 1 ? "hidden (h_n)" : "cell (c_n)", lstm ? "lstm" : "gru", op);
+                        k == 1 ? "hidden (h_n)" : "cell (c_n)", irop, op);
       return std::nullopt;
     }
 
   Fusion f;
-  f.kind = lstm ? "lstm" : "gru";
+  f.kind = irop;
   f.name = n.name().empty() ? n.output(0) : n.name();
   f.unit_source = n.name();
   f.nodes = {node};
@@ -349,6 +368,7 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
   f.attrs["hidden"] = H;
   f.attrs["bias"] = bias;
   if (dirs == 2) f.attrs["bidirectional"] = true;
+  if (rnn) f.attrs["nonlinearity"] = nonlinearity;
   return f;
 }
 

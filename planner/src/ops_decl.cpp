@@ -279,7 +279,7 @@ namespace {
 // direction (each op's case says which); the GEMMs x W_ih^T and h W_hh^T
 // and about 12 flops an element of hidden for the gates, and backward's
 // dh_{t-1} = dgates W_hh, dW_hh, dW_ih and dx: the GEMMs twice over.
-void declare_recurrent(const Node& n, const Shape& x, int64_t gates, OpDecl& d) {
+void declare_recurrent(const Node& n, const Shape& x, int64_t gates, int64_t state, OpDecl& d) {
   const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden"), G = gates * H;
   const int64_t dirs = n.attrs.flag("bidirectional") ? 2 : 1;
   for (const char* dir : {"", "_reverse"}) {  // nn.LSTM's order: weight_ih_l0, ..., weight_ih_l0_reverse, ...
@@ -290,13 +290,15 @@ void declare_recurrent(const Node& n, const Shape& x, int64_t gates, OpDecl& d) 
     if (n.attrs.flag("bias"))
       for (const char* b : {"bias_ih", "bias_hh"}) d.params.push_back({b + s, G, false, {G}});
   }
-  d.saved = {keep_input(0), keep_own("state", T * dirs * 7 * H, Elem::compute)};
+  d.saved = {keep_input(0), keep_own("state", dirs * state, Elem::compute)};  // state: a direction's
   d.fwd_flops = dirs * (2.0 * T * G * (in + H) + 12.0 * T * H);
   d.bwd_flops = dirs * (2.0 * (2.0 * T * G * (in + H)) + 16.0 * T * H);
   d.gemms = 2;  // x W_ih^T, then h W_hh^T a step
 }
 
 }  // namespace
+
+int64_t recurrent_gates(OpKind op) { return op == OpKind::lstm ? 4 : op == OpKind::gru ? 3 : 1; }
 
 OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
   OpDecl d;
@@ -395,7 +397,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // (tests/fixtures/exports/weights: tiny-lstm). A bidirectional layer
       // runs a second cell over the reversed sequence (ATen's
       // ReversedFullLayer), keeping as much again; both read the one input.
-      declare_recurrent(n, in_shape(0), 4, d);
+      declare_recurrent(n, in_shape(0), 4, in_shape(0)[0] * 7 * n.attrs.integer("hidden"), d);
       // Backward, one direction after the other: the gates' gradients for the
       // whole sequence (then dW and dx are one GEMM each) and the running dh, dc.
       d.bwd_temps = {{"dgates", in_shape(0)[0] * 4 * n.attrs.integer("hidden"), Elem::compute},
@@ -414,11 +416,25 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // other operand): 7 hidden a step, as the pack hook measures; and the
       // input, once. The input projection ig is a temporary of the forward.
       const int64_t T = in_shape(0)[0], H = n.attrs.integer("hidden");
-      declare_recurrent(n, in_shape(0), 3, d);
+      declare_recurrent(n, in_shape(0), 3, T * 7 * H, d);
       d.fwd_temps = {{"igates", T * 3 * H, Elem::compute}};
       // Backward: the input side's and the hidden side's gate gradients (they
       // differ in n's: dn, and dn r), and the running dh.
       d.bwd_temps = {{"dgates", T * 6 * H, Elem::compute}, {"dstate", H, Elem::compute}};
+      break;
+    }
+    case OpKind::rnn: {
+      // nn.RNN on the CPU runs ATen's SimpleCell (RNN.cpp): h_t =
+      // tanh(linear_hh(h_{t-1}) + linear_ih(x_t)) (relu_ for "relu"), over the
+      // input projection of the whole sequence. Autograd keeps h_{t-1}
+      // (addmm's mat1) and the activation's output h_t, one storage with the
+      // next step's h_{t-1}: T + 1 hidden states a direction, h_0 included,
+      // as the pack hook measures (a layer 24 wide over 16 steps: 408
+      // floats); and the input once.
+      const int64_t T = in_shape(0)[0], H = n.attrs.integer("hidden");
+      declare_recurrent(n, in_shape(0), 1, (T + 1) * H, d);
+      // Backward: the pre-activations' gradients for the whole sequence, and the running dh.
+      d.bwd_temps = {{"dgates", T * H, Elem::compute}, {"dstate", H, Elem::compute}};
       break;
     }
     case OpKind::batchnorm: {
@@ -743,12 +759,13 @@ void restrict_to_needs(const Model& m, const Node& n, const GradNeeds& g, OpDecl
   const double base_bwd = d.bwd_flops - lora_bwd - lora_bwd_dx;  // as declared: every gradient
   switch (n.op) {
     case OpKind::lstm:
-    case OpKind::gru: {
-      // A frozen LSTM or GRU keeps no input (dx = dgates W_ih needs only
+    case OpKind::gru:
+    case OpKind::rnn: {
+      // A frozen LSTM, GRU or RNN keeps no input (dx = dgates W_ih needs only
       // W_ih), as addmm keeps mat1 only for the weight's gradient; the gates,
       // states and the recurrence dh_{t-1} = dgates W_hh are needed either way.
       const Shape& x = m.tensor(n.inputs[0]).shape;
-      const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden"), G = (n.op == OpKind::lstm ? 4 : 3) * H;
+      const int64_t T = x[0], in = x[1], H = n.attrs.integer("hidden"), G = recurrent_gates(n.op) * H;
       const double dirs = n.attrs.flag("bidirectional") ? 2 : 1;
       if (!g.base) drop(is_input(0));
       const double ih = 2.0 * T * G * in, hh = 2.0 * T * G * H;

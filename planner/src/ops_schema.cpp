@@ -68,6 +68,11 @@ const std::vector<OpSpec>& op_table() {
       // nn.GRU, one layer, as lstm: gates in PyTorch's order (reset, update, new).
       {OpKind::gru, "gru", 1,
        {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}, {"bidirectional", T::boolean, false}}},
+      // nn.RNN (Elman), one layer, as lstm: h_t = act(x_t W_ih^T + b_ih +
+      // h_{t-1} W_hh^T + b_hh), nonlinearity "tanh" or "relu".
+      {OpKind::rnn, "rnn", 1,
+       {{"hidden", T::integer, nullptr}, {"bias", T::boolean, true}, {"bidirectional", T::boolean, false},
+        {"nonlinearity", T::text, "tanh"}}},
       {OpKind::batchnorm, "batchnorm", 1, {{"eps", T::number, 1e-5}, {"momentum", T::number, 0.1}}},
       // dims: the trailing per-sample axes normalised together, 1 (the last)
       // by default; nn.LayerNorm([C, H, W]) is 3. Weight and bias: their shape.
@@ -624,6 +629,10 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       checked_numel(out.shape, fail);
       break;
     }
+    case OpKind::rnn:
+      if (const auto a = n.attrs.text("nonlinearity"); a != "tanh" && a != "relu")
+        fail("nonlinearity '{}' is not nn.RNN's (tanh or relu)", a);
+      [[fallthrough]];
     case OpKind::lstm:
     case OpKind::gru: {  // a sequence [T, in] -> the hidden state at each step [T, hidden]
       const auto& x = expect_rank(m, n, 0, 2, 2, "[T, in]", fail);

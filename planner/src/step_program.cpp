@@ -334,10 +334,11 @@ class Emitter {
         break;
       }
       case OpKind::lstm:
-      case OpKind::gru: {  // x W_ih^T over the whole sequence, then T products h_{t-1} W_hh^T, one a step
+      case OpKind::gru:
+      case OpKind::rnn: {  // x W_ih^T over the whole sequence, then T products h_{t-1} W_hh^T, one a step
         const Shape& x = in_shape(0);
         const int64_t H = n.attrs.integer("hidden"), dirs = n.attrs.flag("bidirectional") ? 2 : 1;
-        const int64_t G = (n.op == OpKind::lstm ? 4 : 3) * H;
+        const int64_t G = recurrent_gates(n.op) * H;
         ev.gemms.push_back({b * d(x[0]), d(G), d(x[1]), d(dirs)});
         ev.gemms.push_back({b, d(G), d(H), d(x[0] * dirs)});
         break;

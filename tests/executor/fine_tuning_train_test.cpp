@@ -98,7 +98,8 @@ TEST(Freeze, LearnsMovesNoFrozenByteAndMeasuredEqualsPredicted) {
                         // step to the embedding, but it keeps no input and makes no dW
                         Case{DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-lstm.json", {"rnn2"}, 16, 3e-2},
                         // and a frozen bidirectional GRU layer, whose input is the embedding's
-                        Case{DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-gru.json", {"rnn1"}, 16, 3e-2}}) {
+                        Case{DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-gru.json", {"rnn1"}, 16, 3e-2},
+                        Case{DLPLAN_SOURCE_DIR "/tests/fixtures/tiny-rnn.json", {"rnn1"}, 16, 3e-2}}) {
     const std::string label = std::string(c.model) + " --freeze " + c.freeze.front();
     const PlanDocument plan = fine_tuning_plan(c.model, frozen(c.freeze), c.micro_batch, c.lr);
     ASSERT_LT(plan.model.trainable_parameter_count(), plan.model.parameter_count()) << label;

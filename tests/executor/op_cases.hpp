@@ -154,6 +154,11 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("gru_nobias", arr({4, 2}), Json{{"op", "gru"}, {"hidden", 3}, {"bias", false}}));
   v.push_back(unary("gru_bidirectional", arr({4, 3}), Json{{"op", "gru"}, {"hidden", 3}, {"bidirectional", true}}));
   v.push_back(unary("lstm_nobias", arr({4, 2}), Json{{"op", "lstm"}, {"hidden", 3}, {"bias", false}}));
+  // nn.RNN: tanh over 5 steps, one without biases, and a bidirectional relu one.
+  v.push_back(unary("rnn", arr({5, 3}), Json{{"op", "rnn"}, {"hidden", 4}}));
+  v.push_back(unary("rnn_nobias", arr({4, 2}), Json{{"op", "rnn"}, {"hidden", 3}, {"bias", false}}));
+  v.push_back(unary("rnn_relu_bidirectional", arr({4, 3}),
+                    Json{{"op", "rnn"}, {"hidden", 3}, {"bidirectional", true}, {"nonlinearity", "relu"}}));
   v.push_back(unary("maxpool2d_pad", arr({2, 7, 7}), Json{{"op", "maxpool2d"}, {"kernel", 3}, {"stride", 2}, {"padding", 1}},
                     Gen::distinct));
   v.push_back(unary("avgpool2d_pad", arr({2, 6, 5}),

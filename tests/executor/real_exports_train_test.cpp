@@ -141,7 +141,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
                                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
                                            "weights/tiny-gru-opset17.onnx", "swin_t-opset17.onnx",
-                                           "weights/tiny-swin-opset17.onnx"),
+                                           "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // over [C, H, W] and [H, W] (tiny-layernorm-chw), bilinear and linear
 // upsampling (tiny-fpn), ConvTranspose2d and ConvTranspose1d
 // (tiny-autoencoder), two-layer nn.LSTMs and nn.GRUs (tiny-lstm,
-// tiny-bilstm, tiny-gru), the class token's select as a view (tiny-hf-vit),
+// tiny-bilstm, tiny-gru, and nn.RNN's tanh and relu: tiny-rnn), the class
+// token's select as a view (tiny-hf-vit),
 // and Swin's shifted windows: relative position bias, mask, strided slices
 // and the qkv parts of a batch on axis 1 (tiny-swin).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
@@ -182,7 +183,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-fpn-opset17.onnx", "weights/tiny-autoencoder-opset17.onnx",
                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
                            "weights/tiny-gru-opset17.onnx", "tiny-hf-vit-opset17.onnx",
-                           "weights/tiny-swin-opset17.onnx"}) {
+                           "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -1287,6 +1287,36 @@ TEST(RealExports, SwinsShiftedWindowsPlanPerSample) {
   }
 }
 
+// nn.RNN exports as ONNX RNN (activations Tanh or Relu), its weights only
+// Unsqueezed (one block, nothing to reorder): each layer is one rnn.
+// PyTorch's figures for weighted_models.py's TinyRNN (a two-layer
+// bidirectional tanh RNN 12 wide, then a relu one 20 wide; sequence 16,
+// batch 1): 6,104 parameters and 16,148 bytes saved with the loss. By hand,
+// from ATen's CPU SimpleCell (see ops_decl.cpp): a direction keeps h_0 and
+// every step's h_t, 17 hidden (2 x 17 x 12 floats twice, 17 x 20 once:
+// 3,264 + 3,264 + 1,360 bytes), each layer its input (1,024 + 1,536 +
+// 1,536), the head its input (1,280): 10,000, plus the loss's 6,148. The
+// folded export (tiny-rnn-folded) the same.
+TEST(RealExports, EachRnnLayerIsOneRnn) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const char* file : {"tiny-rnn-opset17.onnx", "tiny-rnn-folded-opset17.onnx"})
+    for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+      const Model m = expect_pytorchs_figures(file, fusion, 6104, 16148, 0, 16);
+      std::vector<std::tuple<Shape, Shape, bool, std::string>> layers;  // (input, output, bidirectional, nonlinearity)
+      for (const Node& n : m.nodes) {
+        EXPECT_NE(n.op, OpKind::transpose) << file << " " << n.name;
+        if (n.op == OpKind::rnn)
+          layers.emplace_back(m.tensor(n.inputs[0]).shape, m.tensor(n.output).shape, n.attrs.flag("bidirectional"),
+                              n.attrs.text("nonlinearity"));
+      }
+      EXPECT_EQ(layers, (std::vector<std::tuple<Shape, Shape, bool, std::string>>{
+                            {{16, 16}, {16, 24}, true, "tanh"},
+                            {{16, 24}, {16, 24}, true, "tanh"},
+                            {{16, 24}, {16, 20}, false, "relu"}}))
+          << file;
+    }
+}
+
 // What an LSTM node can say that dlplan's lstm (one layer from zero
 // states, giving the output sequence) does not run is refused, naming the
 // node and the reason: a learned initial state, and a head on h_n.

@@ -261,6 +261,7 @@ def _user_models():
         "user-lstm-3-layers": (lambda: LSTMClassifier(layers=3), ids, True),
         "user-bilstm": (lambda: LSTMClassifier(bidirectional=True), ids, True),
         "user-gru": (lambda: LSTMClassifier(layers=2, bidirectional=True, cell=nn.GRU), ids, True),
+        "user-rnn": (lambda: LSTMClassifier(layers=2, cell=nn.RNN), ids, True),
     }
 
 

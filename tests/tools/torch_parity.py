@@ -101,13 +101,16 @@ CASES = {
     "tiny-lstm": ("tests/fixtures/tiny-lstm.json", 4, []),
     # nn.GRU the same way (torch.gru on PyTorch's side).
     "tiny-gru": ("tests/fixtures/tiny-gru.json", 4, []),
+    # nn.RNN: a bidirectional tanh layer, then a relu one without biases
+    # (torch.rnn_tanh and torch.rnn_relu on PyTorch's side).
+    "tiny-rnn": ("tests/fixtures/tiny-rnn.json", 4, []),
 }
 DEFAULT = ["tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "tiny-gpt-flash", "tiny-llama", "tiny-ops", "tiny-se", "tiny-convnext", "tiny-shuffle",
            "tiny-qwen2",
            "tiny-gemma", "tiny-phi", "tiny-phi-flash", "tiny-mixtral", "tiny-mixtral-drops",
            "tiny-t5", "tiny-t5-flash", "tiny-shared", "tiny-conv1d", "tiny-groupnorm-upsample",
            "tiny-upsample-linear", "tiny-upsample-linear-1d", "tiny-conv-transpose", "tiny-conv-transpose-1d",
-           "tiny-lstm", "tiny-gru"]
+           "tiny-lstm", "tiny-gru", "tiny-rnn"]
 
 
 def read_f32(path):

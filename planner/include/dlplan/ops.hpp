@@ -173,5 +173,8 @@ MoeRouting moe_routing(const Model& m, const Node& n);  // n: a moe_expert or mo
 int64_t relative_position_bucket(int64_t offset, int64_t buckets, int64_t max_distance, bool bidirectional);
 // Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.
 bool keeps_log_sum_exp(const OpDecl& d);
+// The gate blocks of a recurrent op's weights: lstm 4 (i, f, g, o), gru 3
+// (r, z, n), rnn 1.
+int64_t recurrent_gates(OpKind op);
 
 }  // namespace dlplan
