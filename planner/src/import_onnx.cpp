@@ -2032,6 +2032,9 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
   for (const auto& t : model.graph().initializer()) inits.insert(t.name());
   auto pre = bind_symbolic_dims(*model.mutable_graph(), inits, path, opt);
 
+  if (const int lowered = lower_einsum_matmuls(model); lowered > 0)
+    pre.push_back(fmt::format("{} Einsum node{} of a batched matrix product planned as MatMul", lowered,
+                              lowered == 1 ? "" : "s"));
   std::vector<std::string> inference_notes;
   if (const std::string skip = check_before_inference(model, path); !skip.empty()) {
     inference_notes.push_back(fmt::format("ONNX shape inference not run ({}); shapes stored in the file are used", skip));

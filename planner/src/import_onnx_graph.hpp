@@ -131,6 +131,11 @@ std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t);
 int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src,
                          std::vector<std::string>* assumptions = nullptr);
 
+// Rewrites each Einsum of two tensors that is a batched matrix product as a
+// MatMul and the Transposes it needs (import_onnx_einsum.cpp), before shape
+// inference; returns how many.
+int lower_einsum_matmuls(onnx::ModelProto& model);
+
 const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name);
 int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def);
 double attr_float(const onnx::NodeProto& n, const char* name, double def);

@@ -267,9 +267,9 @@ def _user_models():
 
 USER_MODELS = _user_models()
 
-# Refused today, with the start of the message after "<file>: ". MaxViT's
-# attention is an Einsum over [batch, grid, heads, ...] whose output shape
-# ONNX shape inference leaves unknown (docs/onnx.md). (RoBERTa, whose
+# Refused today, with the start of the message after "<file>: ". (MaxViT,
+# whose attention is an Einsum ONNX shape inference left unknown, was here
+# until the importer read such an Einsum as a MatMul. RoBERTa, whose
 # positions are computed from the token ids, was here until the importer
 # evaluated them assuming no padding token.) GPT-J and CodeGen compute their
 # interleaved rotary tables in the graph (a Reshape of a sequence, a Split of
@@ -280,8 +280,6 @@ USER_MODELS = _user_models()
 # a Mixtral config.json plans and trains through the moe_* ops instead
 # (docs/huggingface.md).
 REFUSED = {
-    "maxvit_t": "node '/blocks.0/layers.0/layers/window_attention/attn_layer/attn_layer.1/Einsum' (Einsum): op "
-                "'Einsum' is not supported",
     "hf-gptj": "node '/inner/transformer/Reshape' (Reshape): op 'Reshape' is not supported",
     "hf-codegen": "node '/inner/transformer/h.0/attn/Split_1' (Split): has no data input",
     "hf-mobilebert": "node '/inner/cls/predictions/Transpose' (Transpose): has no data input",
