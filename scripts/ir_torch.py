@@ -114,7 +114,7 @@ OPS = {
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
     "reshape": (1, {"shape": _REQUIRED, "view": _NULL}),  # view: memory only
-    "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED, "view": _NULL}),  # view: memory only
+    "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED, "step": 1, "view": _NULL}),  # view: memory only
     "attention": (-1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                        "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                        "rope_theta": 10000.0, "rotary_dim": _DERIVED, "cross": _NULL, "position_bias": _NULL,
@@ -343,10 +343,10 @@ def _plan(ir):
                 raise ValueError(f"node '{n.name}': perm {perm} is not a permutation of {len(x)} axes")
             out = tuple(x[p] for p in perm)
         elif op == "slice":
-            ax, s0, s1 = int(a["axis"]), int(a["start"]), int(a["end"])
-            if not (0 <= ax < len(x) and 0 <= s0 < s1 <= x[ax]):
-                raise ValueError(f"node '{n.name}': slice [{s0}, {s1}) of axis {ax} is outside {x}")
-            out = tuple(s1 - s0 if d == ax else x[d] for d in range(len(x)))
+            ax, s0, s1, st = int(a["axis"]), int(a["start"]), int(a["end"]), int(a["step"])
+            if not (0 <= ax < len(x) and 0 <= s0 < s1 <= x[ax] and st >= 1):
+                raise ValueError(f"node '{n.name}': slice [{s0}, {s1}) step {st} of axis {ax} is outside {x}")
+            out = tuple(-(-(s1 - s0) // st) if d == ax else x[d] for d in range(len(x)))
         elif op == "reshape":
             out = tuple(int(d) for d in a["shape"])
             if _numel(out) != _numel(x):
@@ -768,8 +768,10 @@ class IRModule(nn.Module):
         if op == "reduce_mean":
             ax = int(a["axis"])  # per sample; the module's tensors lead with the batch
             return x.mean(ax if ax < 0 else ax + 1, keepdim=bool(a["keepdims"]))
-        if op == "slice":
-            return x.narrow(int(a["axis"]) + 1, int(a["start"]), int(a["end"]) - int(a["start"]))
+        if op == "slice":  # x[..., start:end:step] along the axis (after the batch's)
+            at = [slice(None)] * x.dim()
+            at[int(a["axis"]) + 1] = slice(int(a["start"]), int(a["end"]), int(a["step"]))
+            return x[tuple(at)]
         if op == "reshape":
             return x.reshape(x.shape[0], *[int(d) for d in a["shape"]])
         if op == "transpose":
