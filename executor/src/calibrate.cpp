@@ -8,8 +8,10 @@
 
 #include "dlplan/loader.hpp"
 #include "dlplan/ops.hpp"
+#include "dlplan/zoo.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -219,6 +221,71 @@ double time_host_optimizer(Communicator& comm) {
   return 28.0 * static_cast<double>(n) * comm.local_size() / slowest(comm, median(t));
 }
 
+Model sweep_model(const std::string& name) {
+  if (name != "sweep-cnn") return load_model(name);
+  zoo::CnnConfig c;
+  c.name = name;
+  c.image = 32;
+  c.widths = {16, 32, 64, 64};
+  c.depthwise = true;
+  return parse_model(zoo::build_cnn(c), name);
+}
+
+// Without --model: the small zoo's ops timed at each sweep micro-batch and
+// fitted into curves (fit_op_curves); each model's ops then predicted by the
+// curves fitted without it (`checks`, the profile's band).
+OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<CurveCheck>& checks) {
+  struct Run {
+    std::string model;
+    int64_t micro_batch = 0;
+    StepTiming step;
+    double gap_per_op_s = 0;
+  };
+  std::vector<Run> runs;
+  for (const char* name : kCurveSweepModels)
+    for (int64_t b : kCurveSweepMicroBatches) {
+      Run r{name, b, {}, 0};
+      r.gap_per_op_s = measure_op_costs(comm, backend, sweep_model(name), b, 5, kCurveSeconds, nullptr, &r.step).gap_per_op_s;
+      runs.push_back(std::move(r));
+    }
+  // The table from the runs `use` picks: curves over their ops, the median
+  // of their gaps and of their optimizers' rates.
+  auto table_of = [&](auto use) {
+    OpCostTable t;
+    t.ranks_per_node = comm.local_size();
+    t.kernel_revision = kCpuKernelRevision;
+    std::vector<OpSample> ops;
+    std::vector<double> optimizer, gaps;
+    for (const Run& r : runs) {
+      if (!use(r)) continue;
+      ops.insert(ops.end(), r.step.ops.begin(), r.step.ops.end());
+      if (r.step.optimizer_s > 0) optimizer.push_back(r.step.optimizer_bytes / r.step.optimizer_s);
+      gaps.push_back(r.gap_per_op_s);
+    }
+    t.curves = fit_op_curves(ops);
+    t.optimizer_bytes_per_s = optimizer.empty() ? 0 : median(optimizer);
+    t.gap_per_op_s = gaps.empty() ? 0 : median(gaps);
+    return std::pair{t, ops.size()};
+  };
+  for (const char* name : kCurveSweepModels) {
+    const OpCostTable without = table_of([&](const Run& r) { return r.model != name; }).first;
+    for (const Run& r : runs) {
+      if (r.model != name) continue;
+      CurveCheck c{name, r.micro_batch, 0, r.step.step_s};
+      for (const OpSample& o : r.step.ops)
+        if (const auto hit = without.from_curve(o.kind, o.gemm, o.phase, o.work.flops, o.work.bytes)) c.predicted_s += hit->seconds;
+      c.predicted_s += without.gap_per_op_s * r.step.events;
+      if (without.optimizer_bytes_per_s > 0) c.predicted_s += r.step.optimizer_bytes / without.optimizer_bytes_per_s;
+      checks.push_back(c);
+    }
+  }
+  auto [table, ops] = table_of([](const Run&) { return true; });
+  table.source = fmt::format("dlplan calibrate: curves over {} ops of {} at micro-batches {}, {} rank(s) per node", ops,
+                             fmt::join(kCurveSweepModels, ", "), fmt::join(kCurveSweepMicroBatches, ", "),
+                             table.ranks_per_node);
+  return table;
+}
+
 }  // namespace
 
 Contention contention_from(double alone, double beside, double collective, double both) {
@@ -343,6 +410,21 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
     }
     cal.cluster.collective_costs = std::move(table);
   }
+  if (!model) {
+    cal.cluster.op_costs = std::make_shared<const OpCostTable>(sweep_curves(comm, backend, cal.curve_checks));
+    // The band: the worst held-back model's error, at least 1 %, rounded up.
+    double band = 0.01;
+    std::string runs;
+    for (const CurveCheck& c : cal.curve_checks) {
+      band = std::max(band, std::fabs(c.error()));
+      runs += fmt::format("{}{} at {} {:+.1f} %", runs.empty() ? "" : ", ", c.model, c.micro_batch, c.error() * 100);
+    }
+    cal.cluster.device.time_uncertainty = std::ceil(band * 100) / 100;
+    cal.cluster.device.sources["time_uncertainty"] = fmt::format(
+        "dlplan calibrate without --model on {} rank(s): the worst error of the step predicted for a sweep model from "
+        "the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent",
+        n, runs);
+  }
   if (model) {
     // The op table, then the held-back check of the profile it makes. A
     // check off by more than kCalibrationRetryAbove says the machine's speed moved
@@ -353,7 +435,12 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       cal.attempts = attempt;
       Cluster c = base;
       double jitter = 0;
-      c.op_costs = std::make_shared<const OpCostTable>(measure_op_costs(comm, backend, *model, micro_batch, 5, kOpTableSeconds, &jitter));
+      StepTiming step;
+      OpCostTable table = measure_op_costs(comm, backend, *model, micro_batch, 5, kOpTableSeconds, &jitter, &step);
+      // Its own ops' curves time the model's ops at shapes the table lacks
+      // (another --seq-len), before the roofline would.
+      table.curves = fit_op_curves(step.ops);
+      c.op_costs = std::make_shared<const OpCostTable>(std::move(table));
       // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
       c.device.rank_jitter = std::min(jitter, 1.0);
       std::vector<HeldBackRun> held = check_held_back(comm, backend, *model, micro_batch, c, 3, kHeldBackSeconds);

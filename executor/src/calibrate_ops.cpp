@@ -43,7 +43,7 @@ PlanDocument calibration_plan(const Model& model, int ranks, int64_t micro_batch
 }  // namespace
 
 OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch, int min_steps,
-                             double min_seconds, double* rank_jitter) {
+                             double min_seconds, double* rank_jitter, StepTiming* timing) {
   const PlanDocument plan = calibration_plan(model, comm.size(), micro_batch);
   TrainOptions opt;
   opt.steps = detail::kMaxTimedSteps + 1;  // the count is known after the first timed step
@@ -52,7 +52,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
   trainer.step();  // the first step sets up (and its transients are not the step's)
   const StepProgram& prog = trainer.program();
   std::vector<std::vector<double>> per_event(prog.compute.size());
-  std::vector<double> gaps, skews, computes;
+  std::vector<double> gaps, skews, computes, step_seconds;
   const int N = comm.size();
   int steps = min_steps;
   for (int s = 0; s < steps; ++s) {
@@ -62,6 +62,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
     for (size_t e = 0; e < t.size(); ++e) per_event[e].push_back(t[e]);
     const double compute = std::accumulate(t.begin(), t.end(), 0.0);
     gaps.push_back(st.seconds - compute - st.wait_seconds);
+    step_seconds.push_back(st.seconds);
     // The ranks' skew at this step's synchronization: the slowest rank's
     // compute past the mean of all ranks'.
     std::vector<double> ranks(static_cast<size_t>(N));
@@ -104,6 +105,19 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
     row.first += medians[e];
     row.second += 1;
   }
+  if (timing) {
+    for (size_t e = 0; e < prog.compute.size(); ++e) {
+      const ComputeEvent& ev = prog.compute[e];
+      if (ev.node < 0) {
+        timing->optimizer_bytes += ev.bytes;
+        timing->optimizer_s += medians[e];
+        continue;
+      }
+      timing->ops.push_back({curve_kind(ev.signature), ev.phase, {ev.flops, ev.bytes, medians[e]}, runs_gemms(ev)});
+    }
+    timing->events = static_cast<int>(prog.compute.size());
+    timing->step_s = detail::slowest(comm, median(step_seconds));
+  }
   for (const auto& [key, row] : rows)
     table.ops.push_back({key.first, key.second, micro_batch, row.first / row.second, row.second * steps});
   if (optimizer_seconds > 0) table.optimizer_bytes_per_s = optimizer_bytes / optimizer_seconds;
@@ -113,6 +127,18 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
   table.source = fmt::format("dlplan calibrate --model {} --micro-batch {}: {} ops timed over {} steps, {} rank(s) per node",
                              model.name, micro_batch, table.ops.size(), steps, table.ranks_per_node);
   return table;
+}
+
+std::vector<OpCostCurve> fit_op_curves(const std::vector<OpSample>& samples) {
+  std::map<std::pair<std::string, Phase>, std::vector<CurveSample>> by_kind;
+  for (const OpSample& s : samples) {
+    by_kind[{s.kind, s.phase}].push_back(s.work);
+    by_kind[{s.gemm ? "*gemm" : "*memory", s.phase}].push_back(s.work);
+  }
+  std::vector<OpCostCurve> curves;
+  for (const auto& [key, work] : by_kind)
+    if (work.size() >= kMinCurveSamples) curves.push_back(fit_op_curve(key.first, key.second, work));
+  return curves;
 }
 
 }  // namespace dlplan::exec

@@ -133,10 +133,11 @@ ModelStates offload_model_states(const Planning& p, const StrategyResult& r, Mod
 std::string op_times_line(const Planning& p, const StrategyResult& r) {
   const auto& n = r.cost_sources;
   const auto& table = p.request.cluster.op_costs;
-  std::string line = fmt::format("Op times of {}: {} measured by calibrate, {} scaled from another micro-batch, {} from the "
-                                 "roofline of the device's figures",
+  std::string line = fmt::format("Op times of {}: {} measured by calibrate, {} scaled from another micro-batch, {} from "
+                                 "calibrate's curves of their op kind, {} from the roofline of the device's figures",
                                  to_string(r.strategy), n[static_cast<size_t>(CostSource::measured)],
-                                 n[static_cast<size_t>(CostSource::scaled)], n[static_cast<size_t>(CostSource::roofline)]);
+                                 n[static_cast<size_t>(CostSource::scaled)], n[static_cast<size_t>(CostSource::curve)],
+                                 n[static_cast<size_t>(CostSource::roofline)]);
   if (table && r.cost_table_unused.empty()) line += fmt::format(" (table: {})", table->source);
   if (r.comm_measured + r.comm_modeled > 0) {
     line += fmt::format("; collectives: {} from calibrate's measured ladders, {} from the alpha-beta model", r.comm_measured,
@@ -297,6 +298,7 @@ OrderedJson explain_json(const Planning& p) {
         {{"source", e.source}, {"formula", e.formula}, {"bytes", e.bytes}, {"differences", e.differences}});
   j["op_times"] = {{"measured", r.cost_sources[static_cast<size_t>(CostSource::measured)]},
                    {"scaled", r.cost_sources[static_cast<size_t>(CostSource::scaled)]},
+                   {"curve", r.cost_sources[static_cast<size_t>(CostSource::curve)]},
                    {"roofline", r.cost_sources[static_cast<size_t>(CostSource::roofline)]}};
   if (p.request.cluster.op_costs) j["op_times"]["table"] = p.request.cluster.op_costs->source;
   if (!r.cost_table_unused.empty()) j["op_times"]["unused"] = r.cost_table_unused;

@@ -315,12 +315,12 @@ DeviceSpec host_cpu_device() {
   d.alloc_granularity_bytes = 1;
   // Before calibration the nominal rates miss by this much: tiny-gpt steps
   // on 2 ranks of a 2-core VM were predicted 70-77 % too short (issue 13;
-  // docs/time.md). `dlplan calibrate --model` replaces it with its own
-  // held-back measurements.
+  // docs/time.md). `dlplan calibrate` replaces it with its own held-back
+  // measurements.
   d.time_uncertainty = 0.75;
   d.sources["time_uncertainty"] =
-      "nominal rates, or a profile calibrated without --model: predicted steps 70-77 % short on a 2-core VM (issue 13, "
-      "docs/time.md); `dlplan calibrate --model` measures its own";
+      "nominal rates: predicted steps 70-77 % short on a 2-core VM (issue 13, docs/time.md); `dlplan calibrate` "
+      "measures its own";
   d.source =
       "host: memory from /proc/meminfo MemTotal (sysconf fallback); nominal 50 GFLOP/s fp32 per hardware thread, "
       "20 GB/s memory, 5 GB/s MPI shared-memory links (documented guesses until `dlplan calibrate` measures them)";

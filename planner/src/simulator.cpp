@@ -91,6 +91,8 @@ const OpCostTable* usable_cost_table(const Cluster& c, std::string& why) {
 
 }  // namespace
 
+static_assert(std::tuple_size_v<decltype(Simulation::cost_sources)> == kCostSources);
+
 Simulation simulate_program(const StepProgram& prog, const Cluster& c, const TrainingConfig& t, bool timeline) {
   Simulation s;
   // SyncBN's collectives run inside the op whose compute event waits for them.
@@ -116,6 +118,9 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     CostSource source = CostSource::roofline;
     std::optional<OpCostLookup> hit;
     if (table && ev.node >= 0) hit = table->find(ev.signature, ev.phase, t.micro_batch);
+    // Curves are fitted to fp32 steps (calibration's precision).
+    if (!hit && table && ev.node >= 0 && t.precision == Precision::fp32)
+      hit = table->from_curve(curve_kind(ev.signature), runs_gemms(ev), ev.phase, ev.flops, ev.bytes);
     if (hit) {
       seconds[e] = hit->seconds;
       source = hit->source;

@@ -41,6 +41,9 @@ Json build_cnn(const CnnConfig& c) {
     detail::require(c.widths[i] > 0, "cnn: widths must be positive");
     const std::string p = "blocks." + std::to_string(i);
     b.unit(p);
+    if (c.depthwise && i > 0)
+      x = b.add(p + ".dw", "conv2d", {x},
+                Json{{"out", c.widths[i - 1]}, {"kernel", 3}, {"padding", 1}, {"groups", c.widths[i - 1]}, {"bias", false}});
     x = b.add(p + ".conv", "conv2d", {x},
               Json{{"out", c.widths[i]}, {"kernel", 3}, {"padding", 1}, {"bias", false}});
     x = b.add(p + ".bn", "batchnorm", {x});

@@ -1,6 +1,9 @@
 // measure_op_costs on one rank: the table it writes covers every op of the
 // plan the planner makes for the same model and micro-batch (none falls back
-// to the roofline), and at another micro-batch every op is scaled from it.
+// to the roofline), and at another micro-batch every op is scaled from it;
+// its samples are the step's ops one by one, and the curves over them are one
+// per (kind, phase) seen often enough, and per phase one for each class of
+// op (with GEMMs, without) seen often enough.
 #include "dlplan/exec/backend.hpp"
 #include "dlplan/exec/calibrate.hpp"
 #include "dlplan/exec/communicator.hpp"
@@ -11,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 
 using namespace dlplan;
@@ -47,6 +51,55 @@ TEST_P(MeasuredOpCosts, CoverEveryOpOfThePlan) {
   const Simulation scaled = simulate_program(build_step_program(m, c, t), c, t);
   EXPECT_EQ(scaled.cost_sources[static_cast<size_t>(CostSource::roofline)], 0);
   EXPECT_EQ(scaled.cost_sources[static_cast<size_t>(CostSource::scaled)], static_cast<int>(prog.compute.size()) - 1);
+}
+
+TEST(OpCurves, SamplesAreTheStepsOpsAndCurvesFollowTheirKinds) {
+  const Model m = load_model("tiny-mlp");
+  auto comm = make_single_communicator();
+  auto backend = make_cpu_backend();
+  StepTiming step;
+  const OpCostTable table = measure_op_costs(*comm, *backend, m, 2, 2, 0, nullptr, &step);
+  const std::vector<OpSample>& samples = step.ops;
+  Cluster c;
+  c.device = find_device("cpu");
+  TrainingConfig t;
+  t.precision = Precision::fp32;
+  t.micro_batch = 2;
+  const StepProgram prog = build_step_program(m, c, t);
+  std::vector<const ComputeEvent*> ops;
+  for (const ComputeEvent& e : prog.compute)
+    if (e.node >= 0) ops.push_back(&e);
+  ASSERT_EQ(samples.size(), ops.size());
+  EXPECT_EQ(step.events, static_cast<int>(prog.compute.size()));
+  EXPECT_GT(step.optimizer_bytes, 0);
+  EXPECT_NEAR(step.optimizer_bytes / step.optimizer_s, table.optimizer_bytes_per_s, 1e-6 * table.optimizer_bytes_per_s);
+  // The step holds its ops.
+  double ops_s = step.optimizer_s;
+  for (const OpSample& o : samples) ops_s += o.work.seconds;
+  EXPECT_GT(step.step_s, 0.5 * ops_s);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    EXPECT_EQ(samples[k].kind, to_string(m.nodes[static_cast<size_t>(ops[k]->node)].op)) << ops[k]->name;
+    EXPECT_EQ(samples[k].phase, ops[k]->phase);
+    EXPECT_EQ(samples[k].work.flops, ops[k]->flops);
+    EXPECT_EQ(samples[k].work.bytes, ops[k]->bytes);
+    EXPECT_GT(samples[k].work.seconds, 0);
+    EXPECT_EQ(samples[k].gemm, samples[k].kind == "linear") << ops[k]->name;
+  }
+
+  // By hand: 4 linear forwards, 2 relu forwards (too few for a curve of
+  // their own), 3 softmax backwards.
+  std::vector<OpSample> hand;
+  for (double f : {1e6, 2e6, 4e6, 8e6}) hand.push_back({"linear", Phase::forward, {f, 0, 1e-6 + f / 1e10}, true});
+  for (double b : {1e3, 1e4}) hand.push_back({"relu", Phase::forward, {0, b, 1e-6 + b / 1e9}, false});
+  for (double b : {1e3, 1e4, 1e5}) hand.push_back({"softmax", Phase::backward, {0, b, 2e-6 + b / 1e9}, false});
+  std::map<std::pair<std::string, Phase>, int> got;
+  for (const OpCostCurve& k : fit_op_curves(hand)) got[{k.kind, k.phase}] = k.samples;
+  // relu's two forwards make no "*memory" forward curve either.
+  const std::map<std::pair<std::string, Phase>, int> want{{{"linear", Phase::forward}, 4},
+                                                          {{"softmax", Phase::backward}, 3},
+                                                          {{"*gemm", Phase::forward}, 4},
+                                                          {{"*memory", Phase::backward}, 3}};
+  EXPECT_EQ(got, want);
 }
 
 // tiny-cnn's convolutions run through oneDNN where it is built (their

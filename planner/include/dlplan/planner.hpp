@@ -107,7 +107,7 @@ struct StrategyResult {
   double mfu = 0;
   // Where the ops' times came from (Simulation::cost_sources), and why a
   // cluster's measured op costs were not used.
-  std::array<int, 3> cost_sources{};
+  std::array<int, 4> cost_sources{};  // kCostSources (op_costs.hpp)
   std::string cost_table_unused;
   int comm_measured = 0, comm_modeled = 0;  // Simulation's
 };

@@ -47,7 +47,7 @@ struct Simulation {
   int64_t peak_bytes = 0;      // the memory model's peak (the same walk)
   // Where the ops' times came from (op_costs.hpp): compute events by source,
   // indexed by CostSource; and why a cluster's cost table was not used.
-  std::array<int, 3> cost_sources{};
+  std::array<int, 4> cost_sources{};  // kCostSources (op_costs.hpp)
   std::string cost_table_unused;
   // Collectives of the step priced from the cluster's measured ladders
   // (collective_costs.hpp) and by the alpha-beta model.

@@ -183,6 +183,9 @@ struct CnnConfig {
   int channels = 3;
   std::vector<int> widths = {16, 32};
   int classes = 10;
+  // A depthwise 3x3 convolution (groups = channels) before each block's
+  // convolution but the first's, as in MobileNet's blocks.
+  bool depthwise = false;
 };
 Json build_cnn(const CnnConfig& c);
 

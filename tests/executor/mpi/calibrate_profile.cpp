@@ -4,7 +4,10 @@
 // multiple of the ranks where the collective shards), its times positive and
 // never falling as the size grows; the simulator prices a collective of a
 // rung's size at the rung's time for this group and keeps the model for
-// another; the ladders survive the profile's JSON. Every rank checks
+// another; the ladders survive the profile's JSON. Without --model the
+// profile carries the op curves of the small zoo's sweep, measured with these
+// ranks per node, and its band is the worst of the held-back models' errors
+// (each sweep model at each micro-batch once). Every rank checks
 // (parity::Checks); the failures are summed over the world.
 #include "dlplan/collective_costs.hpp"
 #include "dlplan/comm_model.hpp"
@@ -12,11 +15,13 @@
 #include "dlplan/exec/calibrate.hpp"
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/exec/device.hpp"
+#include "dlplan/op_costs.hpp"
 #include "parity_checks.hpp"
 
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +78,30 @@ void test_profile(Communicator& comm) {
       for (size_t i = 0; i < table->ladders[k].rungs.size(); ++i)
         check(back.collective_costs->ladders[k].rungs[i].seconds == table->ladders[k].rungs[i].seconds,
               "rung " + std::to_string(i) + " of ladder " + std::to_string(k) + " round-trips");
+
+  const auto& costs = cal.cluster.op_costs;
+  check(costs != nullptr, "the profile carries op_costs (the curves)");
+  if (!costs) return;
+  check(costs->ops.empty(), "no op rows without --model");
+  check(costs->ranks_per_node == comm.local_size(), "curves measured with these ranks per node");
+  check(costs->optimizer_bytes_per_s > 0, "the optimizer's rate measured");
+  auto has = [&](const std::string& kind, Phase ph) {
+    return std::any_of(costs->curves.begin(), costs->curves.end(), [&](const OpCostCurve& c) {
+      return c.kind == kind && c.phase == ph && c.samples >= static_cast<int>(kMinCurveSamples);
+    });
+  };
+  for (const char* kind : {"linear", "conv2d", "layernorm", "*gemm", "*memory"})
+    for (Phase ph : {Phase::forward, Phase::backward})
+      check(has(kind, ph), std::string("a ") + kind + " " + to_string(ph) + " curve");
+  const size_t runs = std::size(kCurveSweepModels) * std::size(kCurveSweepMicroBatches);
+  check(cal.curve_checks.size() == runs, "every sweep run held back once");
+  double worst = 0.01;
+  for (const CurveCheck& k : cal.curve_checks) {
+    check(k.measured_s > 0 && k.predicted_s > 0, k.model + ": its ops timed and predicted");
+    worst = std::max(worst, std::fabs(k.error()));
+  }
+  check(cal.cluster.device.time_uncertainty == std::ceil(worst * 100) / 100, "the band is the worst held-back error");
+  check(back.op_costs && back.op_costs->curves.size() == costs->curves.size(), "the curves round-trip");
 }
 
 }  // namespace

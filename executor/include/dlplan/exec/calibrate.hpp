@@ -15,7 +15,11 @@
 //   - with a model, every op of it timed in a few training steps
 //     (measure_op_costs): the profile's op_costs table; then steps the table
 //     never saw, under each strategy, against the profile's predictions
-//     (check_held_back): the profile's time_uncertainty.
+//     (check_held_back): the profile's time_uncertainty;
+//   - without one, the small zoo's ops timed the same way at three
+//     micro-batches and fitted into per-kind curves (fit_op_curves), for
+//     models calibrate never saw; each sweep model held back in turn gives
+//     the band (CurveCheck).
 // Backend-neutral: the CUDA backend plugs into the same measurements.
 #pragma once
 
@@ -46,6 +50,18 @@ struct HeldBackRun {
   double error() const;                    // predicted / measured - 1
 };
 
+// Each sweep model held back in turn: what was fitted without it predicts
+// its step, and the worst of these errors is the band of a profile
+// calibrated without --model (time_uncertainty).
+struct CurveCheck {
+  std::string model;
+  int64_t micro_batch = 0;
+  // The step: its ops by the curves, the gap between ops and the optimizer's
+  // rate from the other models' runs, against the measured median step.
+  double predicted_s = 0, measured_s = 0;
+  double error() const { return measured_s > 0 ? predicted_s / measured_s - 1 : 0; }
+};
+
 struct Calibration {
   Cluster cluster;                 // the profile (device measured, nodes 1 x ranks)
   std::vector<GemmSample> gemms;
@@ -60,6 +76,7 @@ struct Calibration {
   double gemms_alone_s = 0, gemms_beside_s = 0, collective_s = 0, collective_beside_s = 0;
   double comm_slowdown = 0, comm_stall = 0;
   std::vector<HeldBackRun> held_back;          // with a model: check_held_back
+  std::vector<CurveCheck> curve_checks;        // without a model: the curves on each sweep model held back
   int attempts = 0;                            // op tables measured (a second when the first checked badly)
 };
 
@@ -119,8 +136,43 @@ Contention contention_from(double alone, double beside, double collective, doubl
 // `rank_jitter` (when given) receives the ranks' measured drift in the
 // simulator's skew model (DeviceSpec::rank_jitter; 0 on one rank).
 // Throws dlplan::Error when the model does not fit this host at that size.
+// `timing` (when given) receives every timed op of the step, one each (not
+// one per signature): its kind, phase, work and time, for the curves; and
+// what the rest of the step took.
+struct OpSample {
+  std::string kind;  // curve_kind of its signature
+  Phase phase = Phase::forward;
+  CurveSample work;
+  bool gemm = false;  // runs_gemms: its class curve is "*gemm", else "*memory"
+};
+struct StepTiming {
+  std::vector<OpSample> ops;
+  double optimizer_bytes = 0, optimizer_s = 0;  // the optimizer's event (ComputeEvent::bytes) and its median time
+  int events = 0;                               // compute events, the optimizer's included (each pays the gap)
+  double step_s = 0;                            // the median step, the slowest rank's
+};
 OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
-                             int min_steps = 5, double min_seconds = 0, double* rank_jitter = nullptr);
+                             int min_steps = 5, double min_seconds = 0, double* rank_jitter = nullptr,
+                             StepTiming* timing = nullptr);
+
+// The curves (op_costs.hpp, OpCostCurve) over timed ops: one per (kind,
+// phase) of at least kMinCurveSamples ops, and per phase the class curves
+// "*gemm" (every op with GEMMs) and "*memory" (every other op), as many as
+// have that many ops.
+inline constexpr size_t kMinCurveSamples = 3;
+std::vector<OpCostCurve> fit_op_curves(const std::vector<OpSample>& samples);
+
+// Calibrate without --model times the ops of these models at these
+// micro-batches, kCurveSeconds each, and fits the curves a model it has not
+// seen is timed by: every op kind of the small zoo, over a 16x span of sizes.
+// "sweep-cnn" (3x32x32, four 3x3 convolutions 16 to 64 wide, a depthwise
+// 3x3 before each but the first) is there for the convolutions of real CNNs:
+// with four or more, the engine runs them through oneDNN
+// (docs/cpu-engine.md), tiny-cnn's two through im2col; and depthwise ones
+// (MobileNet, ConvNeXt) run at a fraction of a dense one's rate.
+inline constexpr const char* kCurveSweepModels[] = {"tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "sweep-cnn"};
+inline constexpr int64_t kCurveSweepMicroBatches[] = {1, 4, 16};
+inline constexpr double kCurveSeconds = 0.2;
 
 // The held-back check: `model` trained at least `min_steps` steps and as
 // many as last `min_seconds` (after one to set up; at most 1,000)
