@@ -97,15 +97,18 @@ Runner add_calibrate_command(CLI::App& app) {
     if (const auto& t = cal.cluster.op_costs; t && !model) {
       fmt::print("op curves ({}); optimizer {:.2f} GB/s; {:.1f} us between ops\n", t->source,
                  t->optimizer_bytes_per_s / 1e9, t->gap_per_op_s * 1e6);
-      fmt::print("{:<10} {:<9} {:>7} {:>14} {:>14} {:>14} {:>8}\n", "kind", "phase", "ops", "overhead us", "GFLOP/s",
+      fmt::print("{:<22} {:<9} {:>5} {:>12} {:>10} {:>10} {:>6}\n", "kind", "phase", "ops", "overhead us", "GFLOP/s",
                  "GB/s", "worst");
       // The rates are the curve's asymptotes (1 / seconds per flop or byte).
-      auto rate = [](double seconds_per) { return seconds_per > 0 ? fmt::format("{:.1f}", 1e-9 / seconds_per) : std::string("-"); };
+      auto rate = [](double seconds_per) {
+        return seconds_per > 0 ? fmt::format("{:.1f}", 1e-9 / seconds_per) : std::string("-");
+      };
       for (const OpCostCurve& c : t->curves)
-        fmt::print("{:<10} {:<9} {:>7} {:>14.2f} {:>14} {:>14} {:>7.0f}%\n", c.kind, to_string(c.phase), c.samples,
+        fmt::print("{:<22} {:<9} {:>5} {:>12.2f} {:>10} {:>10} {:>5.0f}%\n", c.kind, to_string(c.phase), c.samples,
                    c.overhead_s * 1e6, rate(c.seconds_per_flop), rate(c.seconds_per_byte), c.worst_error * 100);
-      fmt::print("{:<10} {:>5} {:>12} {:>12} {:>8}   each sweep model's step, from the curves, gaps and optimizer rate measured without it\n", "model",
-                 "batch", "predicted ms", "measured ms", "error");
+      fmt::print("{:<10} {:>5} {:>12} {:>12} {:>8}   each sweep model's step, from the curves, gaps and optimizer "
+                 "rate measured without it\n",
+                 "model", "batch", "predicted ms", "measured ms", "error");
       for (const auto& c : cal.curve_checks)
         fmt::print("{:<10} {:>5} {:>12.3f} {:>12.3f} {:>7.1f}%\n", c.model, c.micro_batch, c.predicted_s * 1e3,
                    c.measured_s * 1e3, c.error() * 100);

@@ -231,9 +231,9 @@ Model sweep_model(const std::string& name) {
   return parse_model(zoo::build_cnn(c), name);
 }
 
-// Without --model: the small zoo's ops timed at each sweep micro-batch and
-// fitted into curves (fit_op_curves); each model's ops then predicted by the
-// curves fitted without it (`checks`, the profile's band).
+// Without --model: the sweep models' ops timed at each sweep micro-batch and
+// fitted into curves (fit_op_curves); each model's step then predicted from
+// what was measured without it (`checks`, the profile's band).
 OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<CurveCheck>& checks) {
   struct Run {
     std::string model;
@@ -245,7 +245,8 @@ OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<Curve
   for (const char* name : kCurveSweepModels)
     for (int64_t b : kCurveSweepMicroBatches) {
       Run r{name, b, {}, 0};
-      r.gap_per_op_s = measure_op_costs(comm, backend, sweep_model(name), b, 5, kCurveSeconds, nullptr, &r.step).gap_per_op_s;
+      const OpCostTable t = measure_op_costs(comm, backend, sweep_model(name), b, 5, kCurveSeconds, nullptr, &r.step);
+      r.gap_per_op_s = t.gap_per_op_s;
       runs.push_back(std::move(r));
     }
   // The table from the runs `use` picks: curves over their ops, the median
@@ -273,7 +274,8 @@ OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<Curve
       if (r.model != name) continue;
       CurveCheck c{name, r.micro_batch, 0, r.step.step_s};
       for (const OpSample& o : r.step.ops)
-        if (const auto hit = without.from_curve(o.kind, o.gemm, o.phase, o.work.flops, o.work.bytes)) c.predicted_s += hit->seconds;
+        if (const auto hit = without.from_curve(o.kind, o.gemm, o.phase, o.work.flops, o.work.bytes))
+          c.predicted_s += hit->seconds;
       c.predicted_s += without.gap_per_op_s * r.step.events;
       if (without.optimizer_bytes_per_s > 0) c.predicted_s += r.step.optimizer_bytes / without.optimizer_bytes_per_s;
       checks.push_back(c);
