@@ -309,19 +309,15 @@ Contention contention_from(double alone, double beside, double collective, doubl
 }
 
 AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ranks) {
-  // Weighted normal equations for t = a + b x with w = 1 / t^2.
-  double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0;
-  for (const auto& p : samples) {
-    if (!(p.seconds > 0)) continue;
-    const double x = 2.0 * (ranks - 1) / ranks * p.bytes, y = p.seconds, w = 1.0 / (y * y);
-    sw += w, swx += w * x, swy += w * y, swxx += w * x * x, swxy += w * x * y;
-  }
+  // t = a + b x, x = 2(n-1)/n S: op_costs.hpp's curve with x as its one
+  // variable, fitted the same way (weights 1 / t^2, a and b >= 0).
+  std::vector<CurveSample> points;
+  for (const auto& p : samples)
+    if (p.seconds > 0) points.push_back({2.0 * (ranks - 1) / ranks * p.bytes, 0, p.seconds});
+  const OpCostCurve line = fit_op_curve("all_reduce", Phase::forward, points);
   AllReduceFit fit;
-  const double det = sw * swxx - swx * swx;
-  const double b = det > 0 ? (sw * swxy - swx * swy) / det : 0.0;
-  fit.bus_bytes_per_s = b > 0 ? 1.0 / b : 1e12;
-  const double slope = b > 0 ? b : 0.0;
-  fit.latency_s = sw > 0 ? std::max(0.0, (swy - slope * swx) / sw) : 0.0;
+  fit.latency_s = line.overhead_s;
+  fit.bus_bytes_per_s = line.seconds_per_flop > 0 ? 1.0 / line.seconds_per_flop : 1e12;
   return fit;
 }
 

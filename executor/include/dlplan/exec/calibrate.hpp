@@ -100,8 +100,9 @@ inline constexpr double kHeldBackSeconds = 0.25;
 // few percent of noise is hundreds of microseconds, and its intercept (the
 // latency, a few microseconds) comes out anywhere, often below zero — what
 // made calibrate print "latency 0.0 us" over 6.5 us measurements. Relative
-// weights give each size the same say. Latency is at least 0; a bandwidth
-// that does not come out positive is 1e12 B/s (latency-bound throughout).
+// weights give each size the same say. Latency and 1 / bandwidth are at
+// least 0 (the op curves' non-negative fit, fit_op_curve); a ladder with no
+// slope has bandwidth 1e12 B/s (latency-bound throughout).
 struct AllReduceFit {
   double latency_s = 0, bus_bytes_per_s = 0;
 };
