@@ -70,8 +70,11 @@ std::string curve_kind(const std::string& signature) {
   // how = precision, then the attention mode, "onednn", "lora" as they apply.
   std::string kind = signature.substr(0, signature.find(' '));
   // A grouped convolution (depthwise, most often) runs its own loops: its
-  // own curve. The attributes are JSON without spaces: "groups":N.
-  if (const size_t g = signature.find("\"groups\":"); g != std::string::npos && std::atol(signature.c_str() + g + 9) > 1)
+  // own curve. The attributes are JSON without spaces: "groups":N. (Group
+  // norm's "groups" is its width, not another kernel.)
+  const bool conv = kind == "conv2d" || kind == "conv_transpose2d";
+  if (const size_t g = signature.find("\"groups\":");
+      conv && g != std::string::npos && std::atol(signature.c_str() + g + 9) > 1)
     kind += "/grouped";
   const size_t dw = signature.rfind(" dw=");
   if (dw == std::string::npos) return kind;

@@ -315,6 +315,7 @@ TEST(OpCosts, ACurvesKindSaysWhichKernelRunsTheOp) {
   EXPECT_EQ(curve_kind("conv2d [16,8,8] {\"bias\":false,\"groups\":16,\"kernel\":3} dx=1 dw=1 fp32 onednn"),
             "conv2d/grouped/onednn");
   EXPECT_EQ(curve_kind("conv2d [16,8,8] {\"groups\":1,\"kernel\":3} dx=1 dw=1 fp32"), "conv2d");
+  EXPECT_EQ(curve_kind("groupnorm [16,8,8] {\"eps\":1e-05,\"groups\":4} dx=1 dw=1 fp32"), "groupnorm");
   // The planner's own signatures: attention carries its mode.
   const Model m = load_model("tiny-gpt");
   const Cluster c = host(1);
