@@ -157,9 +157,14 @@ void clip_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
+    // Both comparisons evaluated, joined by a bitwise and: the short-circuit
+    // && was control flow GCC would not vectorize, and on a ReLU6 after batch
+    // norm (MobileNetV2) half its branches mispredicted, 16x the forward's
+    // time. NaN compares false both ways: no gradient, as in PyTorch.
     for (int64_t i = begin; i < end; ++i) {
-      const float g = dy[i];  // read unconditionally, so that the loop vectorizes (relu_backward)
-      dx[i] += (x[i] > lo && x[i] < hi) ? g : 0.0f;
+      const float g = dy[i], v = x[i];  // read unconditionally, so that the loop vectorizes (relu_backward)
+      const bool inside = (v > lo) & (v < hi);
+      dx[i] += inside ? g : 0.0f;
     }
   });
 }

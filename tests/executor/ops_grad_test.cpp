@@ -623,6 +623,33 @@ TEST(OpForward, ActivationsKnownValues) {
   }
 }
 
+// clip's gradient passes where lo < x < hi and nowhere else: not at the bounds
+// themselves, not outside, not for NaN (PyTorch's hardtanh_backward), added
+// into what dx held. 37 elements, so that the vector loop and its tail both
+// run; the finite differences (which stay away from the bounds) cannot see
+// the bounds.
+TEST(OpBackward, ClipPassesTheGradientStrictlyInsideItsBounds) {
+  const float lo = -0.25f, hi = 0.75f;
+  const float values[] = {-1.0f, lo, 0.0f, 0.5f, hi, 2.0f, std::nanf("")};
+  OpCase c = unary("clip_bounds", Json::array({37}), Json{{"op", "clip"}, {"min", lo}, {"max", hi}});
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 1);
+  const int64_t n = r.ctx.in[0].numel();
+  for (int64_t i = 0; i < n; ++i) r.ctx.in[0].f()[i] = values[i % 7];
+  forward(*be, r);
+  Tensor dout = alloc.empty(r.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  for (int64_t i = 0; i < n; ++i) dout.f()[i] = static_cast<float>(i + 1);
+  prepare_backward(r, dout);
+  for (int64_t i = 0; i < n; ++i) r.ctx.din[0].f()[i] = 0.5f;
+  be->backward(r.ctx);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = values[i % 7];
+    const bool inside = v == 0.0f || v == 0.5f;
+    EXPECT_EQ(r.ctx.din[0].f()[i], 0.5f + (inside ? static_cast<float>(i + 1) : 0.0f)) << "x = " << v << " at " << i;
+  }
+}
+
 // transpose against the definition: y[s, a1, a2, a0] = x[s, a0, a1, a2] for
 // perm [1, 2, 0], element by element over two samples.
 TEST(OpForward, TransposeMatchesTheDefinition) {

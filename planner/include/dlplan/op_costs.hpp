@@ -55,7 +55,8 @@ struct OpCostLookup {
 // 5: OpenBLAS's AVX-512 / AVX2 kernels where OpenBLAS took the CPU for a
 // generic SSE one (exec/blas_core.hpp: 4x the GEMM rate on an Emerald Rapids
 // Xeon).
-constexpr int kCpuKernelRevision = 5;
+// 6: clip's backward (ReLU6, hardtanh) vectorized: a branch per element before.
+constexpr int kCpuKernelRevision = 6;
 
 // An op kind's time against its work, fitted over the ops calibration timed
 // (its own sweep of the zoo, and the model's ops under --model):
