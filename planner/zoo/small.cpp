@@ -28,7 +28,10 @@ Json build_mlp(const MlpConfig& c) {
 
 // Block i is unit "blocks.i": conv 3x3 (padding 1, no bias) -> batchnorm ->
 // relu, then a 2x2 max pool between blocks; global average pool and a linear
-// head close it.
+// head close it. With `depthwise`, blocks after the first open with
+// MobileNetV2's separable pair: depthwise kxk -> batchnorm -> ReLU6 (clip to
+// [0, 6]) -> pointwise 1x1, with k = 3, 5, 7 in turn (MobileNet's window to
+// ConvNeXt's), so that a depthwise curve sees FLOPs and bytes vary apart.
 Json build_cnn(const CnnConfig& c) {
   detail::require(c.image > 0 && c.channels > 0 && c.classes > 0 && !c.widths.empty(),
                   "cnn: sizes must be positive");
@@ -41,9 +44,14 @@ Json build_cnn(const CnnConfig& c) {
     detail::require(c.widths[i] > 0, "cnn: widths must be positive");
     const std::string p = "blocks." + std::to_string(i);
     b.unit(p);
-    if (c.depthwise && i > 0)
-      x = b.add(p + ".dw", "conv2d", {x},
-                Json{{"out", c.widths[i - 1]}, {"kernel", 3}, {"padding", 1}, {"groups", c.widths[i - 1]}, {"bias", false}});
+    if (c.depthwise && i > 0) {
+      const int w = c.widths[i - 1];
+      const int k = 3 + 2 * static_cast<int>((i - 1) % 3);  // 3, 5, 7: MobileNet's window to ConvNeXt's
+      x = b.add(p + ".dw", "conv2d", {x}, Json{{"out", w}, {"kernel", k}, {"padding", k / 2}, {"groups", w}, {"bias", false}});
+      x = b.add(p + ".dw_bn", "batchnorm", {x});
+      x = b.add(p + ".relu6", "clip", {x}, Json{{"min", 0.0}, {"max", 6.0}});
+      x = b.add(p + ".pw", "conv2d", {x}, Json{{"out", w}, {"kernel", 1}, {"bias", false}});
+    }
     x = b.add(p + ".conv", "conv2d", {x},
               Json{{"out", c.widths[i]}, {"kernel", 3}, {"padding", 1}, {"bias", false}});
     x = b.add(p + ".bn", "batchnorm", {x});

@@ -183,8 +183,9 @@ struct CnnConfig {
   int channels = 3;
   std::vector<int> widths = {16, 32};
   int classes = 10;
-  // A depthwise 3x3 convolution (groups = channels) before each block's
-  // convolution but the first's, as in MobileNet's blocks.
+  // Before each block's convolution but the first's, MobileNetV2's
+  // separable pair: a depthwise convolution (groups = channels; 3x3, 5x5,
+  // 7x7 in turn), batchnorm, ReLU6 and a pointwise 1x1 convolution.
   bool depthwise = false;
 };
 Json build_cnn(const CnnConfig& c);

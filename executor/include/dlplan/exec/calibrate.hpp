@@ -166,11 +166,13 @@ std::vector<OpCostCurve> fit_op_curves(const std::vector<OpSample>& samples);
 // Calibrate without --model times the ops of these models at these
 // micro-batches, kCurveSeconds each, and fits the curves a model it has not
 // seen is timed by: every op kind of the small zoo, over a 16x span of sizes.
-// "sweep-cnn" (3x32x32, four 3x3 convolutions 16 to 64 wide, a depthwise
-// 3x3 before each but the first) is there for the convolutions of real CNNs:
-// with four or more, the engine runs them through oneDNN
-// (docs/cpu-engine.md), tiny-cnn's two through im2col; and depthwise ones
-// (MobileNet, ConvNeXt) run at a fraction of a dense one's rate.
+// "sweep-cnn" (3x32x32, four 3x3 convolutions 16 to 64 wide, MobileNetV2's
+// depthwise kxk (k = 3, 5, 7), ReLU6 and pointwise 1x1 before each but the
+// first) is there
+// for the convolutions of real CNNs: with four or more, the engine runs them
+// through oneDNN (docs/cpu-engine.md), tiny-cnn's two through im2col;
+// depthwise ones (MobileNet, ConvNeXt) run at a fraction of a dense one's
+// rate, and 1x1 ones are bound by memory more than a 3x3 is.
 inline constexpr const char* kCurveSweepModels[] = {"tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "sweep-cnn"};
 inline constexpr int64_t kCurveSweepMicroBatches[] = {1, 4, 16};
 inline constexpr double kCurveSeconds = 0.2;
