@@ -31,7 +31,9 @@ Json build_mlp(const MlpConfig& c) {
 // head close it. With `depthwise`, blocks after the first open with
 // MobileNetV2's separable pair: depthwise kxk -> batchnorm -> ReLU6 (clip to
 // [0, 6]) -> pointwise 1x1, with k = 3, 5, 7 in turn (MobileNet's window to
-// ConvNeXt's), so that a depthwise curve sees FLOPs and bytes vary apart.
+// ConvNeXt's), so that a depthwise curve sees FLOPs and bytes vary apart; the
+// first pair has stride 2 (MobileNet downsamples so) in place of the pooling
+// before it.
 Json build_cnn(const CnnConfig& c) {
   detail::require(c.image > 0 && c.channels > 0 && c.classes > 0 && !c.widths.empty(),
                   "cnn: sizes must be positive");
@@ -47,7 +49,9 @@ Json build_cnn(const CnnConfig& c) {
     if (c.depthwise && i > 0) {
       const int w = c.widths[i - 1];
       const int k = 3 + 2 * static_cast<int>((i - 1) % 3);  // 3, 5, 7: MobileNet's window to ConvNeXt's
-      x = b.add(p + ".dw", "conv2d", {x}, Json{{"out", w}, {"kernel", k}, {"padding", k / 2}, {"groups", w}, {"bias", false}});
+      const int stride = i == 1 ? 2 : 1;  // the first pair downsamples, in place of a pooling
+      x = b.add(p + ".dw", "conv2d", {x},
+                Json{{"out", w}, {"kernel", k}, {"stride", stride}, {"padding", k / 2}, {"groups", w}, {"bias", false}});
       x = b.add(p + ".dw_bn", "batchnorm", {x});
       x = b.add(p + ".relu6", "clip", {x}, Json{{"min", 0.0}, {"max", 6.0}});
       x = b.add(p + ".pw", "conv2d", {x}, Json{{"out", w}, {"kernel", 1}, {"bias", false}});
@@ -56,7 +60,8 @@ Json build_cnn(const CnnConfig& c) {
               Json{{"out", c.widths[i]}, {"kernel", 3}, {"padding", 1}, {"bias", false}});
     x = b.add(p + ".bn", "batchnorm", {x});
     x = b.add(p + ".relu", "relu", {x});
-    if (i + 1 < c.widths.size()) x = b.add(p + ".pool", "maxpool2d", {x}, Json{{"kernel", 2}});
+    const bool next_downsamples = c.depthwise && i == 0;
+    if (i + 1 < c.widths.size() && !next_downsamples) x = b.add(p + ".pool", "maxpool2d", {x}, Json{{"kernel", 2}});
   }
   b.unit("");
   x = b.add("avgpool", "global_avgpool", {x});

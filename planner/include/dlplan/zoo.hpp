@@ -185,7 +185,8 @@ struct CnnConfig {
   int classes = 10;
   // Before each block's convolution but the first's, MobileNetV2's
   // separable pair: a depthwise convolution (groups = channels; 3x3, 5x5,
-  // 7x7 in turn), batchnorm, ReLU6 and a pointwise 1x1 convolution.
+  // 7x7 in turn; the first with stride 2, in place of the pooling before
+  // it), batchnorm, ReLU6 and a pointwise 1x1 convolution.
   bool depthwise = false;
 };
 Json build_cnn(const CnnConfig& c);

@@ -167,13 +167,16 @@ std::vector<OpCostCurve> fit_op_curves(const std::vector<OpSample>& samples);
 // micro-batches, kCurveSeconds each, and fits the curves a model it has not
 // seen is timed by: every op kind of the small zoo, over a 16x span of sizes.
 // "sweep-cnn" (3x32x32, four 3x3 convolutions 16 to 64 wide, MobileNetV2's
-// depthwise kxk (k = 3, 5, 7), ReLU6 and pointwise 1x1 before each but the
-// first) is there
-// for the convolutions of real CNNs: with four or more, the engine runs them
-// through oneDNN (docs/cpu-engine.md), tiny-cnn's two through im2col;
-// depthwise ones (MobileNet, ConvNeXt) run at a fraction of a dense one's
-// rate, and 1x1 ones are bound by memory more than a 3x3 is.
-inline constexpr const char* kCurveSweepModels[] = {"tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "sweep-cnn"};
+// depthwise kxk (k = 3, 5, 7; the first with stride 2), ReLU6 and pointwise
+// 1x1 before each but the first) and "sweep-cnn-wide" (the same at 3x24x24,
+// 32 to 128 wide) are there for the convolutions of real CNNs: with four or
+// more, the engine runs them through oneDNN (docs/cpu-engine.md), tiny-cnn's
+// two through im2col; depthwise ones (MobileNet, ConvNeXt) run at a fraction
+// of a dense one's rate, their backward at stride 2 slower still, and 1x1
+// ones are bound by memory more than a 3x3 is. Two of them, so that each,
+// held back, is predicted from the other's kinds.
+inline constexpr const char* kCurveSweepModels[] = {"tiny-mlp", "tiny-cnn", "tiny-vit", "tiny-gpt", "sweep-cnn",
+                                                     "sweep-cnn-wide"};
 inline constexpr int64_t kCurveSweepMicroBatches[] = {1, 4, 16};
 inline constexpr double kCurveSeconds = 0.2;
 
