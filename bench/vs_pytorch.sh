@@ -13,7 +13,8 @@
 #   bench/vs_pytorch.sh                       (after building dlplan; /usr/bin/python3 with torch)
 #   DLPLAN=path/to/dlplan PYTHON=python bench/vs_pytorch.sh [MODEL...]
 #
-# MODEL: tiny-gpt, gpt-4l, gpt2, tiny-vit, tiny-cnn, resnet18 (default: all).
+# MODEL: tiny-gpt, gpt-4l, gpt2, tiny-vit, tiny-cnn, resnet18, mobilenet_v2
+# (torchvision's, the export in tests/fixtures/exports) (default: all).
 # Each case runs twice, the engines taking turns, and each side's faster
 # round is printed. The whole table takes about 6 minutes on 2 cores.
 set -euo pipefail
@@ -40,11 +41,12 @@ cases=(
   "tiny-vit $here/models/tiny-vit.json 8 0 10"
   "tiny-cnn $here/models/tiny-cnn.json 8 0 10"
   "resnet18 $here/models/resnet18.json 8 0 5"
+  "mobilenet_v2 $here/tests/fixtures/exports/mobilenet_v2-opset17.onnx 8 0 5"
 )
 wanted=("$@")
 
 echo "dlplan vs PyTorch eager on $(hostname): $cores cores; fp32, AdamW, math attention; $("$python" -c 'import torch; print("torch", torch.__version__)')"
-printf '%-9s %4s %5s %-9s %14s %14s %7s %12s %12s\n' model mb T "ranks" "dlplan /s" "pytorch /s" ratio "dlplan GF/s" "torch GF/s"
+printf '%-12s %4s %5s %-9s %14s %14s %7s %12s %12s\n' model mb T "ranks" "dlplan /s" "pytorch /s" ratio "dlplan GF/s" "torch GF/s"
 for c in "${cases[@]}"; do
   read -r name file mb seq steps <<<"$c"
   if ((${#wanted[@]})) && [[ ! " ${wanted[*]} " =~ " $name " ]]; then continue; fi
@@ -70,7 +72,10 @@ for c in "${cases[@]}"; do
       torch_env=(OMP_NUM_THREADS="$threads")
       [[ -n "$core" && -z "${OPENBLAS_CORETYPE:-}" ]] && torch_env+=(OPENBLAS_CORETYPE="$core")
       echo "$core" >"$work/blas_core"
-      env "${torch_env[@]}" "$python" "$here/scripts/torch_compare.py" --model "$file" --device cpu \
+      # An ONNX export reaches PyTorch as the IR dlplan imported (the plan's).
+      torch_model=(--model "$file")
+      [[ "$file" == *.onnx ]] && torch_model=(--plan "$plan")
+      env "${torch_env[@]}" "$python" "$here/scripts/torch_compare.py" "${torch_model[@]}" --device cpu \
         --micro-batch "$mb" "${seq_flag[@]}" --steps "$steps" --ranks "$ranks" --threads "$threads" \
         >"$work/torch.json.$round" 2>"$work/torch.log" || { cat "$work/torch.log" >&2; exit 1; }
     done
@@ -88,7 +93,7 @@ rate_d = samples_d * T if T else samples_d
 rate_t = t["tokens_per_second"] if T else t["samples_per_second"]
 flops = t["model_flops_per_sample"]
 unit = "tok" if T else "smp"
-print(f"{name:<9} {mb:>4} {T or '-':>5} {ranks + 'x' + threads + ' thr':<9} {rate_d:>10.0f} {unit} {rate_t:>10.0f} {unit} "
+print(f"{name:<12} {mb:>4} {T or '-':>5} {ranks + 'x' + threads + ' thr':<9} {rate_d:>10.0f} {unit} {rate_t:>10.0f} {unit} "
       f"{rate_d / rate_t:>6.2f}x {samples_d * flops / 1e9:>12.1f} {t['samples_per_second'] * flops / 1e9:>12.1f}")
 PY
   done
