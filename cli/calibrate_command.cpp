@@ -95,8 +95,8 @@ Runner add_calibrate_command(CLI::App& app) {
                  cal.comm_slowdown, cal.comm_stall);
     }
     if (const auto& t = cal.cluster.op_costs; t && !model) {
-      fmt::print("op curves ({}); optimizer {:.2f} GB/s; {:.1f} us between ops\n", t->source,
-                 t->optimizer_bytes_per_s / 1e9, t->gap_per_op_s * 1e6);
+      fmt::print("op curves ({}); optimizer {:.2f} GB/s; between ops {:.2f} us + {:.2f} us per MB the op moves\n",
+                 t->source, t->optimizer_bytes_per_s / 1e9, t->gap_per_op_s * 1e6, t->gap_per_byte_s * 1e12);
       fmt::print("{:<22} {:<9} {:>5} {:>12} {:>10} {:>10} {:>6}\n", "kind", "phase", "ops", "overhead us", "GFLOP/s",
                  "GB/s", "worst");
       // The rates are the curve's asymptotes (1 / seconds per flop or byte).

@@ -232,7 +232,7 @@ Model sweep_model(const std::string& name) {
     c.image = 32;
     c.widths = {16, 32, 64, 64};
   } else if (name == "sweep-cnn-wide") {
-    c.image = 24;
+    c.image = 56;
     c.widths = {32, 64, 128, 128};
   } else {
     return load_model(name);
@@ -258,23 +258,30 @@ OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<Curve
       r.gap_per_op_s = t.gap_per_op_s;
       runs.push_back(std::move(r));
     }
-  // The table from the runs `use` picks: curves over their ops, the median
-  // of their gaps and of their optimizers' rates.
+  // The table from the runs `use` picks: curves over their ops, their gaps
+  // fitted against bytes per op (a CNN's gradients, zeroed as each is
+  // allocated, make its gap per op 10-30x an MLP's), the median of their
+  // optimizers' rates.
   auto table_of = [&](auto use) {
     OpCostTable t;
     t.ranks_per_node = comm.local_size();
     t.kernel_revision = kCpuKernelRevision;
     std::vector<OpSample> ops;
-    std::vector<double> optimizer, gaps;
+    std::vector<double> optimizer;
+    std::vector<CurveSample> gaps;  // per run: gap / op against bytes / op (the flops column unused)
     for (const Run& r : runs) {
       if (!use(r)) continue;
       ops.insert(ops.end(), r.step.ops.begin(), r.step.ops.end());
       if (r.step.optimizer_s > 0) optimizer.push_back(r.step.optimizer_bytes / r.step.optimizer_s);
-      gaps.push_back(r.gap_per_op_s);
+      if (r.gap_per_op_s > 0 && r.step.events > 0) gaps.push_back({0, r.step.op_bytes / r.step.events, r.gap_per_op_s});
     }
     t.curves = fit_op_curves(ops);
     t.optimizer_bytes_per_s = optimizer.empty() ? 0 : median(optimizer);
-    t.gap_per_op_s = gaps.empty() ? 0 : median(gaps);
+    if (!gaps.empty()) {
+      const OpCostCurve gap = fit_op_curve("gap", Phase::forward, gaps);
+      t.gap_per_op_s = gap.overhead_s;
+      t.gap_per_byte_s = gap.seconds_per_byte;
+    }
     return std::pair{t, ops.size()};
   };
   for (const char* name : kCurveSweepModels) {
@@ -285,7 +292,7 @@ OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<Curve
       for (const OpSample& o : r.step.ops)
         if (const auto hit = without.from_curve(o.kind, o.gemm, o.phase, o.work.flops, o.work.bytes))
           c.predicted_s += hit->seconds;
-      c.predicted_s += without.gap_per_op_s * r.step.events;
+      c.predicted_s += without.gap_per_op_s * r.step.events + without.gap_per_byte_s * r.step.op_bytes;
       if (without.optimizer_bytes_per_s > 0) c.predicted_s += r.step.optimizer_bytes / without.optimizer_bytes_per_s;
       checks.push_back(c);
     }

@@ -114,6 +114,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
         continue;
       }
       timing->ops.push_back({curve_kind(ev.signature), ev.phase, {ev.flops, ev.bytes, medians[e]}, runs_gemms(ev)});
+      timing->op_bytes += ev.bytes;
     }
     timing->events = static_cast<int>(prog.compute.size());
     timing->step_s = detail::slowest(comm, median(step_seconds));

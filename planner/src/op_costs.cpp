@@ -200,6 +200,7 @@ nlohmann::ordered_json op_costs_to_json(const OpCostTable& t) {
   j["kernel_revision"] = t.kernel_revision;
   j["optimizer_bytes_per_s"] = t.optimizer_bytes_per_s;
   j["gap_per_op_s"] = t.gap_per_op_s;
+  if (t.gap_per_byte_s > 0) j["gap_per_byte_s"] = t.gap_per_byte_s;
   j["ops"] = std::move(ops);
   if (!t.curves.empty()) {
     nlohmann::ordered_json curves = nlohmann::ordered_json::array();
@@ -221,9 +222,9 @@ OpCostTable op_costs_from_json(const nlohmann::json& j, const std::string& src) 
   for (const auto& [key, value] : j.items()) {
     (void)value;
     if (key != "source" && key != "ranks_per_node" && key != "kernel_revision" && key != "optimizer_bytes_per_s" &&
-        key != "gap_per_op_s" && key != "ops" && key != "curves")
+        key != "gap_per_op_s" && key != "gap_per_byte_s" && key != "ops" && key != "curves")
       throw Error(fmt::format("{}: unknown field 'op_costs.{}'; known: source, ranks_per_node, kernel_revision, "
-                              "optimizer_bytes_per_s, gap_per_op_s, ops, curves", src, key));
+                              "optimizer_bytes_per_s, gap_per_op_s, gap_per_byte_s, ops, curves", src, key));
   }
   OpCostTable t;
   if (j.contains("source")) {
@@ -238,6 +239,7 @@ OpCostTable op_costs_from_json(const nlohmann::json& j, const std::string& src) 
   t.kernel_revision = static_cast<int>(revision);
   t.optimizer_bytes_per_s = positive(j, "optimizer_bytes_per_s", src, "", true);
   t.gap_per_op_s = positive(j, "gap_per_op_s", src, "", true);
+  t.gap_per_byte_s = positive(j, "gap_per_byte_s", src, "", true);
   if (!j.contains("ops") || !j.at("ops").is_array()) bad(src, "ops", "an array", j.contains("ops") ? j.at("ops") : nlohmann::json());
   for (size_t k = 0; k < j.at("ops").size(); ++k) {
     const auto& o = j.at("ops")[k];

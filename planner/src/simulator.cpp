@@ -130,7 +130,7 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     } else {
       seconds[e] = compute_event_seconds(ev, c.device, t.precision);
     }
-    if (table) seconds[e] += table->gap_per_op_s;
+    if (table) seconds[e] += table->gap_per_op_s + (ev.node >= 0 ? table->gap_per_byte_s * ev.bytes : 0.0);
     s.cost_sources[static_cast<size_t>(source)]++;
   }
 

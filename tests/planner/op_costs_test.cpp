@@ -83,6 +83,26 @@ TEST(OpCosts, ATableWithKnownTimesGivesTheirSum) {
   EXPECT_NEAR(simulate_program(prog, c, t).compute_seconds - s.compute_seconds, forwards * 1e-3 + backwards * 3e-3, 1e-12);
 }
 
+// The gap's byte term (calibrate without --model): each op of the model pays
+// gap_per_byte_s x its ComputeEvent::bytes on top of gap_per_op_s; the
+// optimizer's update, only gap_per_op_s.
+TEST(OpCosts, TheGapsByteTermChargesEachOpItsBytes) {
+  const Model m = load_model("tiny-cnn");
+  Cluster c = host(1);
+  const TrainingConfig t = fp32(4);
+  const StepProgram prog = build_step_program(m, c, t);
+  double op_bytes = 0, optimizer = 0;
+  for (const ComputeEvent& e : prog.compute) (e.node >= 0 ? op_bytes : optimizer) += e.bytes;
+  ASSERT_GT(op_bytes, 0);
+  ASSERT_GT(optimizer, 0);
+  auto table = std::make_shared<OpCostTable>(*table_for(prog, 1, 4, [](Phase) { return 1e-3; }, 1e9, 10e-6));
+  c.op_costs = table;
+  const double without = simulate_program(prog, c, t).compute_seconds;
+  table->gap_per_byte_s = 1e-12;  // 1 us per MB
+  c.op_costs = table;
+  EXPECT_NEAR(simulate_program(prog, c, t).compute_seconds - without, op_bytes * 1e-12, 1e-12);
+}
+
 TEST(OpCosts, AnotherMicroBatchScalesTheNearestRow) {
   const Model m = load_model("tiny-mlp");
   Cluster c = host(1);
@@ -183,6 +203,7 @@ TEST(OpCosts, TheProfileRoundTripsAndItsErrorsNameTheField) {
   t->kernel_revision = kCpuKernelRevision;
   t->optimizer_bytes_per_s = 3e9;
   t->gap_per_op_s = 4e-6;
+  t->gap_per_byte_s = 2e-12;
   t->ops.push_back({"relu [8] {} dx=1 dw=0 fp32", Phase::backward, 16, 2.5e-5, 10});
   c.op_costs = t;
   const nlohmann::json j = cluster_to_json(c);
@@ -192,6 +213,7 @@ TEST(OpCosts, TheProfileRoundTripsAndItsErrorsNameTheField) {
   EXPECT_EQ(back.op_costs->ranks_per_node, 2);
   EXPECT_DOUBLE_EQ(back.op_costs->optimizer_bytes_per_s, 3e9);
   EXPECT_DOUBLE_EQ(back.op_costs->gap_per_op_s, 4e-6);
+  EXPECT_DOUBLE_EQ(back.op_costs->gap_per_byte_s, 2e-12);
   ASSERT_EQ(back.op_costs->ops.size(), 1u);
   EXPECT_EQ(back.op_costs->ops[0].signature, t->ops[0].signature);
   EXPECT_EQ(back.op_costs->ops[0].phase, Phase::backward);

@@ -109,6 +109,12 @@ struct OpCostTable {
   // between them (slots, the ledger's checks, issuing collectives), measured
   // as (step - ops - waits) / ops over the calibration's steps.
   double gap_per_op_s = 0;
+  // Calibrate without --model: the gap's part that grows with an op's bytes
+  // (ComputeEvent::bytes; its gradients zeroed, its inputs written), fitted
+  // over the sweep's steps with gap_per_op_s as gap / op = a + b x bytes / op.
+  // An op of the model pays gap_per_op_s + gap_per_byte_s x its bytes; the
+  // optimizer's update, gap_per_op_s. 0 in a --model table (its own gap).
+  double gap_per_byte_s = 0;
 
   // The op's time: measured at this micro-batch, else scaled from the
   // nearest measured one; recompute reads forward's when it has no row.

@@ -150,6 +150,7 @@ struct StepTiming {
   std::vector<OpSample> ops;
   double optimizer_bytes = 0, optimizer_s = 0;  // the optimizer's event (ComputeEvent::bytes) and its median time
   int events = 0;                               // compute events, the optimizer's included (each pays the gap)
+  double op_bytes = 0;                          // ComputeEvent::bytes over the ops, the optimizer's not
   double step_s = 0;                            // the median step, the slowest rank's
 };
 OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
@@ -168,7 +169,7 @@ std::vector<OpCostCurve> fit_op_curves(const std::vector<OpSample>& samples);
 // seen is timed by: every op kind of the small zoo, over a 16x span of sizes.
 // "sweep-cnn" (3x32x32, four 3x3 convolutions 16 to 64 wide, MobileNetV2's
 // depthwise kxk (k = 3, 5, 7; the first with stride 2), ReLU6 and pointwise
-// 1x1 before each but the first) and "sweep-cnn-wide" (the same at 3x24x24,
+// 1x1 before each but the first) and "sweep-cnn-wide" (the same at 3x56x56,
 // 32 to 128 wide) are there for the convolutions of real CNNs: with four or
 // more, the engine runs them through oneDNN (docs/cpu-engine.md), tiny-cnn's
 // two through im2col; depthwise ones (MobileNet, ConvNeXt) run at a fraction
