@@ -137,9 +137,9 @@ void sigmoid_backward(OpContext& c) {
 }
 
 // ---- clip (ReLU6, Hardtanh) ------------------------------------------------------
-// y = min(max(x, lo), hi); dy/dx = 1 where lo < y < hi, else 0 (PyTorch's
-// hardtanh_backward: 0 at the bounds themselves). Saves its input, as
-// PyTorch's hardtanh does.
+// y = min(max(x, lo), hi); dy/dx = 0 where x <= lo or x >= hi, else 1
+// (PyTorch's hardtanh_backward: 0 at the bounds themselves, 1 for NaN).
+// Saves its input, as PyTorch's hardtanh does.
 
 void clip_forward(OpContext& c) {
   const float lo = static_cast<float>(c.node->attrs.number("min")), hi = static_cast<float>(c.node->attrs.number("max"));
@@ -157,14 +157,16 @@ void clip_backward(OpContext& c) {
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
-    // Both comparisons evaluated, joined by a bitwise and: the short-circuit
-    // && was control flow GCC would not vectorize, and on a ReLU6 after batch
+    // Both comparisons evaluated, joined by a bitwise or: a short-circuit
+    // was control flow GCC would not vectorize, and on a ReLU6 after batch
     // norm (MobileNetV2) half its branches mispredicted, 16x the forward's
-    // time. NaN compares false both ways: no gradient, as in PyTorch.
+    // time. The test is "outside", as PyTorch 1.13's hardtanh_backward
+    // writes it: a NaN input compares false both ways and passes its
+    // gradient (torch.nn.functional.hardtanh and relu6 do so).
     for (int64_t i = begin; i < end; ++i) {
       const float g = dy[i], v = x[i];  // read unconditionally, so that the loop vectorizes (relu_backward)
-      const bool inside = (v > lo) & (v < hi);
-      dx[i] += inside ? g : 0.0f;
+      const bool outside = (v <= lo) | (v >= hi);
+      dx[i] += outside ? 0.0f : g;
     }
   });
 }

@@ -623,11 +623,13 @@ TEST(OpForward, ActivationsKnownValues) {
   }
 }
 
-// clip's gradient passes where lo < x < hi and nowhere else: not at the bounds
-// themselves, not outside, not for NaN (PyTorch's hardtanh_backward), added
-// into what dx held. 37 elements, so that the vector loop and its tail both
-// run; the finite differences (which stay away from the bounds) cannot see
-// the bounds.
+// clip's gradient is stopped where x <= lo or x >= hi and passes elsewhere,
+// added into what dx held. The reference is PyTorch 1.13 itself:
+//   x = [-1, -0.25, 0, 0.5, 0.75, 2, nan], F.hardtanh(x, -0.25, 0.75)
+//   backward with dy = [1..7] gives [0, 0, 3, 4, 0, 0, 7]
+// (0 at the bounds themselves, and a NaN passes its gradient). 37 elements,
+// so that the vector loop and its tail both run; the finite differences
+// (which stay away from the bounds) cannot see the bounds.
 TEST(OpBackward, ClipPassesTheGradientStrictlyInsideItsBounds) {
   const float lo = -0.25f, hi = 0.75f;
   const float values[] = {-1.0f, lo, 0.0f, 0.5f, hi, 2.0f, std::nanf("")};
@@ -645,7 +647,7 @@ TEST(OpBackward, ClipPassesTheGradientStrictlyInsideItsBounds) {
   be->backward(r.ctx);
   for (int64_t i = 0; i < n; ++i) {
     const float v = values[i % 7];
-    const bool inside = v == 0.0f || v == 0.5f;
+    const bool inside = v == 0.0f || v == 0.5f || std::isnan(v);
     EXPECT_EQ(r.ctx.din[0].f()[i], 0.5f + (inside ? static_cast<float>(i + 1) : 0.0f)) << "x = " << v << " at " << i;
   }
 }
