@@ -106,8 +106,8 @@ Runner add_calibrate_command(CLI::App& app) {
       for (const OpCostCurve& c : t->curves)
         fmt::print("{:<22} {:<9} {:>5} {:>12.2f} {:>10} {:>10} {:>5.0f}%\n", c.kind, to_string(c.phase), c.samples,
                    c.overhead_s * 1e6, rate(c.seconds_per_flop), rate(c.seconds_per_byte), c.worst_error * 100);
-      fmt::print("{:<14} {:>5} {:>12} {:>12} {:>8}   each sweep model's step, from the curves, gaps and optimizer "
-                 "rate measured without it\n",
+      fmt::print("{:<14} {:>5} {:>12} {:>12} {:>8}   each sweep model's step, simulated with the curves, gaps and "
+                 "optimizer rate measured without it\n",
                  "model", "batch", "predicted ms", "measured ms", "error");
       for (const auto& c : cal.curve_checks)
         fmt::print("{:<14} {:>5} {:>12.3f} {:>12.3f} {:>7.1f}%\n", c.model, c.micro_batch, c.predicted_s * 1e3,

@@ -8,6 +8,7 @@
 
 #include "dlplan/loader.hpp"
 #include "dlplan/ops.hpp"
+#include "dlplan/simulator.hpp"
 #include "dlplan/zoo.hpp"
 
 #include <fmt/format.h>
@@ -241,9 +242,10 @@ Model sweep_model(const std::string& name) {
 }
 
 // Without --model: the sweep models' ops timed at each sweep micro-batch and
-// fitted into curves (fit_op_curves); each model's step then predicted from
-// what was measured without it (`checks`, the profile's band).
-OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<CurveCheck>& checks) {
+// fitted into curves (fit_op_curves); each model's step then predicted by the
+// simulator from `profile` and what was measured without it (`checks`, the
+// profile's band).
+OpCostTable sweep_curves(Communicator& comm, Backend& backend, const Cluster& profile, std::vector<CurveCheck>& checks) {
   struct Run {
     std::string model;
     int64_t micro_batch = 0;
@@ -288,13 +290,12 @@ OpCostTable sweep_curves(Communicator& comm, Backend& backend, std::vector<Curve
     const OpCostTable without = table_of([&](const Run& r) { return r.model != name; }).first;
     for (const Run& r : runs) {
       if (r.model != name) continue;
-      CurveCheck c{name, r.micro_batch, 0, r.step.step_s};
-      for (const OpSample& o : r.step.ops)
-        if (const auto hit = without.from_curve(o.kind, o.gemm, o.phase, o.work.flops, o.work.bytes))
-          c.predicted_s += hit->seconds;
-      c.predicted_s += without.gap_per_op_s * r.step.events + without.gap_per_byte_s * r.step.op_bytes;
-      if (without.optimizer_bytes_per_s > 0) c.predicted_s += r.step.optimizer_bytes / without.optimizer_bytes_per_s;
-      checks.push_back(c);
+      // The simulator's own prediction of the step that ran, from the
+      // profile as it stands (collectives, contention, skew) with this table.
+      Cluster cluster = profile;
+      cluster.op_costs = std::make_shared<const OpCostTable>(without);
+      const Simulation sim = simulate_program(r.step.program, cluster, r.step.training, /*timeline=*/false);
+      checks.push_back({name, r.micro_batch, sim.step_seconds, r.step.step_s});
     }
   }
   auto [table, ops] = table_of([](const Run&) { return true; });
@@ -425,7 +426,7 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
     cal.cluster.collective_costs = std::move(table);
   }
   if (!model) {
-    cal.cluster.op_costs = std::make_shared<const OpCostTable>(sweep_curves(comm, backend, cal.curve_checks));
+    cal.cluster.op_costs = std::make_shared<const OpCostTable>(sweep_curves(comm, backend, cal.cluster, cal.curve_checks));
     // The band: the worst held-back model's error, at least 1 %, rounded up.
     double band = 0.01;
     std::string runs;
@@ -435,8 +436,8 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
     }
     cal.cluster.device.time_uncertainty = std::ceil(band * 100) / 100;
     cal.cluster.device.sources["time_uncertainty"] = fmt::format(
-        "dlplan calibrate without --model on {} rank(s): the worst error of the step predicted for a sweep model from "
-        "the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent",
+        "dlplan calibrate without --model on {} rank(s): the worst error of the step the simulator predicts for a sweep "
+        "model from the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent",
         n, runs);
   }
   if (model) {

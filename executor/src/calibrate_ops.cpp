@@ -118,6 +118,8 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
     }
     timing->events = static_cast<int>(prog.compute.size());
     timing->step_s = detail::slowest(comm, median(step_seconds));
+    timing->program = prog;
+    timing->training = plan.training;
   }
   for (const auto& [key, row] : rows)
     table.ops.push_back({key.first, key.second, micro_batch, row.first / row.second, row.second * steps});

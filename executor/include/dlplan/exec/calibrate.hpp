@@ -27,6 +27,7 @@
 #include "dlplan/exec/communicator.hpp"
 #include "dlplan/hardware.hpp"
 #include "dlplan/op_costs.hpp"
+#include "dlplan/step_program.hpp"
 
 #include <string>
 #include <vector>
@@ -56,8 +57,9 @@ struct HeldBackRun {
 struct CurveCheck {
   std::string model;
   int64_t micro_batch = 0;
-  // The step: its ops by the curves, the gap between ops and the optimizer's
-  // rate from the other models' runs, against the measured median step.
+  // The step as the simulator predicts it (simulate_program on the program
+  // that ran) from the profile with the curves, gaps and optimizer rate of
+  // the other models' runs, against the measured median step.
   double predicted_s = 0, measured_s = 0;
   double error() const { return measured_s > 0 ? predicted_s / measured_s - 1 : 0; }
 };
@@ -152,6 +154,8 @@ struct StepTiming {
   int events = 0;                               // compute events, the optimizer's included (each pays the gap)
   double op_bytes = 0;                          // ComputeEvent::bytes over the ops, the optimizer's not
   double step_s = 0;                            // the median step, the slowest rank's
+  StepProgram program;                          // what ran, for the simulator to predict it (sweep_curves' check)
+  TrainingConfig training;
 };
 OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
                              int min_steps = 5, double min_seconds = 0, double* rank_jitter = nullptr,
