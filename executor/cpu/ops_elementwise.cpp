@@ -50,6 +50,22 @@ DLPLAN_SIMD_CLONES void gelu_tanh_backward(const float* x, const float* dy, floa
   }
 }
 
+// exact, through erf_fast (vec_math.hpp): y' = Phi(x) + x phi(x), phi(x) =
+// e^{-x^2/2} / sqrt(2 pi).
+DLPLAN_SIMD_CLONES void gelu_erf_forward(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + erf_fast(x[i] * kInvSqrt2));
+}
+
+DLPLAN_SIMD_CLONES void gelu_erf_backward(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float d = 0.5f * (1.0f + erf_fast(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_clamped(-0.5f * v * v);
+    dx[i] += dy[i] * d;
+  }
+}
+
 }  // namespace
 
 void gelu_forward(OpContext& c) {
@@ -59,7 +75,7 @@ void gelu_forward(OpContext& c) {
   if (c.node->attrs.text("approximate") == "tanh")
     parallel_for(n, grain_elements() / 4, [&](int64_t b, int64_t e) { gelu_tanh_forward(x + b, y + b, e - b); });
   else
-    for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+    parallel_for(n, grain_elements() / 4, [&](int64_t b, int64_t e) { gelu_erf_forward(x + b, y + b, e - b); });
 }
 
 void gelu_backward(OpContext& c) {
@@ -71,11 +87,7 @@ void gelu_backward(OpContext& c) {
   if (c.node->attrs.text("approximate") == "tanh")
     return parallel_for(n, grain_elements() / 4,
                         [&](int64_t b, int64_t e) { gelu_tanh_backward(x + b, dy + b, dx + b, e - b); });
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float d = 0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
-    dx[i] += dy[i] * d;
-  }
+  parallel_for(n, grain_elements() / 4, [&](int64_t b, int64_t e) { gelu_erf_backward(x + b, dy + b, dx + b, e - b); });
 }
 
 // ---- relu, tanh, sigmoid: the derivative from the saved output ------------------
@@ -121,10 +133,19 @@ void tanh_backward(OpContext& c) {
   for (int64_t i = 0, n = total(c); i < n; ++i) dx[i] += dy[i] * (1.0f - y[i] * y[i]);
 }
 
+namespace {
+
+DLPLAN_SIMD_CLONES void sigmoid_rows(const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]);  // vec_math.hpp
+}
+
+}  // namespace
+
 void sigmoid_forward(OpContext& c) {
   const float* x = c.in[0].f();
   float* y = c.out.f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+  parallel_for(total(c), grain_elements() / 4, [&](int64_t b, int64_t e) { sigmoid_rows(x + b, y + b, e - b); });
 }
 
 // sigmoid' = y (1 - y).
@@ -133,7 +154,9 @@ void sigmoid_backward(OpContext& c) {
   const float* y = c.out.f();
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
-  for (int64_t i = 0, n = total(c); i < n; ++i) dx[i] += dy[i] * y[i] * (1.0f - y[i]);
+  parallel_for(total(c), grain_elements(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dx[i] += dy[i] * y[i] * (1.0f - y[i]);
+  });
 }
 
 // ---- clip (ReLU6, Hardtanh) ------------------------------------------------------

@@ -14,6 +14,7 @@
 // dy rotated back (the rotation's transpose).
 #include "cpu/ops.hpp"
 #include "cpu/parallel.hpp"
+#include "cpu/row_reduce.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -86,9 +87,7 @@ void softmax_forward(OpContext& c) {
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x + r * L;
       float* yr = y + r * L;
-      const float top = *std::max_element(xr, xr + L);
-      double sum = 0;
-      for (int64_t j = 0; j < L; ++j) sum += yr[j] = std::exp(xr[j] - top);
+      const double sum = exp_shifted_sum(xr, row_max(xr, L), yr, L);  // row_reduce.hpp: vectorized
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j < L; ++j) yr[j] *= inv;
     }
@@ -103,9 +102,9 @@ void softmax_backward(OpContext& c) {
   parallel_for(rows, grain_elements() / L + 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float *yr = y + r * L, *dyr = dy + r * L;
-      double dot = 0;
-      for (int64_t j = 0; j < L; ++j) dot += static_cast<double>(dyr[j]) * yr[j];
-      for (int64_t j = 0; j < L; ++j) dx[r * L + j] += yr[j] * (dyr[j] - static_cast<float>(dot));
+      const auto dot = static_cast<float>(lane_sum(L, [&](int64_t j) { return static_cast<double>(dyr[j]) * yr[j]; }));
+      float* dxr = dx + r * L;
+      for (int64_t j = 0; j < L; ++j) dxr[j] += yr[j] * (dyr[j] - dot);
     }
   });
 }

@@ -44,4 +44,20 @@ inline float exp_clamped(float x) {
 // 1 / (1 + e^-x).
 inline float sigmoid(float x) { return 1.0f / (1.0f + exp_clamped(-x)); }
 
+// erf(x) within 1.5e-7 absolute (Abramowitz & Stegun 7.1.26):
+//   erf(|x|) = 1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e^{-x^2},
+//   t = 1 / (1 + p |x|),
+// odd in x. PyTorch's vectorized CPU erf (ATen's Vectorized<float>::erf,
+// which its exact GELU runs through) uses the same formula. No branches, so
+// a loop over it vectorizes where std::erf is a call per element.
+inline float erf_fast(float x) {
+  constexpr float p = 0.3275911f;
+  constexpr float a1 = 0.254829592f, a2 = -0.284496736f, a3 = 1.421413741f, a4 = -1.453152027f, a5 = 1.061405429f;
+  const float ax = x < 0 ? -x : x;
+  const float t = 1.0f / (1.0f + p * ax);
+  const float poly = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5))));
+  const float r = 1.0f - poly * exp_clamped(-ax * ax);
+  return x < 0 ? -r : r;
+}
+
 }  // namespace dlplan::exec::cpu

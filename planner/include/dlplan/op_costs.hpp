@@ -56,7 +56,9 @@ struct OpCostLookup {
 // generic SSE one (exec/blas_core.hpp: 4x the GEMM rate on an Emerald Rapids
 // Xeon).
 // 6: clip's backward (ReLU6, hardtanh) vectorized: a branch per element before.
-constexpr int kCpuKernelRevision = 6;
+// 7: the exact (erf) GELU vectorized and on the rank's threads: a std::erf
+// call per element before.
+constexpr int kCpuKernelRevision = 7;
 
 // An op kind's time against its work, fitted over the ops calibration timed
 // (its own sweep of the zoo, and the model's ops under --model):
