@@ -104,7 +104,7 @@ OPS = {
     "softmax": (1, {}),
     "causal_mask": (1, {"value": _REQUIRED, "fill": False, "query_axis": _DERIVED}),
     "alibi": (1, {}),
-    "rope": (1, {"theta": 10000.0}),
+    "rope": (1, {"theta": 10000.0, "interleaved": False, "position_axis": -2}),
     "scale": (1, {"shape": _REQUIRED, "offset": 0.0}),
     "affine": (1, {"scale": 1.0, "shift": 0.0}),
     "pow": (1, {"exponent": _REQUIRED}),
@@ -731,13 +731,20 @@ class IRModule(nn.Module):
             return torch.matmul(x, xs[1])
         if op == "softmax":
             return torch.softmax(x, dim=-1)
-        if op == "rope":  # rotate-half RoPE on [..., T, d] (GPT-NeoX's, Falcon's, outside attention)
-            T, d = x.shape[-2], x.shape[-1]
+        if op == "rope":  # RoPE outside attention: rotate-half (GPT-NeoX's, Falcon's) or interleaved (GPT-J's)
+            pa, d = int(a.get("position_axis", -2)), x.shape[-1]
+            T = x.shape[pa]
             inv_freq = 1.0 / (float(a["theta"]) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
             ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
-            cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
-            sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
-            return x * cos + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
+            if a.get("interleaved", False):  # pairs (2i, 2i + 1): rotate_every_two, tables repeat_interleave'd
+                cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+                rot = torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+            else:
+                cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+                rot = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
+            shape = [T] + [1] * (-pa - 2) + [d]  # the tables broadcast over the axes between T and d
+            cos, sin = cos.reshape(shape).to(x.dtype), sin.reshape(shape).to(x.dtype)
+            return x * cos + rot * sin
         if op == "alibi":  # head h adds slope_h * j at key j (BLOOM's alibi tensor)
             H, Tk = x.shape[-3], x.shape[-1]
             slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32, device=x.device)

@@ -188,11 +188,21 @@ void alibi_backward(OpContext& c) {
 }
 
 namespace {
-// Rotates each [T, d] block of `in` into `out` (+=, or = when `assign`), by
-// the angle or its negative (the transpose: `inverse`).
+// Rotates x [outer, T, inner, d] (T: the attribute position_axis; inner: the
+// axes between it and d, which share the position's angle) from `in` into
+// `out` (+=, or = when `assign`), by the angle or its negative (the
+// transpose: `inverse`). Pairs (i, i + d/2), or (2i, 2i + 1) when
+// interleaved; pair i turns by t / theta^(2i/d) at position t.
 void rotate_pairs(const OpContext& c, const float* in, float* out, bool inverse, bool assign) {
   const Shape& s = in_shape(c, 0);
-  const int64_t d = s.back(), T = s[s.size() - 2], half = d / 2, blocks = c.batch * numel(s) / (T * d);
+  const auto rank = static_cast<int64_t>(s.size());
+  const int64_t axis = rank + c.node->attrs.integer("position_axis");
+  const int64_t d = s.back(), T = s[static_cast<size_t>(axis)], half = d / 2;
+  int64_t inner = 1;
+  for (int64_t k = axis + 1; k + 1 < rank; ++k) inner *= s[static_cast<size_t>(k)];
+  const int64_t outer = c.batch * numel(s) / (T * inner * d);
+  const bool interleaved = c.node->attrs.flag("interleaved");
+  const int64_t step = interleaved ? 2 : 1, other = interleaved ? 1 : half;  // pair i: (i step, i step + other)
   const double theta = c.node->attrs.number("theta");
   std::vector<float> cs(static_cast<size_t>(T * half)), sn(static_cast<size_t>(T * half));
   for (int64_t t = 0; t < T; ++t)
@@ -201,18 +211,21 @@ void rotate_pairs(const OpContext& c, const float* in, float* out, bool inverse,
       cs[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(angle));
       sn[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(angle)) * (inverse ? -1.0f : 1.0f);
     }
-  parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q)
-      for (int64_t t = 0; t < T; ++t) {
-        const float* x = in + (q * T + t) * d;
-        float* y = out + (q * T + t) * d;
+  parallel_for(outer * T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t t = row % T;
+      for (int64_t h = 0; h < inner; ++h) {
+        const float* x = in + (row * inner + h) * d;
+        float* y = out + (row * inner + h) * d;
         for (int64_t i = 0; i < half; ++i) {
           const float co = cs[static_cast<size_t>(t * half + i)], si = sn[static_cast<size_t>(t * half + i)];
-          const float a = x[i] * co - x[i + half] * si, b = x[i + half] * co + x[i] * si;
-          y[i] = assign ? a : y[i] + a;
-          y[i + half] = assign ? b : y[i + half] + b;
+          const int64_t u = i * step, v = u + other;
+          const float a = x[u] * co - x[v] * si, b = x[v] * co + x[u] * si;
+          y[u] = assign ? a : y[u] + a;
+          y[v] = assign ? b : y[v] + b;
         }
       }
+    }
   });
 }
 }  // namespace

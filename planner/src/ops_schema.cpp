@@ -162,8 +162,13 @@ const std::vector<OpSpec>& op_table() {
       // Rotary position embedding outside an attention pattern (GPT-NeoX's,
       // Falcon's), rotate-half form on x [..., T, d]: for position t and
       // i < d/2, angle t theta^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2}
-      // sin, x_{i+d/2} cos + x_i sin). Keeps nothing (the tables are constants).
-      {OpKind::rope, "rope", 1, {{"theta", T::number, 10000.0}}},
+      // sin, x_{i+d/2} cos + x_i sin). `interleaved` (GPT-J's, CodeGen's
+      // rotate_every_two): the pairs are (x_2i, x_2i+1) instead. The positions
+      // are axis `position_axis` of x (counted from the end; -2, or -3 for
+      // GPT-J's [T, H, d], whose axes between it and d share its angle).
+      // Keeps nothing (the tables are constants).
+      {OpKind::rope, "rope", 1,
+       {{"theta", T::number, 10000.0}, {"interleaved", T::boolean, false}, {"position_axis", T::integer, -2}}},
       // x times a learned tensor of per-sample shape `shape` that broadcasts
       // to x's (ConvNeXt's layer_scale gamma [C, 1, 1], CaiT's LayerScale), plus
       // `offset`: x (w + offset), w starting at 0 when offset is 1 (a written-
@@ -708,8 +713,11 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::rope: {
       const auto& x = expect_rank(m, n, 0, 2, any_rank, "[..., T, d]", fail);
       expect_float(x, fail);
-      if (x.shape.back() % 2 != 0) fail("input '{}' {}: d must be even (pairs d/2 apart)", x.name, to_string(x.shape));
+      if (x.shape.back() % 2 != 0) fail("input '{}' {}: d must be even (pairs of features)", x.name, to_string(x.shape));
       if (!(n.attrs.number("theta") > 0)) fail("theta must be positive");
+      const int64_t pa = n.attrs.integer("position_axis");
+      if (pa > -2 || pa < -static_cast<int64_t>(x.shape.size()))
+        fail("position_axis {} is not an axis before the last of '{}' {}", pa, x.name, to_string(x.shape));
       out.shape = x.shape;
       break;
     }

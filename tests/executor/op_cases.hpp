@@ -258,6 +258,10 @@ inline std::vector<OpCase> op_cases() {
   // RoPE outside an attention (GPT-NeoX): [heads 2, T 3, d 4], a small theta
   // so that every pair turns visibly
   v.push_back(unary("rope", arr({2, 3, 4}), Json{{"op", "rope"}, {"theta", 3.0}}));
+  // GPT-J's interleaved pairs (2i, 2i + 1) on [T 3, heads 2, d 6]: the
+  // positions' axis is -3, and both heads of a position share its angles
+  v.push_back(unary("rope_interleaved", arr({3, 2, 6}),
+                    Json{{"op", "rope"}, {"theta", 3.0}, {"interleaved", true}, {"position_axis", -3}}));
   for (const auto& [name, a, b] : {std::tuple{"matmul", arr({3, 4}), arr({4, 2})},
                                    std::tuple{"matmul_batched", arr({2, 3, 4}), arr({2, 4, 5})},
                                    std::tuple{"matmul_broadcast", arr({2, 3, 4}), arr({1, 4, 5})},

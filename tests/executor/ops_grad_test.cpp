@@ -680,6 +680,32 @@ TEST(OpBackward, ClipPassesTheGradientStrictlyInsideItsBounds) {
   }
 }
 
+// rope with interleaved pairs on x [T 3, H 2, d 4] (GPT-J's layout; the
+// positions are axis -3), against the definition written out here in double:
+// pair i of position t turns (x_2i, x_2i+1) by t theta^(-2i/d), the same angle
+// for both heads.
+TEST(OpForward, RopeInterleavedTurnsPairsByPosition) {
+  const double theta = 3.0;
+  OpCase c = unary("rope_pairs", Json::array({3, 2, 4}),
+                   Json{{"op", "rope"}, {"theta", theta}, {"interleaved", true}, {"position_axis", -3}});
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  OpRun r = make_run(c, alloc, 2);
+  const int64_t n = r.ctx.in[0].numel();
+  for (int64_t e = 0; e < n; ++e) r.ctx.in[0].f()[e] = static_cast<float>(std::sin(0.7 * static_cast<double>(e) + 0.3));
+  forward(*be, r);
+  const float* x = r.ctx.in[0].f();
+  for (int64_t s = 0; s < 2; ++s)
+    for (int64_t t = 0; t < 3; ++t)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 2; ++i) {
+          const int64_t at = ((s * 3 + t) * 2 + h) * 4 + 2 * i;
+          const double a = static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / 4.0);
+          EXPECT_NEAR(r.ctx.out.f()[at], x[at] * std::cos(a) - x[at + 1] * std::sin(a), 1e-6) << s << " " << t << " " << h;
+          EXPECT_NEAR(r.ctx.out.f()[at + 1], x[at + 1] * std::cos(a) + x[at] * std::sin(a), 1e-6) << s << " " << t << " " << h;
+        }
+}
+
 // transpose against the definition: y[s, a1, a2, a0] = x[s, a0, a1, a2] for
 // perm [1, 2, 0], element by element over two samples.
 TEST(OpForward, TransposeMatchesTheDefinition) {

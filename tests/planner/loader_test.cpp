@@ -9,6 +9,7 @@
 #include "dlplan/loader.hpp"
 #include "dlplan/ops.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -407,6 +408,23 @@ TEST(LoaderError, ConvOnWrongRank) {
   J ir = base();
   ir["nodes"][0] = {{"name", "fc"}, {"op", "conv2d"}, {"in", {"x"}}, {"out", 4}, {"kernel", 1}};
   expect_error(ir, {"node 'fc'", "input 'x' has shape [8]", "[C, H, W]"});
+}
+
+// rope's positions are an axis before the features' (the last).
+TEST(LoaderError, RopePositionAxisMustPrecedeTheFeatures) {
+  for (int axis : {-1, 0, -4}) {
+    J ir = J::parse(R"({
+      "inputs": {"x": {"shape": [3, 2, 4], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+      "nodes": [
+        {"name": "rot", "op": "rope", "in": ["x"], "interleaved": true},
+        {"name": "flat", "op": "flatten", "in": ["rot"]},
+        {"name": "head", "op": "linear", "in": ["flat"], "out": 2},
+        {"name": "loss", "op": "cross_entropy", "in": ["head", "label"]}
+      ]
+    })");
+    node(ir, "rot")["position_axis"] = axis;
+    expect_error(ir, {"node 'rot'", fmt::format("position_axis {} is not an axis before the last", axis)});
+  }
 }
 
 // ---- graph structure ---------------------------------------------------------
