@@ -568,6 +568,14 @@ class Importer {
     return hint;
   }
 
+  // Why shapes are missing, where shape inference did not run or stopped
+  // (a Loop's subgraph: torch.repeat_interleave exports as one).
+  std::string inference_hint() const {
+    for (const auto& n : notes_pre_)
+      if (n.rfind("ONNX shape inference", 0) == 0) return "; " + n;
+    return "";
+  }
+
   // An op the importer does not map (or a MatMul of two activations outside
   // a recognised attention): planned as the IR's `opaque` op, with
   // its output (the shape ONNX shape inference gives) and every data input
@@ -583,8 +591,9 @@ class Importer {
     if (!out || ps.empty() || std::any_of(ps.begin(), ps.end(), [](int64_t d) { return d <= 0; }))
       fail(fmt::format(
           "{}: op '{}' is not supported, and ONNX shape inference does not give its output's shape{}, so "
-          "it cannot be planned even as an opaque op{}",
-          label(n, i), key, out ? fmt::format(" (got [{}])", fmt::join(*out, ", ")) : "", attention_hint()));
+          "it cannot be planned even as an opaque op{}{}",
+          label(n, i), key, out ? fmt::format(" (got [{}])", fmt::join(*out, ", ")) : "", attention_hint(),
+          inference_hint()));
     if (!is_float(g_.dtype(n.output(0))))
       fail(
           fmt::format("{}: op '{}' is not supported, and its output is not floating point, so it cannot be planned "
@@ -2032,6 +2041,9 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
   for (const auto& t : model.graph().initializer()) inits.insert(t.name());
   auto pre = bind_symbolic_dims(*model.mutable_graph(), inits, path, opt);
 
+  if (const int lowered = lower_repeat_interleave_loops(model); lowered > 0)
+    pre.push_back(fmt::format("{} Loop node{} of torch.repeat_interleave planned as Unsqueeze, Expand and Reshape",
+                              lowered, lowered == 1 ? "" : "s"));
   if (const int lowered = lower_einsum_matmuls(model); lowered > 0)
     pre.push_back(fmt::format("{} Einsum node{} of a batched matrix product planned as MatMul", lowered,
                               lowered == 1 ? "" : "s"));

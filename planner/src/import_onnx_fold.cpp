@@ -195,6 +195,73 @@ std::optional<Const> gather(const onnx::NodeProto& n, const Const& x, const Cons
   return out;
 }
 
+// out[i] = x[i with its axis coordinate replaced by idx[i]]; out has idx's
+// shape, which is no larger than x's on any other axis (ONNX GatherElements:
+// torch.gather, GPT-J's sin/cos rows picked by position).
+std::optional<Const> gather_elements(const onnx::NodeProto& n, const Const& x, const Const& idx) {
+  const size_t rank = x.shape.size();
+  if (rank == 0 || idx.shape.size() != rank || static_cast<int64_t>(idx.v.size()) != count(idx.shape)) return std::nullopt;
+  const int64_t axis = normalize_axis(attr_int(n, "axis", 0), rank);
+  if (axis < 0 || axis >= static_cast<int64_t>(rank)) return std::nullopt;
+  for (size_t d = 0; d < rank; ++d)
+    if (idx.shape[d] < 0 || (static_cast<int64_t>(d) != axis && idx.shape[d] > x.shape[d])) return std::nullopt;
+  Const out{idx.shape, std::vector<double>(idx.v.size()), x.type};
+  for (int64_t e = 0, total = count(idx.shape); e < total; ++e) {
+    int64_t rest = e, at = 0, stride = 1;
+    for (size_t d = rank; d-- > 0;) {
+      int64_t c = rest % idx.shape[d];
+      rest /= idx.shape[d];
+      if (static_cast<int64_t>(d) == axis) {
+        c = to_i64(idx.v[static_cast<size_t>(e)]);
+        if (c < 0) c += x.shape[d];
+        if (c < 0 || c >= x.shape[d]) return std::nullopt;
+      }
+      at += c * stride;
+      stride *= x.shape[d];
+    }
+    out.v[static_cast<size_t>(e)] = x.v[static_cast<size_t>(at)];
+  }
+  return out;
+}
+
+// Split's parts along its axis, as `sizes` says (the input "split", opset
+// 13+; the attribute before), else equal parts, one per output.
+std::optional<std::vector<Const>> split(const onnx::NodeProto& n, const Const& x, const Const* sizes) {
+  const size_t rank = x.shape.size();
+  if (rank == 0 || n.output_size() < 1) return std::nullopt;
+  const int64_t axis = normalize_axis(attr_int(n, "axis", 0), rank);
+  if (axis < 0 || axis >= static_cast<int64_t>(rank)) return std::nullopt;
+  const int64_t dim = x.shape[static_cast<size_t>(axis)];
+  std::vector<int64_t> parts;
+  if (sizes) parts = ints_of(sizes);
+  else
+    for (const auto& a : n.attribute())
+      if (a.name() == "split") parts.assign(a.ints().begin(), a.ints().end());
+  if (parts.empty()) {
+    if (dim % n.output_size() != 0) return std::nullopt;
+    parts.assign(static_cast<size_t>(n.output_size()), dim / n.output_size());
+  }
+  if (static_cast<int>(parts.size()) != n.output_size() ||
+      std::accumulate(parts.begin(), parts.end(), int64_t{0}) != dim ||
+      std::any_of(parts.begin(), parts.end(), [](int64_t p) { return p < 0; }))
+    return std::nullopt;
+  const int64_t outer = count(Dims(x.shape.begin(), x.shape.begin() + axis));
+  const int64_t inner = count(Dims(x.shape.begin() + axis + 1, x.shape.end()));
+  std::vector<Const> out;
+  int64_t first = 0;
+  for (int64_t part : parts) {
+    Const c{x.shape, {}, x.type};
+    c.shape[static_cast<size_t>(axis)] = part;
+    for (int64_t o = 0; o < outer; ++o) {
+      const auto from = x.v.begin() + (o * dim + first) * inner;
+      c.v.insert(c.v.end(), from, from + part * inner);
+    }
+    out.push_back(std::move(c));
+    first += part;
+  }
+  return out;
+}
+
 std::optional<Const> concat(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
   const size_t rank = in[0]->shape.size();
   const int64_t axis = normalize_axis(attr_int(n, "axis", 0), rank);
@@ -233,7 +300,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
       {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
-      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}};
+      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -279,6 +346,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   }
   if (op == "Concat") return concat(n, in);
   if (op == "Gather") return gather(n, *in[0], *in[1]);
+  if (op == "GatherElements") return gather_elements(n, *in[0], *in[1]);
   if (op == "Slice") return slice(n, in);
   if (op == "Reshape") {
     Const c = *in[0];
@@ -547,8 +615,16 @@ class Folder {
     known_.clear();
     int folded = 0;
     auto* nodes = model_.mutable_graph()->mutable_node();
+    std::vector<std::pair<int, std::vector<onnx::NodeProto>>> inserts;
     for (int i = 0; i < nodes->size(); ++i) {
       auto& n = *nodes->Mutable(i);
+      if (n.op_type() == "Split" && (n.domain().empty() || n.domain() == "ai.onnx")) {
+        if (auto more = fold_split(g, n)) {
+          inserts.emplace_back(i, std::move(*more));
+          ++folded;
+        }
+        continue;
+      }
       if (n.op_type() == "Constant" || n.output_size() != 1 || !(n.domain().empty() || n.domain() == "ai.onnx"))
         continue;
       std::optional<Const> value;
@@ -576,20 +652,60 @@ class Folder {
       }
       if (!value || count(value->shape) > kMaxFoldedElements || !storable(value->type)) continue;
       if (static_cast<int64_t>(value->v.size()) != count(value->shape)) continue;
-      known_[n.output(0)] = *value;
-      n.clear_input();
-      n.clear_attribute();
-      n.set_op_type("Constant");
-      auto* a = n.add_attribute();
-      a->set_name("value");
-      a->set_type(onnx::AttributeProto::TENSOR);
-      *a->mutable_t() = to_tensor(*value);
+      make_constant(n, std::move(*value));
       ++folded;
     }
+    // The further parts of folded Splits, each right after its node (from
+    // the last, so that the earlier positions hold), after the walk: the
+    // Graph indexed above names nodes by position.
+    for (auto it = inserts.rbegin(); it != inserts.rend(); ++it)
+      for (size_t k = 0; k < it->second.size(); ++k) {
+        *nodes->Add() = std::move(it->second[k]);
+        for (int at = nodes->size() - 1; at > it->first + 1 + static_cast<int>(k); --at) nodes->SwapElements(at, at - 1);
+      }
     return folded;
   }
 
  private:
+  void make_constant(onnx::NodeProto& n, Const value) {
+    n.clear_input();
+    n.clear_attribute();
+    n.set_op_type("Constant");
+    auto* a = n.add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    *a->mutable_t() = to_tensor(value);
+    known_[n.output(0)] = std::move(value);
+  }
+
+  // A Split of a known value (GPT-J's sin and cos, from one table): `n`
+  // becomes the first part's Constant; the Constants of the further parts
+  // are returned, to go right after it (the order stays topological).
+  std::optional<std::vector<onnx::NodeProto>> fold_split(const Graph& g, onnx::NodeProto& n) {
+    if (n.input_size() < 1 || n.output_size() < 1) return std::nullopt;
+    const Const* x = lookup(g, n.input(0));
+    const bool sized = n.input_size() > 1 && !n.input(1).empty();
+    const Const* sizes = sized ? lookup(g, n.input(1)) : nullptr;
+    if (!x || x->type == -1 || (sized && !sizes) || !storable(x->type)) return std::nullopt;
+    auto parts = split(n, *x, sizes);
+    if (!parts) return std::nullopt;
+    for (const Const& p : *parts)
+      if (count(p.shape) > kMaxFoldedElements) return std::nullopt;
+    std::vector<onnx::NodeProto> more;
+    for (int k = 1; k < n.output_size(); ++k) {
+      onnx::NodeProto c;
+      c.set_name(fmt::format("{}/part{}", n.name(), k));
+      c.add_output(n.output(k));
+      make_constant(c, std::move((*parts)[static_cast<size_t>(k)]));
+      more.push_back(std::move(c));
+    }
+    const std::string first = n.output(0);
+    n.clear_output();
+    n.add_output(first);
+    make_constant(n, std::move((*parts)[0]));
+    return more;
+  }
+
   std::optional<Const> shape_of(const Graph& g, const onnx::NodeProto& n) const {
     if (n.input_size() < 1) return std::nullopt;
     auto s = g.shape(n.input(0));

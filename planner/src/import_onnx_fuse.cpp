@@ -162,7 +162,8 @@ struct Rotary {
   std::optional<int64_t> dim;  // partial rotary (Phi): the leading dims of each head that rotate
   std::string cos, sin;        // the two tables
   std::vector<int> nodes;      // the two Muls, the Concat, the Neg and the two Slices
-  int hi = -1, lo = -1;        // the Slices x[..., d/2:] and x[..., :d/2]
+  int hi = -1, lo = -1;        // the Slices x[..., d/2:] and x[..., :d/2] (interleaved: x[..., 1::2], x[..., ::2])
+  bool interleaved = false;
 };
 
 std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
@@ -198,64 +199,121 @@ std::optional<Rotary> rotary_at(const Graph& g, const onnx::NodeProto& add) {
   return std::nullopt;
 }
 
-// The range [start, end) a one-axis Slice with constant bounds and step 1
-// takes of its input's last axis, end clamped to the axis.
-std::optional<std::pair<int64_t, int64_t>> last_axis_range(const Graph& g, const onnx::NodeProto& n) {
+// start, end and step of a one-axis Slice of its input's last axis with
+// constant bounds (end clamped to the axis), or nothing.
+struct LastAxisSlice {
+  int64_t start, end, step;
+};
+std::optional<LastAxisSlice> last_axis_slice(const Graph& g, const onnx::NodeProto& n) {
   const auto s = g.shape(n.input(0));
   if (n.input_size() < 4 || !s || s->empty()) return std::nullopt;
   const auto st = g.values(n.input(1)), en = g.values(n.input(2)), ax = g.values(n.input(3));
   if (!st || !en || !ax || st->size() != 1 || en->size() != 1 || ax->size() != 1) return std::nullopt;
+  double step = 1;
   if (n.input_size() > 4 && !n.input(4).empty()) {
-    const auto step = g.values(n.input(4));
-    if (!step || step->size() != 1 || (*step)[0] != 1.0) return std::nullopt;
+    const auto v = g.values(n.input(4));
+    if (!v || v->size() != 1 || !((*v)[0] >= 1)) return std::nullopt;
+    step = (*v)[0];
   }
   const auto rank = static_cast<double>(s->size());
   if ((*ax)[0] != -1.0 && (*ax)[0] != rank - 1) return std::nullopt;
   const int64_t len = s->back();
   auto clamp = [&](double v) { return static_cast<int64_t>(std::clamp(v < 0 ? v + len : v, 0.0, double(len))); };
-  return std::make_pair(clamp((*st)[0]), clamp((*en)[0]));
+  return LastAxisSlice{clamp((*st)[0]), clamp((*en)[0]), static_cast<int64_t>(step)};
+}
+
+// GPT-J's and CodeGen's rotary embedding, rotate_every_two:
+//   x * cos + flatten(stack((-x[..., 1::2], x[..., ::2]), -1), -2) * sin
+// (ONNX: Reshape(Concat(Unsqueeze(Neg(Slice)), Unsqueeze(Slice)))), cos and
+// sin constants repeat_interleave'd. Not an attention pattern's rotary (that
+// is rotate-half): matched for the standalone `rope` only.
+std::optional<Rotary> interleaved_rotary_at(const Graph& g, const onnx::NodeProto& add) {
+  if (add.op_type() != "Add" || add.input_size() != 2) return std::nullopt;
+  auto made = [&](const std::string& t, const char* op) {
+    const int p = g.producer_of(t);
+    return p >= 0 && g.node(p).op_type() == op ? p : -1;
+  };
+  for (int k = 0; k < 2; ++k) {
+    const int a = made(add.input(k), "Mul"), b = made(add.input(1 - k), "Mul");
+    if (a < 0 || b < 0) continue;
+    const auto x = data_operand(g, g.node(a));
+    const auto rot = data_operand(g, g.node(b));
+    if (!x || !rot) continue;
+    const int flat = made(*rot, "Reshape");
+    const int cat = flat >= 0 ? made(g.node(flat).input(0), "Concat") : -1;
+    if (cat < 0 || g.node(cat).input_size() != 2) continue;
+    const int u0 = made(g.node(cat).input(0), "Unsqueeze"), u1 = made(g.node(cat).input(1), "Unsqueeze");
+    const int neg = u0 >= 0 ? made(g.node(u0).input(0), "Neg") : -1;
+    const int hi = neg >= 0 ? made(g.node(neg).input(0), "Slice") : -1;
+    const int lo = u1 >= 0 ? made(g.node(u1).input(0), "Slice") : -1;
+    if (hi < 0 || lo < 0 || g.node(hi).input(0) != *x || g.node(lo).input(0) != *x) continue;
+    // The pairs stacked on a new last axis, then flattened back to x's shape.
+    const auto xs = g.shape(*x), cs = g.shape(g.node(cat).output(0)), fs = g.shape(*rot);
+    if (!xs || !cs || !fs || *fs != *xs || cs->size() != xs->size() + 1 || cs->back() != 2) continue;
+    Rotary r{*x, std::nullopt, std::nullopt, other_operand(g.node(a), *x), other_operand(g.node(b), *rot),
+             {a, b, flat, cat, u0, u1, neg, hi, lo}, hi, lo, true};
+    return r;
+  }
+  return std::nullopt;
 }
 
 // Rotary position embedding outside a recognised attention (GPT-NeoX's and
-// Falcon's, whose attention is not the pattern): the IR's `rope` on x
-// [..., T, d], where every value of both tables is cos and sin of
-// t theta^(-2i/d) (to 1e-5, fp32 tables) and the halves are x[..., d/2:]
-// and x[..., :d/2]. PyTorch's two products keep only the tables (their other
-// operand needs no gradient), constants shared by the batch: per sample,
-// nothing, under both fusions.
+// Falcon's, whose attention is not the pattern; GPT-J's and CodeGen's
+// interleaved form): the IR's `rope` on x [..., T, (heads,) d], where every
+// value of both tables is cos and sin of t theta^(-2i/d) (to 1e-5, fp32
+// tables) for pair i, and the halves are x[..., d/2:] and x[..., :d/2]
+// (interleaved: x[..., 1::2] and x[..., ::2]). The tables' one axis longer
+// than 1 besides d is the positions' (GPT-J's [1, T, 1, d] on x [b, T, H, d]:
+// position_axis -3). PyTorch's two products keep only the tables (their
+// other operand needs no gradient), constants shared by the batch: per
+// sample, nothing, under both fusions.
 std::optional<Fusion> match_rope(const Graph& g, int add) {
-  const auto r = rotary_at(g, g.node(add));
+  auto r = rotary_at(g, g.node(add));
+  if (!r) r = interleaved_rotary_at(g, g.node(add));
   const auto xs = r ? g.shape(r->x) : std::nullopt;
-  if (!r || !xs || xs->size() < 2) return std::nullopt;
-  const int64_t d = xs->back(), T = (*xs)[xs->size() - 2], half = d / 2;
-  const auto cv = g.values(r->cos), sv = g.values(r->sin);
-  if (d < 4 || d % 2 != 0 || T < 2 || !cv || !sv || cv->size() < static_cast<size_t>(2 * d) ||
-      sv->size() < static_cast<size_t>(2 * d))
+  const auto ts = r ? g.shape(r->cos) : std::nullopt;
+  if (!r || !xs || xs->size() < 2 || !ts || ts->size() < 2 || ts->size() > xs->size() || g.shape(r->sin) != ts)
     return std::nullopt;
+  // The positions' axis, from the end: the table's one axis longer than 1
+  // before d (aligned with x's from the right, as broadcasting does).
+  int64_t from_end = 0;
+  for (size_t k = 2; k <= ts->size(); ++k)
+    if ((*ts)[ts->size() - k] != 1) {
+      if (from_end != 0) return std::nullopt;
+      from_end = static_cast<int64_t>(k);
+    }
+  if (from_end == 0) return std::nullopt;
+  const int64_t d = xs->back(), T = (*xs)[xs->size() - static_cast<size_t>(from_end)], half = d / 2;
+  const auto cv = g.values(r->cos), sv = g.values(r->sin);
+  if (d < 4 || d % 2 != 0 || T < 2 || ts->back() != d || (*ts)[ts->size() - static_cast<size_t>(from_end)] != T || !cv ||
+      !sv || static_cast<int64_t>(cv->size()) != T * d || static_cast<int64_t>(sv->size()) != T * d)
+    return std::nullopt;
+  // Feature i's pair (its frequency index).
+  auto pair_of = [&](int64_t i) { return r->interleaved ? i / 2 : i % half; };
   // theta from position 1's angle in the second frequency, theta^(-2/d): from
   // atan2(sin, cos), which keeps the fp32 tables' precision where acos of a
   // cosine near 1 does not; to 4 significant digits, then every value checked
-  const double angle = std::atan2((*sv)[static_cast<size_t>(d + 1)], (*cv)[static_cast<size_t>(d + 1)]);
+  const auto second = static_cast<size_t>(d + (r->interleaved ? 2 : 1));
+  const double angle = std::atan2((*sv)[second], (*cv)[second]);
   if (!(angle > 0)) return std::nullopt;
   const double estimate = std::pow(1.0 / angle, static_cast<double>(d) / 2.0);
   if (!std::isfinite(estimate) || estimate <= 1) return std::nullopt;
   const double mag = std::pow(10.0, std::floor(std::log10(estimate)) - 3);
   const double theta = std::round(estimate / mag) * mag;
-  const auto hi = last_axis_range(g, g.node(r->hi)), lo = last_axis_range(g, g.node(r->lo));
-  if (!hi || !lo || *hi != std::make_pair(half, d) || *lo != std::make_pair(int64_t{0}, half)) return std::nullopt;
+  const auto hi = last_axis_slice(g, g.node(r->hi)), lo = last_axis_slice(g, g.node(r->lo));
+  if (!hi || !lo) return std::nullopt;
+  const bool halves = !r->interleaved && hi->step == 1 && lo->step == 1 && hi->start == half && hi->end == d &&
+                      lo->start == 0 && lo->end == half;
+  const bool pairs = r->interleaved && hi->step == 2 && lo->step == 2 && hi->start == 1 && hi->end == d &&
+                     lo->start == 0 && lo->end >= d - 1;
+  if (!halves && !pairs) return std::nullopt;
   for (const bool is_sin : {false, true}) {
-    const std::string& table = is_sin ? r->sin : r->cos;
-    const auto v = g.values(table);
-    const auto s = g.shape(table);
-    if (!v || !s || s->size() < 2 || s->back() != d || (*s)[s->size() - 2] != T ||
-        static_cast<int64_t>(v->size()) != T * d)
-      return std::nullopt;
+    const auto& v = is_sin ? *sv : *cv;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < d; ++i) {
-        const double inv_freq = std::pow(theta, -static_cast<double>(2 * (i % half)) / static_cast<double>(d));
-        const double angle = static_cast<double>(t) * inv_freq;
-        if (std::fabs((*v)[static_cast<size_t>(t * d + i)] - (is_sin ? std::sin(angle) : std::cos(angle))) > 1e-5)
-          return std::nullopt;
+        const double inv_freq = std::pow(theta, -static_cast<double>(2 * pair_of(i)) / static_cast<double>(d));
+        const double a = static_cast<double>(t) * inv_freq;
+        if (std::fabs(v[static_cast<size_t>(t * d + i)] - (is_sin ? std::sin(a) : std::cos(a))) > 1e-5) return std::nullopt;
       }
   }
   Fusion f;
@@ -267,6 +325,8 @@ std::optional<Fusion> match_rope(const Graph& g, int add) {
   f.unit_source = g.node(add).name();
   f.name = g.node(add).name().empty() ? "rope" : normalize_name(g.node(add).name()) + ".rope";
   f.attrs["theta"] = theta;
+  if (r->interleaved) f.attrs["interleaved"] = true;
+  if (from_end != 2) f.attrs["position_axis"] = -from_end;
   return f;
 }
 

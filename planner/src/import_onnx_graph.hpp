@@ -136,6 +136,12 @@ int fold_shape_subgraphs(onnx::ModelProto& model, const std::string& src,
 // inference; returns how many.
 int lower_einsum_matmuls(onnx::ModelProto& model);
 
+// Rewrites each Loop that is torch.repeat_interleave of a constant count
+// along the last axis (GPT-J's and CodeGen's rotary sin and cos) as
+// Unsqueeze, Expand and Reshape (import_onnx_loops.cpp), before shape
+// inference, which a subgraph stops; returns how many.
+int lower_repeat_interleave_loops(onnx::ModelProto& model);
+
 const onnx::AttributeProto* attr(const onnx::NodeProto& n, const char* name);
 int64_t attr_int(const onnx::NodeProto& n, const char* name, int64_t def);
 double attr_float(const onnx::NodeProto& n, const char* name, double def);

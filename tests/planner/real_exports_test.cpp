@@ -80,6 +80,10 @@ const std::map<std::string, std::string> kToday = {
     {"tiny-bloom-opset17.onnx", "imports"},
     {"tiny-roberta-opset17.onnx", "imports"},
     {"tiny-gpt-bigcode-opset17.onnx", "imports"},
+    // GPT-J: its rotary tables repeat_interleave'd by a Loop (rewritten before
+    // shape inference), gathered and split at import, its rotation the IR's
+    // rope with interleaved pairs on [T, H, d]
+    {"tiny-gptj-opset17.onnx", "imports"},
     {"tiny-bert-opset17.onnx", "imports"},
     {"tiny-gpt2-opset17.onnx", "imports"},
     {"tiny-hf-vit-opset17.onnx", "imports"},
@@ -145,6 +149,7 @@ const std::map<std::string, std::string> kKnownGaps = {
     {"tiny-phi-opset17.onnx", "gelu_new written out, as GPT-2's (-36.9 %)"},
     {"tiny-gemma-opset17.onnx", "RMSNorm written out, as tiny-llama's (-18.6 %)"},
     {"tiny-albert-opset17.onnx", "ALBERT's default hidden_act is gelu_new, written out as GPT-2's (-35.0 %)"},
+    {"tiny-gptj-opset17.onnx", "GPT-J's activation is gelu_new, written out as GPT-2's (-37.3 %)"},
     // Accounted from PyTorch's pack hook (T 64, 4 heads of 32): v is a view of
     // the fused query_key_value output, and at batch 1 matmul's reshape of it
     // to [H, T, hd] is a view too, so bmm keeping it keeps that whole
@@ -269,7 +274,8 @@ TEST(RealExports, EagerFusionPlansWhatPyTorchEagerModeKeeps) {
   const std::set<std::string> written_out = {"gpt2-opset17.onnx",         "tiny-gpt2-opset17.onnx",
                                              "tiny-llama-opset17.onnx",   "tiny-mistral-opset17.onnx",
                                              "tiny-qwen2-opset17.onnx",   "tiny-phi-opset17.onnx",
-                                             "tiny-gemma-opset17.onnx",   "tiny-albert-opset17.onnx"};
+                                             "tiny-gemma-opset17.onnx",   "tiny-albert-opset17.onnx",
+                                             "tiny-gptj-opset17.onnx"};
   // Outside 5 % under eager too: GPT-NeoX's v, a view at batch 1 only (kKnownGaps).
   const std::set<std::string> known = {"tiny-gpt-neox-opset17.onnx"};
   // Where the default fusion's int32 pool indices alone miss PyTorch by more
@@ -762,6 +768,35 @@ TEST(RealExports, GemmasOffsetNormTorchGeluAndComputedRope) {
     EXPECT_EQ(fusion == FusionMode::engine ? norms : scales, 5) << to_string(fusion);
     EXPECT_EQ(m.parameter_count(), reference()["files"]["tiny-gemma-opset17.onnx"]["parameters"].get<int64_t>());
   }
+}
+
+// GPT-J: torch.repeat_interleave of its sin and cos is a Loop in the file,
+// which the importer rewrites before shape inference; the tables, gathered
+// by position and split, are folded; each layer's two rotations of q and k
+// (rotate_every_two on the first 16 of 32 features, [b, T, H, d]) are the
+// IR's rope with interleaved pairs and the positions on axis -3, between a
+// slice and a concat. Its attention stays the generic matmul and softmax
+// (the attention op rotates halves, not pairs).
+TEST(RealExports, GptjsInterleavedRopeThroughItsLoop) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 64;
+  const Model m = import_onnx(exports_dir() + "tiny-gptj-opset17.onnx", o);
+  int ropes = 0, attention = 0;
+  for (const Node& n : m.nodes) {
+    attention += n.op == OpKind::attention;
+    if (n.op != OpKind::rope) continue;
+    ++ropes;
+    EXPECT_TRUE(n.attrs.flag("interleaved")) << n.name;
+    EXPECT_EQ(n.attrs.integer("position_axis"), -3) << n.name;
+    EXPECT_EQ(n.attrs.number("theta"), 10000.0) << n.name;
+    EXPECT_EQ(m.tensor(n.inputs[0]).shape, (Shape{64, 4, 16})) << n.name;
+  }
+  EXPECT_EQ(ropes, 4);
+  EXPECT_EQ(attention, 0);
+  EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
+                         [](const std::string& s) { return s.find("2 Loop nodes of torch.repeat_interleave") == 0; }),
+            m.notes.end());
 }
 
 // torch writes its own nn.GELU(approximate="tanh") out at opset 17 (no Gelu op
