@@ -627,6 +627,7 @@ class Folder {
       }
       if (n.op_type() == "Constant" || n.output_size() != 1 || !(n.domain().empty() || n.domain() == "ai.onnx"))
         continue;
+      if (n.op_type() == "Gather" || n.op_type() == "GatherElements") check_indices(g, n);
       std::optional<Const> value;
       if (n.op_type() == "Shape" || n.op_type() == "Size") {
         value = shape_of(g, n);
@@ -667,6 +668,29 @@ class Folder {
   }
 
  private:
+  // A Gather of known indices reading past its table's axis: PyTorch would
+  // raise an index error on this input, so the import stops here with the
+  // node named (a position table read past its end: a --seq-len longer than
+  // the positions the model was made with), before it would stop later at a
+  // node with no shape.
+  void check_indices(const Graph& g, const onnx::NodeProto& n) {
+    if (n.input_size() != 2) return;
+    const Const* idx = lookup(g, n.input(1));
+    if (!idx || idx->type == -1 || !is_integral(idx->type)) return;
+    auto shape = g.shape(n.input(0));
+    if (const auto k = known_.find(n.input(0)); k != known_.end()) shape = k->second.shape;
+    if (!shape || shape->empty()) return;
+    const int64_t axis = normalize_axis(attr_int(n, "axis", 0), shape->size());
+    if (axis < 0 || axis >= static_cast<int64_t>(shape->size())) return;
+    const int64_t dim = (*shape)[static_cast<size_t>(axis)];
+    if (dim <= 0) return;
+    for (double v : idx->v)
+      if (to_i64(v) < -dim || to_i64(v) >= dim)
+        throw Error(fmt::format("{}: node '{}' ({}): index {} is outside axis {} of '{}', which has {}; a --seq-len "
+                                "longer than the positions the model was made with?",
+                                src_, n.name(), n.op_type(), to_i64(v), axis, n.input(0), dim));
+  }
+
   void make_constant(onnx::NodeProto& n, Const value) {
     n.clear_input();
     n.clear_attribute();

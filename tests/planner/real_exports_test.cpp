@@ -11,6 +11,8 @@
 // table says so, which keeps the count in the closing notes honest. Every
 // file that imports must have PyTorch's exact parameter count; its
 // activations are printed beside PyTorch's (the 5 % goal is issue 12's).
+#include "error_of.hpp"
+
 #include "dlplan/error.hpp"
 #include "dlplan/hardware.hpp"
 #include "dlplan/importers.hpp"
@@ -797,6 +799,26 @@ TEST(RealExports, GptjsInterleavedRopeThroughItsLoop) {
   EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
                          [](const std::string& s) { return s.find("2 Loop nodes of torch.repeat_interleave") == 0; }),
             m.notes.end());
+}
+
+// A --seq-len past the positions a model was exported with (128 here) reads
+// its position table, or the rotary tables computed from it, past the end:
+// the import stops at that Gather, naming it and the index, where it had
+// stopped later at a node with no shape ("op 'Gather' is not supported").
+TEST(RealExports, ASequenceLongerThanThePositionsNamesTheGather) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const auto& [file, node] : {std::pair{"tiny-gpt2-opset17.onnx", "/inner/transformer/wpe/Gather"},
+                                   std::pair{"tiny-gptj-opset17.onnx", "/inner/transformer/h.0/attn/GatherElements"},
+                                   std::pair{"tiny-llama-opset17.onnx", "/inner/model/layers.0/self_attn/Gather_3"}}) {
+    ImportOptions o;
+    o.seq_len = 256;
+    const std::string msg = dlplan::testing::error_of([&] { import_onnx(exports_dir() + file, o); });
+    EXPECT_EQ(msg.rfind(exports_dir() + file + ": node '" + node + "'", 0), 0u) << msg;
+    EXPECT_NE(msg.find("index 128 is outside"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--seq-len"), std::string::npos) << msg;
+    o.seq_len = 128;  // the longest the tables hold
+    EXPECT_NO_THROW(import_onnx(exports_dir() + file, o)) << file;
+  }
 }
 
 // torch writes its own nn.GELU(approximate="tanh") out at opset 17 (no Gelu op
