@@ -338,6 +338,12 @@ AllReduceFit fit_all_reduce(const std::vector<CollectiveSample>& samples, int ra
   return fit;
 }
 
+double time_band(const std::vector<double>& errors) {
+  double worst = 0.01;
+  for (double e : errors) worst = std::max(worst, std::fabs(e));
+  return std::min(std::ceil(worst * 100) / 100, kMaxTimeUncertainty);
+}
+
 Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, int64_t micro_batch) {
   Calibration cal;
   // GEMM shapes: the model's linears (rows = micro-batch x tokens), or a default ladder.
@@ -427,17 +433,17 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
   }
   if (!model) {
     cal.cluster.op_costs = std::make_shared<const OpCostTable>(sweep_curves(comm, backend, cal.cluster, cal.curve_checks));
-    // The band: the worst held-back model's error, at least 1 %, rounded up.
-    double band = 0.01;
+    // The band: the worst held-back model's error (time_band).
+    std::vector<double> errors;
     std::string runs;
     for (const CurveCheck& c : cal.curve_checks) {
-      band = std::max(band, std::fabs(c.error()));
+      errors.push_back(c.error());
       runs += fmt::format("{}{} at {} {:+.1f} %", runs.empty() ? "" : ", ", c.model, c.micro_batch, c.error() * 100);
     }
-    cal.cluster.device.time_uncertainty = std::ceil(band * 100) / 100;
+    cal.cluster.device.time_uncertainty = time_band(errors);
     cal.cluster.device.sources["time_uncertainty"] = fmt::format(
         "dlplan calibrate without --model on {} rank(s): the worst error of the step the simulator predicts for a sweep "
-        "model from the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent",
+        "model from the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent (at most 1000 %)",
         n, runs);
   }
   if (model) {
@@ -459,21 +465,20 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       // Within the catalog field's range (hardware.cpp: at most 1 s^0.5).
       c.device.rank_jitter = std::min(jitter, 1.0);
       std::vector<HeldBackRun> held = check_held_back(comm, backend, *model, micro_batch, c, 3, kHeldBackSeconds);
-      // The band: the worst strategy's held-back error, at least 1 % (three
-      // steps cannot vouch for better), rounded up to the percent.
-      double band = 0.01;
+      // The band: the worst strategy's held-back error (time_band).
+      std::vector<double> errors;
       std::string runs;
       for (const HeldBackRun& h : held) {
-        band = std::max(band, std::fabs(h.error()));
+        errors.push_back(h.error());
         runs += fmt::format("{}{} {:+.1f} % over {} steps", runs.empty() ? "" : ", ", to_string(h.strategy), h.error() * 100,
                             h.steps);
       }
-      band = std::ceil(band * 100) / 100;
+      const double band = time_band(errors);
       if (attempt > 1 && band >= cal.cluster.device.time_uncertainty) break;
       c.device.time_uncertainty = band;
       c.device.sources["time_uncertainty"] = fmt::format(
           "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s) ({}), "
-          "rounded up to the percent{}",
+          "rounded up to the percent (at most 1000 %){}",
           model->name, micro_batch, n, runs, attempt > 1 ? " (second attempt: the first was further off)" : "");
       cal.cluster = c;
       cal.held_back = held;

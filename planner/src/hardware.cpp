@@ -125,7 +125,7 @@ const std::vector<FieldDef>& device_fields() {
       number("comm_stall", 0, 1, true, "", false, &D::comm_stall),
       number("rank_jitter", 0, 1, true, "s^0.5", false, &D::rank_jitter),
       number("sustained_share", 1e-3, 1, true, "", false, &D::sustained_share),
-      number("time_uncertainty", 1e-3, 10, true, "", false, &D::time_uncertainty),
+      number("time_uncertainty", 1e-3, kMaxTimeUncertainty, true, "", false, &D::time_uncertainty),
       str("source", false, &D::source),
   };
   return fields;

@@ -24,6 +24,10 @@ struct CollectiveCostTable;  // collective_costs.hpp
 // (docs/gpu-time-model.md) are optional: zero means "not given", and the
 // simulator then falls back to the plain roofline (gemm_efficiency, and
 // memory_efficiency or its documented default).
+// The widest band a profile may state (+-1000 %): calibrate clamps a wider
+// held-back error to it, so that the profile it writes reads back.
+inline constexpr double kMaxTimeUncertainty = 10.0;
+
 struct DeviceSpec {
   std::string kind;                 // catalog key: "h100-80g", "cpu", ...
   std::string description;          // "NVIDIA H100 SXM 80 GB"
@@ -70,7 +74,7 @@ struct DeviceSpec {
   // GPU model's held-out validation error for a catalog GPU, calibration's
   // held-back steps for a calibrated profile (0: kDefaultTimeUncertainty,
   // planner.hpp). The recommendation's tie rule follows it.
-  double time_uncertainty = 0;
+  double time_uncertainty = 0;  // at most kMaxTimeUncertainty
 
   std::string source;               // one line: where this description comes from
   std::map<std::string, std::string> sources;  // per field: its source (every catalog figure has one)
