@@ -628,6 +628,7 @@ class Folder {
       if (n.op_type() == "Constant" || n.output_size() != 1 || !(n.domain().empty() || n.domain() == "ai.onnx"))
         continue;
       if (n.op_type() == "Gather" || n.op_type() == "GatherElements") check_indices(g, n);
+      if (n.op_type() == "Expand") check_expand(g, n);
       std::optional<Const> value;
       if (n.op_type() == "Shape" || n.op_type() == "Size") {
         value = shape_of(g, n);
@@ -689,6 +690,26 @@ class Folder {
         throw Error(fmt::format("{}: node '{}' ({}): index {} is outside axis {} of '{}', which has {}; a --seq-len "
                                 "longer than the positions the model was made with?",
                                 src_, n.name(), n.op_type(), to_i64(v), axis, n.input(0), dim));
+  }
+
+  // An Expand of a known tensor to a known shape it cannot broadcast to
+  // (ONNX's rule: each axis equal, or 1 in one of them): PyTorch's expand
+  // would raise here. BERT's token_type_ids are a buffer of the positions the
+  // model was made with, sliced to the sequence and expanded to [b, T]; a
+  // longer --seq-len leaves the slice short (Slice clamps), and the import
+  // stopped later, at the Gather that read it, with "indices ... could not
+  // evaluate". Now it stops here, naming the node and both shapes.
+  void check_expand(const Graph& g, const onnx::NodeProto& n) {
+    if (n.input_size() != 2) return;
+    const Const* x = lookup(g, n.input(0));
+    const Const* target = lookup(g, n.input(1));
+    if (!x || !target || x->type == -1 || target->type == -1 || !is_integral(target->type)) return;
+    const Const shape{ints_of(target), {}, TP::INT64};
+    if (std::any_of(shape.shape.begin(), shape.shape.end(), [](int64_t d) { return d < 0; })) return;
+    if (broadcast({x, &shape})) return;
+    throw Error(fmt::format("{}: node '{}' (Expand): cannot expand '{}' of shape [{}] to [{}]; a --seq-len longer "
+                            "than the positions the model was made with?",
+                            src_, n.name(), n.input(0), fmt::join(x->shape, ", "), fmt::join(shape.shape, ", ")));
   }
 
   void make_constant(onnx::NodeProto& n, Const value) {

@@ -821,6 +821,23 @@ TEST(RealExports, ASequenceLongerThanThePositionsNamesTheGather) {
   }
 }
 
+// BERT's token_type_ids are a buffer of the 128 positions, sliced to the
+// sequence (Slice clamps at 128) and expanded to [b, T]: past 128 the Expand
+// cannot broadcast, and the import stops there, naming both shapes, where it
+// had stopped at the Gather reading them ("indices ... could not evaluate").
+TEST(RealExports, ASequenceLongerThanBertsTokenTypesNamesTheExpand) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string file = exports_dir() + "tiny-bert-opset17.onnx";
+  ImportOptions o;
+  o.seq_len = 256;
+  const std::string msg = dlplan::testing::error_of([&] { import_onnx(file, o); });
+  EXPECT_EQ(msg.rfind(file + ": node '/inner/bert/Expand' (Expand): cannot expand", 0), 0u) << msg;
+  EXPECT_NE(msg.find("of shape [1, 128] to [1, 256]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--seq-len"), std::string::npos) << msg;
+  o.seq_len = 128;
+  EXPECT_NO_THROW(import_onnx(file, o));
+}
+
 // torch writes its own nn.GELU(approximate="tanh") out at opset 17 (no Gelu op
 // before opset 20), with the cube as x * (x * x); Hugging Face's gelu_new
 // writes torch.pow(x, 3.0). PyTorch runs the first as one op, so it is one
