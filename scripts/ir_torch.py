@@ -16,7 +16,8 @@ and gradients:
     its declaration order, planner/src/ops_decl.cpp), with these shapes:
       embedding      weight [num, dim]             (out = scale weight[ids]; no
                                                     gradient to row padding_idx)
-      pos_embedding  weight [max_len, D]           (out = x + weight[offset:offset+T])
+      pos_embedding  weight [max_len, D]           (out = x + weight[offset:offset+T]; with
+                                                    sinusoidal, none: a fixed table)
       cls_token      weight [D]                    (prepended as token 0)
       linear         weight [out, in], bias [out]  (a tied linear has no weight:
                                                     it uses the embedding's)
@@ -72,7 +73,7 @@ _NULL = object()     # optional, absent means none (linear's tie)
 # op -> (inputs, {attr: default})
 OPS = {
     "embedding": (1, {"num": _REQUIRED, "dim": _REQUIRED, "scale": 1.0, "padding_idx": _NULL, "tie": _NULL}),
-    "pos_embedding": (1, {"max_len": _DERIVED, "offset": 0}),
+    "pos_embedding": (1, {"max_len": _DERIVED, "offset": 0, "sinusoidal": _NULL, "frequency_step": _NULL}),
     "cls_token": (1, {}),
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL, "scale": _NULL}),
     "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
@@ -158,6 +159,19 @@ def alibi_slopes(heads):
     extra = 2.0 ** (-4.0 / cp)
     slopes += [extra ** (2 * k + 1) for k in range(min(cp, heads - cp))]
     return slopes
+
+
+def _sinusoidal_table(a, offset, T, D):
+    """pos_embedding's fixed table (sinusoidal): pair i's angle at position p
+    is p exp(-i frequency_step); "halves" is fairseq's / XGLM's [sin | cos],
+    "interleaved" Vaswani et al.'s sin, cos alternating. Computed as XGLM's
+    get_embedding does, in float64 here."""
+    half = D // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float64) * -float(a["frequency_step"]))
+    angles = torch.arange(offset, offset + T, dtype=torch.float64)[:, None] * freq[None, :]
+    if a["sinusoidal"] == "halves":
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(T, D)
 
 
 def _numel(shape):
@@ -265,6 +279,8 @@ def _plan(ir):
         if op == "embedding":
             out = x + (int(a["dim"]),)
         elif op == "pos_embedding":
+            if a["sinusoidal"] is not None:  # a fixed table as long as the positions read
+                a["max_len"] = int(a["offset"]) + x[0]
             if a["max_len"] is None:
                 a["max_len"] = x[0]
             out = x
@@ -467,7 +483,8 @@ class IRModule(nn.Module):
             if int(a["offset"]) + x[0] > int(a["max_len"]):
                 raise ValueError(f"node '{n.name}': sequence length {x[0]} from row {a['offset']} exceeds max_len "
                                  f"{a['max_len']}")
-            add("weight", P(int(a["max_len"]), x[1]), True)
+            if a["sinusoidal"] is None:
+                add("weight", P(int(a["max_len"]), x[1]), True)
         elif op == "cls_token":
             add("weight", P(x[1]), False)
         elif op == "linear":
@@ -645,6 +662,8 @@ class IRModule(nn.Module):
             return y * float(a["scale"]) if float(a["scale"]) != 1.0 else y
         if op == "pos_embedding":
             T, offset = x.shape[1], int(a["offset"])
+            if a["sinusoidal"] is not None:
+                return x + _sinusoidal_table(a, offset, T, x.shape[2]).to(x.dtype)
             return x + self._p(n, "weight")[offset:offset + T]
         if op == "cls_token":
             w = self._p(n, "weight")

@@ -2,6 +2,8 @@
 // tokens, flatten.
 #include "cpu/ops.hpp"
 
+#include "dlplan/ops.hpp"
+
 #include <fmt/format.h>
 
 #include <cstring>
@@ -47,7 +49,8 @@ void embedding_backward(OpContext& c) {
 
 // ---- pos_embedding -------------------------------------------------------------
 // x: [b, T, D]; table: [max_len, D]; out = x + table[offset..offset+T)
-// (offset absent: 0), or with `row` r, out[t] = x[t] + table[r] for every t.
+// (offset absent: 0), or with `row` r, out[t] = x[t] + table[r] for every t;
+// with `sinusoidal`, the table is fixed (no parameter) and computed.
 
 namespace {
 // The table row position t reads, as an offset into the table.
@@ -61,12 +64,34 @@ struct PosRows {
 };
 }  // namespace
 
+// Fixed sinusoidal positions (the `sinusoidal` attribute): rows offset ..
+// offset + T of the table ops.hpp's sinusoidal_position defines, computed in
+// double and rounded to float, as PyTorch's fp32 buffer holds them.
+std::vector<float> sinusoidal_table(const OpContext& c) {
+  const Shape& s = in_shape(c, 0);
+  const int64_t T = s[0], D = s[1];
+  const int64_t offset = c.node->attrs.has("offset") ? c.node->attrs.integer("offset") : 0;
+  const bool interleaved = c.node->attrs.text("sinusoidal") == "interleaved";
+  const double step = c.node->attrs.number("frequency_step");
+  std::vector<float> table(static_cast<size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D; ++i)
+      table[static_cast<size_t>(t * D + i)] = static_cast<float>(sinusoidal_position(interleaved, step, offset + t, i, D));
+  return table;
+}
+
 void pos_embedding_forward(OpContext& c) {
   const int64_t td = numel(in_shape(c, 0));
-  const PosRows rows(c);
   const float* x = c.in[0].f();
-  const float* w = c.params[0].f();
   float* y = c.out.f();
+  if (c.node->attrs.has("sinusoidal")) {
+    const std::vector<float> table = sinusoidal_table(c);
+    for (int64_t s = 0; s < c.batch; ++s)
+      for (int64_t i = 0; i < td; ++i) y[s * td + i] = x[s * td + i] + table[static_cast<size_t>(i)];
+    return;
+  }
+  const PosRows rows(c);
+  const float* w = c.params[0].f();
   for (int64_t s = 0; s < c.batch; ++s)
     for (int64_t i = 0; i < td; ++i) y[s * td + i] = x[s * td + i] + w[rows.at(i / rows.dim) + i % rows.dim];
 }
@@ -75,7 +100,7 @@ void pos_embedding_backward(OpContext& c) {
   const int64_t td = numel(in_shape(c, 0));
   const PosRows rows(c);
   const float* dy = c.dout.f();
-  if (float* dw = grad_or_null(c.dparams[0]))
+  if (float* dw = c.dparams.empty() ? nullptr : grad_or_null(c.dparams[0]))
     for (int64_t s = 0; s < c.batch; ++s)
       for (int64_t i = 0; i < td; ++i) dw[rows.at(i / rows.dim) + i % rows.dim] += dy[s * td + i];
   if (c.din[0].defined()) {

@@ -99,6 +99,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
                          "trains and the CUDA engine does not yet", n.name, n.attrs.text("tie"));
     if (n.op == OpKind::embedding && n.attrs.number("scale") != 1.0)
       return fmt::format("node '{}' scales its embedding by {}", n.name, n.attrs.number("scale"));
+    if (n.op == OpKind::pos_embedding && n.attrs.has("sinusoidal"))
+      return fmt::format("node '{}' adds fixed sinusoidal positions (XGLM's), which the CPU engine trains and the "
+                         "CUDA engine does not yet", n.name);
     if (n.op == OpKind::pos_embedding && n.attrs.has("row"))
       return fmt::format("node '{}' adds one row of its table at every position (BERT's token types), which the CPU "
                          "engine trains and the CUDA engine does not yet", n.name);

@@ -317,9 +317,10 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       break;
     }
     case OpKind::pos_embedding: {
-      d.params = {{"weight", n.attrs.integer("max_len") * in_shape(0)[1], true, {n.attrs.integer("max_len"), in_shape(0)[1]}}};
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = static_cast<double>(out_elems);
+      if (n.attrs.has("sinusoidal")) break;  // fixed positions: no table to learn, and add keeps nothing
+      d.params = {{"weight", n.attrs.integer("max_len") * in_shape(0)[1], true, {n.attrs.integer("max_len"), in_shape(0)[1]}}};
       break;
     }
     case OpKind::cls_token: {

@@ -46,7 +46,8 @@ const std::vector<OpSpec>& op_table() {
        {{"num", T::integer, nullptr}, {"dim", T::integer, nullptr}, {"scale", T::number, 1.0},
         {"padding_idx", T::integer, nullptr, true}, {"tie", T::text, nullptr, true}}},
       {OpKind::pos_embedding, "pos_embedding", 1,
-       {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}, {"offset", T::integer, nullptr, true}}},
+       {{"max_len", T::integer, kDerived}, {"row", T::integer, nullptr, true}, {"offset", T::integer, nullptr, true},
+        {"sinusoidal", T::text, nullptr, true}, {"frequency_step", T::number, nullptr, true}}},
       {OpKind::cls_token, "cls_token", 1, {}},
       // scale: the input's factor, out = (scale x) W^T + b (absent: 1; T5's
       // tied head reads the decoder's output times d_model^-1/2)
@@ -567,6 +568,12 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
       expect_float(x, fail);
       if (!n.attrs.has("max_len")) n.attrs.values["max_len"] = x.shape[0];
+      // (Fixed sinusoidal positions have no table to run past: theirs is as
+      // long as the sequence read from `offset` needs.)
+      if (n.attrs.has("sinusoidal") && n.attrs.has("offset") && n.attrs.integer("offset") >= 0)
+        n.attrs.values["max_len"] = n.attrs.integer("offset") + x.shape[0];
+      else if (n.attrs.has("sinusoidal"))
+        n.attrs.values["max_len"] = x.shape[0];
       int64_t max_len = positive(n, "max_len", fail);
       // `row`: every position adds that one row (BERT's token-type table
       // [2, D] read with the all-zero token_type_ids it defaults to).
@@ -582,7 +589,22 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
         fail("sequence length {} exceeds the position table's max_len {}{}", x.shape[0], max_len,
              offset ? fmt::format(" (read from row {})", offset) : "");
       }
-      check_weight("the position table [max_len, D]", {max_len, x.shape[1]}, fail);
+      // `sinusoidal` ("halves" or "interleaved"): the table is fixed, not
+      // learned (ops.hpp, sinusoidal_position), pair i's frequency
+      // exp(-i frequency_step); positions offset + t.
+      if (n.attrs.has("sinusoidal")) {
+        const std::string layout = n.attrs.text("sinusoidal");
+        if (layout != "halves" && layout != "interleaved")
+          fail("sinusoidal must be \"halves\" or \"interleaved\", not \"{}\"", layout);
+        if (n.attrs.has("row")) fail("row and sinusoidal exclude each other");
+        if (!n.attrs.has("frequency_step")) fail("sinusoidal positions need frequency_step");
+        const double step = n.attrs.number("frequency_step");
+        if (!std::isfinite(step) || step < 0 || step > 100) fail("frequency_step {} is not in [0, 100]", step);
+        if (x.shape[1] % 2 != 0) fail("sinusoidal positions need an even width, not {}", x.shape[1]);
+      } else {
+        if (n.attrs.has("frequency_step")) fail("frequency_step belongs to sinusoidal positions");
+        check_weight("the position table [max_len, D]", {max_len, x.shape[1]}, fail);
+      }
       out.shape = x.shape;
       break;
     }

@@ -101,7 +101,7 @@ Cluster make_cluster(const RequestFlags& f, std::string* source) {
 // rotary positions do not, but beyond the model's context they extrapolate.
 void check_seq_len(const Model& m, int64_t seq_len, int64_t context, std::vector<std::string>& notes) {
   for (const auto& n : m.nodes)
-    if (n.op == OpKind::pos_embedding && n.attrs.has("max_len") && !n.attrs.has("row") &&
+    if (n.op == OpKind::pos_embedding && n.attrs.has("max_len") && !n.attrs.has("row") && !n.attrs.has("sinusoidal") &&
         seq_len + (n.attrs.has("offset") ? n.attrs.integer("offset") : 0) > n.attrs.integer("max_len"))
       throw UsageError(fmt::format(
           "{}: --seq-len {} exceeds the learned position table of node '{}' (max_len {}{}): a model with learned "

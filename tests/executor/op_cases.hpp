@@ -94,6 +94,13 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("pos_embedding_row", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 2}, {"row", 1}}));
   // OPT's learned positions start at row 2: rows 2..5 of a 6-row table
   v.push_back(unary("pos_embedding_offset", arr({4, 3}), Json{{"op", "pos_embedding"}, {"max_len", 6}, {"offset", 2}}));
+  // Fixed sinusoidal positions, no table to learn: XGLM's halves from row 2
+  // (fairseq's step ln(10000) / (D/2 - 1)) and Vaswani's interleaved pairs
+  v.push_back(unary("pos_embedding_sinusoidal", arr({5, 4}),
+                    Json{{"op", "pos_embedding"}, {"sinusoidal", "halves"}, {"offset", 2},
+                         {"frequency_step", std::log(10000.0) / 1.0}}));
+  v.push_back(unary("pos_embedding_sinusoidal_interleaved", arr({5, 4}),
+                    Json{{"op", "pos_embedding"}, {"sinusoidal", "interleaved"}, {"frequency_step", std::log(10000.0) / 2.0}}));
   v.push_back(unary("cls_token", arr({4, 3}), Json{{"op", "cls_token"}}));
   v.push_back(unary("linear", arr({2, 3, 5}), Json{{"op", "linear"}, {"out", 4}}));
   v.push_back(unary("linear_nobias", arr({5}), Json{{"op", "linear"}, {"out", 3}, {"bias", false}}));

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
 
 namespace dlplan {
@@ -171,6 +172,23 @@ MoeRouting moe_routing(const Model& m, const Node& n);  // n: a moe_expert or mo
 // buckets exactly, larger ones logarithmically up to max_distance, the last
 // bucket beyond. Without bidirectional, later keys share bucket 0.
 int64_t relative_position_bucket(int64_t offset, int64_t buckets, int64_t max_distance, bool bidirectional);
+// Fixed sinusoidal positions (pos_embedding with `sinusoidal`): the value at
+// column `column` of position `position` in a table `dim` wide, pair i's
+// angle being position x exp(-i step). "halves" puts pair i's sine at column
+// i and its cosine at dim/2 + i (fairseq's and Hugging Face XGLM's
+// SinusoidalPositionalEmbedding); "interleaved" puts them at 2i and 2i + 1
+// (Vaswani et al. 2017, section 3.5; PyTorch's tutorial PositionalEncoding).
+// Vaswani's step is ln(10000) / (dim/2); fairseq's ln(10000) / (dim/2 - 1).
+double sinusoidal_position(bool interleaved, double step, int64_t position, int64_t column, int64_t dim);
+// The inverse (sinusoidal.cpp): the layout, first position and step of a
+// table [T, D] (row-major) whose every value is sinusoidal_position's to fp32
+// rounding, for a first position up to 64; nothing for any other table.
+struct SinusoidalPositions {
+  bool interleaved = false;
+  int64_t offset = 0;
+  double step = 0;
+};
+std::optional<SinusoidalPositions> match_sinusoidal_positions(const std::vector<double>& table, int64_t T, int64_t D);
 // Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.
 bool keeps_log_sum_exp(const OpDecl& d);
 // The gate blocks of a recurrent op's weights: lstm 4 (i, f, g, o), gru 3

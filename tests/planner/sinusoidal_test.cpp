@@ -1,0 +1,94 @@
+// Fixed sinusoidal positions (ops.hpp): the table pos_embedding's
+// `sinusoidal` adds, against values worked out by hand, and its inverse on
+// tables built the way their authors build them (written out here from
+// Hugging Face XGLM's get_embedding and PyTorch's tutorial PositionalEncoding,
+// in float32 as both do), with controls that must not match.
+#include "dlplan/ops.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+using namespace dlplan;
+
+namespace {
+
+// XGLMSinusoidalPositionalEmbedding.get_embedding (transformers 4.36): pair
+// i's frequency exp(-i ln(10000) / (half - 1)), [sin | cos], rows from
+// padding_idx + 1 = 2 (the first two rows are never read).
+std::vector<double> xglm_table(int64_t T, int64_t D) {
+  const int64_t half = D / 2;
+  const float emb = static_cast<float>(std::log(10000.0) / static_cast<double>(half - 1));
+  std::vector<double> v(static_cast<size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t + 2) * std::exp(static_cast<float>(i) * -emb);
+      v[static_cast<size_t>(t * D + i)] = std::sin(angle);
+      v[static_cast<size_t>(t * D + half + i)] = std::cos(angle);
+    }
+  return v;
+}
+
+// PyTorch's "Language Modeling with nn.Transformer" tutorial:
+// div_term = exp(arange(0, d, 2) * (-ln(10000) / d)); pe[:, 0::2] = sin,
+// pe[:, 1::2] = cos; rows from 0.
+std::vector<double> tutorial_table(int64_t T, int64_t D) {
+  std::vector<double> v(static_cast<size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < D; k += 2) {
+      const float div = std::exp(static_cast<float>(k) * static_cast<float>(-std::log(10000.0) / static_cast<double>(D)));
+      const float angle = static_cast<float>(t) * div;
+      v[static_cast<size_t>(t * D + k)] = std::sin(angle);
+      v[static_cast<size_t>(t * D + k + 1)] = std::cos(angle);
+    }
+  return v;
+}
+
+}  // namespace
+
+TEST(SinusoidalPositions, TheTableIsSinAndCosOfPositionTimesEachFrequency) {
+  const double s = 0.7, p = 3;
+  // halves: sin of pairs 0, 1, then cos of pairs 0, 1
+  EXPECT_DOUBLE_EQ(sinusoidal_position(false, s, 3, 0, 4), std::sin(p));
+  EXPECT_DOUBLE_EQ(sinusoidal_position(false, s, 3, 1, 4), std::sin(p * std::exp(-s)));
+  EXPECT_DOUBLE_EQ(sinusoidal_position(false, s, 3, 2, 4), std::cos(p));
+  EXPECT_DOUBLE_EQ(sinusoidal_position(false, s, 3, 3, 4), std::cos(p * std::exp(-s)));
+  // interleaved: sin, cos of pair 0, then of pair 1
+  EXPECT_DOUBLE_EQ(sinusoidal_position(true, s, 3, 0, 4), std::sin(p));
+  EXPECT_DOUBLE_EQ(sinusoidal_position(true, s, 3, 1, 4), std::cos(p));
+  EXPECT_DOUBLE_EQ(sinusoidal_position(true, s, 3, 2, 4), std::sin(p * std::exp(-s)));
+  EXPECT_DOUBLE_EQ(sinusoidal_position(true, s, 3, 3, 4), std::cos(p * std::exp(-s)));
+}
+
+TEST(SinusoidalPositions, XglmsAndTheTutorialsTablesAreRecognised) {
+  const auto xglm = match_sinusoidal_positions(xglm_table(64, 128), 64, 128);
+  ASSERT_TRUE(xglm.has_value());
+  EXPECT_FALSE(xglm->interleaved);
+  EXPECT_EQ(xglm->offset, 2);
+  EXPECT_DOUBLE_EQ(xglm->step, std::log(10000.0) / 63);  // fairseq's half - 1
+  const auto tutorial = match_sinusoidal_positions(tutorial_table(200, 64), 200, 64);
+  ASSERT_TRUE(tutorial.has_value());
+  EXPECT_TRUE(tutorial->interleaved);
+  EXPECT_EQ(tutorial->offset, 0);
+  EXPECT_DOUBLE_EQ(tutorial->step, std::log(10000.0) / 32);  // Vaswani's half
+}
+
+TEST(SinusoidalPositions, AnyOtherTableIsNot) {
+  // one value off by 1e-3 (well above fp32 rounding)
+  std::vector<double> off = xglm_table(16, 32);
+  off[5 * 32 + 7] += 1e-3;
+  EXPECT_FALSE(match_sinusoidal_positions(off, 16, 32).has_value());
+  // cos before sin: neither layout
+  std::vector<double> swapped = xglm_table(16, 32);
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t i = 0; i < 16; ++i)
+      std::swap(swapped[static_cast<size_t>(t * 32 + i)], swapped[static_cast<size_t>(t * 32 + 16 + i)]);
+  EXPECT_FALSE(match_sinusoidal_positions(swapped, 16, 32).has_value());
+  // a learned table (small random values) and a shape that does not fit
+  std::vector<double> learned(16 * 32);
+  for (size_t e = 0; e < learned.size(); ++e) learned[e] = 0.02 * std::sin(static_cast<double>(e * e));
+  EXPECT_FALSE(match_sinusoidal_positions(learned, 16, 32).has_value());
+  EXPECT_FALSE(match_sinusoidal_positions(xglm_table(16, 32), 16, 16).has_value());
+  EXPECT_FALSE(match_sinusoidal_positions(xglm_table(16, 32), 8, 32).has_value());
+}
