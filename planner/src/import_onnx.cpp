@@ -20,6 +20,7 @@
 #include "dlplan/limits.hpp"
 #include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
+#include "dlplan/ops.hpp"
 
 #include <fmt/format.h>
 
@@ -1273,6 +1274,12 @@ class Importer {
       for (const auto& t : n.input())
         if (t != x && !g_.is_init(t))
           if (const auto v = g_.values(t)) {
+            if (const auto ms = g_.shape(t); op == "Add" && ms)
+              if (const auto sp = sinusoidal_table(*v, *ms, per_sample(x))) {  // XGLM's positions
+                OJson a{{"sinusoidal", sp->interleaved ? "interleaved" : "halves"}, {"frequency_step", sp->step}};
+                if (sp->offset != 0) a["offset"] = sp->offset;
+                return emit(ir_name_for(n), "pos_embedding", {ir_of(x, n, i)}, a, n.output(0), n.name());
+              }
             if (op == "Add" && is_alibi(t, *v, x))
               return emit(ir_name_for(n), "alibi", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
             if (const auto ms = g_.shape(t); op == "Add" && ms)
@@ -1295,6 +1302,21 @@ class Importer {
           }
     constant_elementwise_ += 1;
     return alias(n, i, x);
+  }
+
+  // Fixed sinusoidal positions added to x [T, D] per sample: a constant
+  // [.., T, D] whose leading axes (1, or a batch the file fixed) are copies
+  // of one table that match_sinusoidal_positions (ops.hpp) recognises.
+  static std::optional<SinusoidalPositions> sinusoidal_table(const std::vector<double>& v, const Dims& shape,
+                                                             const Dims& x) {
+    if (x.size() != 2 || shape.size() < 2 || shape[shape.size() - 2] != x[0] || shape.back() != x[1])
+      return std::nullopt;
+    const auto table = static_cast<size_t>(x[0] * x[1]);
+    if (table == 0 || v.size() % table != 0) return std::nullopt;
+    for (size_t e = table; e < v.size(); ++e)
+      if (v[e] != v[e % table]) return std::nullopt;
+    return match_sinusoidal_positions(std::vector<double>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(table)),
+                                      x[0], x[1]);
   }
 
   // Whether `bias` (values v) is ALiBi's over x's scores: x [.., H, T, Tk] per

@@ -293,9 +293,8 @@ REFUSED = {
 # trainable (Falcon was here until its key and value Gathers became slices
 # and its RoPE the IR's rope). (low, high) error.
 OPAQUE_BAND = {
-    # XGLM's sinusoidal position embedding (embed_positions): an Add of a
-    # constant, planned as an opaque op that keeps nothing, as add does.
-    "hf-xglm": (-0.05, 0.05),
+    # (XGLM's sinusoidal positions, an Add of a constant, were here until
+    # they became the IR's pos_embedding with `sinusoidal`.)
 }
 
 # Families whose batch-1 count holds a storage a larger batch does not
