@@ -1185,6 +1185,18 @@ class Importer {
     const std::string& x = first_data(n, i, data);
     if (data.size() == 2) {
       for (int k = 0; k < 2; ++k)
+        if (const auto sr = sinusoid_reads_.find(data[static_cast<size_t>(k)]); op == "Add" && sr != sinusoid_reads_.end()) {
+          const std::string& y = data[static_cast<size_t>(1 - k)];
+          const Dims ys = per_sample(y);
+          const auto ts = g_.shape(sr->first);
+          if (ys.size() != 2 || !ts || ts->size() < 2 || (*ts)[ts->size() - 2] != ys[0] || ts->back() != ys[1])
+            return unknown(n, i, data, /*keep_inputs=*/false);
+          OJson a{{"sinusoidal", sr->second.interleaved ? "interleaved" : "halves"},
+                  {"frequency_step", sr->second.step}};
+          if (sr->second.offset != 0) a["offset"] = sr->second.offset;
+          return emit(ir_name_for(n), "pos_embedding", {ir_of(y, n, i)}, a, n.output(0), n.name());
+        }
+      for (int k = 0; k < 2; ++k)
         if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)])) {
           const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
           OJson a{{"max_len", t.rows}};
@@ -1386,6 +1398,14 @@ class Importer {
   }
 
   void map_slice(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    if (data.empty())
+      if (const auto sp = sinusoidal_slice(n)) {  // PyTorch's tutorial PositionalEncoding: pe[:, :T]
+        sinusoid_reads_[n.output(0)] = *sp;
+        notes_.push_back(fmt::format("'{}' holds fixed sinusoidal positions (every value checked): planned as "
+                                     "pos_embedding with sinusoidal, a buffer, not a parameter",
+                                     n.input(0)));
+        return;
+      }
     const std::string& x = first_data(n, i, data);
     // An empty part: torch.roll by 0 along one axis (Swin's windows as tall
     // as the map) exports Slice [0, 0) and a Concat of it with the rest.
@@ -1408,6 +1428,41 @@ class Importer {
       return unknown(n, i, data);
     }
     unknown(n, i, data);
+  }
+
+  // The rows pe[:, a:b] (or pe[a:b]) of an initializer [1.., max_len, D]
+  // whose values the file holds, when they are fixed sinusoidal positions
+  // (match_sinusoidal_positions, ops.hpp; PyTorch's tutorial
+  // PositionalEncoding keeps such a buffer). Nothing for any other Slice. A
+  // stripped file holds no values, and ONNX does not tell a buffer from a
+  // parameter, so only the values decide.
+  std::optional<SinusoidalPositions> sinusoidal_slice(const onnx::NodeProto& n) const {
+    const std::string& t = n.input(0);
+    if (n.input_size() < 3 || !g_.is_init(t) || !is_float(g_.dtype(t))) return std::nullopt;
+    const Dims s = *g_.shape(t);
+    const auto rank = static_cast<int64_t>(s.size());
+    if (rank < 2 || std::any_of(s.begin(), s.end() - 2, [](int64_t d) { return d != 1; })) return std::nullopt;
+    const auto starts = g_.values(n.input(1)), ends = g_.values(n.input(2));
+    std::optional<std::vector<double>> axes, steps;
+    if (n.input_size() > 3 && !n.input(3).empty()) axes = g_.values(n.input(3));
+    if (n.input_size() > 4 && !n.input(4).empty()) steps = g_.values(n.input(4));
+    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (axes && axes->size() != 1) ||
+        (steps && (steps->size() != 1 || (*steps)[0] != 1.0)))
+      return std::nullopt;
+    const double axis = axes ? (*axes)[0] : 0.0;
+    if (axis != static_cast<double>(rank - 2) && axis != -2.0) return std::nullopt;
+    const int64_t len = s[static_cast<size_t>(rank - 2)], D = s.back();
+    auto bound = [len](double v) {  // ONNX Slice's clamping
+      if (std::isnan(v)) return int64_t{0};
+      return static_cast<int64_t>(std::clamp(v < 0 ? v + static_cast<double>(len) : v, 0.0, static_cast<double>(len)));
+    };
+    const int64_t start = bound((*starts)[0]), end = bound((*ends)[0]);
+    if (start >= end || D <= 0) return std::nullopt;
+    const auto v = g_.values(t);
+    if (!v || static_cast<int64_t>(v->size()) != len * D) return std::nullopt;
+    return match_sinusoidal_positions(
+        std::vector<double>(v->begin() + static_cast<std::ptrdiff_t>(start * D), v->begin() + static_cast<std::ptrdiff_t>(end * D)),
+        end - start, D);
   }
 
   // Split of an activation along a per-sample axis (torch.split with sizes,
@@ -1863,6 +1918,7 @@ class Importer {
   std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
+  std::map<std::string, SinusoidalPositions> sinusoid_reads_;  // rows of a sinusoidal buffer (sinusoidal_slice)
   std::map<std::string, WindowTable> window_tables_;
   std::optional<std::array<int64_t, 2>> last_window_;  // the last window_position_bias's window
   // ONNX tensor [k, b m, ...] or [k, b, ...], whose batch a Transpose moved

@@ -801,6 +801,41 @@ TEST(RealExports, GptjsInterleavedRopeThroughItsLoop) {
             m.notes.end());
 }
 
+// Fixed sinusoidal positions: XGLM's table (a Constant gathered at the
+// positions from row 2, fairseq's [sin | cos] halves) and PyTorch's tutorial
+// PositionalEncoding (a buffer pe sliced to the sequence, Vaswani's
+// interleaved pairs) are each one pos_embedding with `sinusoidal`, no
+// parameter and no opaque op; the buffer is not counted (PyTorch's count,
+// from weighted_models.py, excludes buffers).
+TEST(RealExports, SinusoidalPositionsAreOnePosEmbeddingWithoutATable) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  struct Case {
+    const char* file;
+    const char* layout;
+    int64_t offset;
+    double step;
+    int64_t parameters;
+  };
+  for (const Case& c : {Case{"weights/tiny-xglm-opset17.onnx", "halves", 2, std::log(10000.0) / 15, 20224},
+                        Case{"weights/tiny-posenc-opset17.onnx", "interleaved", 0, std::log(10000.0) / 16, 23328}}) {
+    ImportOptions o;
+    o.seq_len = 16;
+    const Model m = import_onnx(exports_dir() + c.file, o);
+    int found = 0;
+    for (const Node& n : m.nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << c.file << ": " << n.name;
+      if (n.op != OpKind::pos_embedding) continue;
+      ++found;
+      EXPECT_EQ(n.attrs.text("sinusoidal"), c.layout) << c.file;
+      EXPECT_EQ(n.attrs.has("offset") ? n.attrs.integer("offset") : 0, c.offset) << c.file;
+      EXPECT_NEAR(n.attrs.number("frequency_step"), c.step, 1e-12) << c.file;
+      EXPECT_EQ(m.tensor(n.inputs[0]).shape, (Shape{16, 32})) << c.file;
+    }
+    EXPECT_EQ(found, 1) << c.file;
+    EXPECT_EQ(m.parameter_count(), c.parameters) << c.file;
+  }
+}
+
 // A --seq-len past the positions a model was exported with (128 here) reads
 // its position table, or the rotary tables computed from it, past the end:
 // the import stops at that Gather, naming it and the index, where it had

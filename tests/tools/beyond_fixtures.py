@@ -25,6 +25,7 @@ Exit 77 (skip) without torch or torchvision.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -235,6 +236,24 @@ def _user_models():
         def forward(self, ids):
             return self.head(self.rnn(self.embed(ids))[0][:, -1])
 
+    class TutorialTransformer(nn.Module):  # PyTorch's nn.Transformer tutorial, batch first: PositionalEncoding
+        def __init__(self, d=16, max_len=64):  # (pe: 1,024 floats, which the recipe's stripping keeps)
+            super().__init__()
+            position = torch.arange(max_len).unsqueeze(1)
+            div_term = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+            pe = torch.zeros(1, max_len, d)
+            pe[0, :, 0::2] = torch.sin(position * div_term)
+            pe[0, :, 1::2] = torch.cos(position * div_term)
+            self.register_buffer("pe", pe)
+            self.d = d
+            self.embed = nn.Embedding(1000, d)
+            self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 2, 64, dropout=0.1, batch_first=True), 2)
+            self.head = nn.Linear(d, 1000)
+
+        def forward(self, ids):
+            x = self.embed(ids) * math.sqrt(self.d)
+            return self.head(self.encoder(x + self.pe[:, :x.size(1)]))
+
     def ids():
         return torch.randint(0, 1000, (1, 64))
 
@@ -242,6 +261,7 @@ def _user_models():
         "user-text-classifier": (TextClassifier, ids, True),
         "user-torch-encoder-cls": (FirstToken, ids, True),
         "user-torch-encoder-tagger": (TokenTagger, ids, True),
+        "user-tutorial-transformer": (TutorialTransformer, ids, True),
         "user-mlp-leaky-relu": (lambda: mlp(nn.LeakyReLU(0.1), nn.LeakyReLU()), lambda: torch.randn(1, 32), False),
         "user-mlp-elu-softplus-mish": (lambda: mlp(nn.ELU(), nn.Softplus(), nn.Mish(), nn.Tanh()),
                                        lambda: torch.randn(1, 32), False),
