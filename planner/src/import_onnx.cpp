@@ -1406,6 +1406,11 @@ class Importer {
                                      n.input(0)));
         return;
       }
+    if (data.empty() && g_.is_init(n.input(0)))
+      fail(fmt::format("{}: slices initializer '{}' alone, which dlplan plans only when its values are fixed "
+                       "sinusoidal positions ({}); there is no data input to plan it per sample",
+                       label(n, i), n.input(0),
+                       g_.values(n.input(0)) ? "they are not" : "the file does not hold them: stripped?"));
     const std::string& x = first_data(n, i, data);
     // An empty part: torch.roll by 0 along one axis (Swin's windows as tall
     // as the map) exports Slice [0, 0) and a Concat of it with the rest.
