@@ -25,7 +25,6 @@ Exit 77 (skip) without torch or torchvision.
 """
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -46,6 +45,8 @@ except ImportError as e:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures", "exports"))
 import make_exports  # noqa: E402  (export, saved_bytes: the fixtures' own recipe)
+sys.path.insert(0, os.path.join(HERE, "..", "fixtures", "exports", "weights"))
+import weighted_models  # noqa: E402  (the tutorial's PositionalEncoding model)
 
 # name, constructor arguments, image side. None of these is a fixture.
 MODELS = [
@@ -236,24 +237,6 @@ def _user_models():
         def forward(self, ids):
             return self.head(self.rnn(self.embed(ids))[0][:, -1])
 
-    class TutorialTransformer(nn.Module):  # PyTorch's nn.Transformer tutorial, batch first: PositionalEncoding
-        def __init__(self, d=16, max_len=64):  # (pe: 1,024 floats, which the recipe's stripping keeps)
-            super().__init__()
-            position = torch.arange(max_len).unsqueeze(1)
-            div_term = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
-            pe = torch.zeros(1, max_len, d)
-            pe[0, :, 0::2] = torch.sin(position * div_term)
-            pe[0, :, 1::2] = torch.cos(position * div_term)
-            self.register_buffer("pe", pe)
-            self.d = d
-            self.embed = nn.Embedding(1000, d)
-            self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 2, 64, dropout=0.1, batch_first=True), 2)
-            self.head = nn.Linear(d, 1000)
-
-        def forward(self, ids):
-            x = self.embed(ids) * math.sqrt(self.d)
-            return self.head(self.encoder(x + self.pe[:, :x.size(1)]))
-
     def ids():
         return torch.randint(0, 1000, (1, 64))
 
@@ -261,7 +244,10 @@ def _user_models():
         "user-text-classifier": (TextClassifier, ids, True),
         "user-torch-encoder-cls": (FirstToken, ids, True),
         "user-torch-encoder-tagger": (TokenTagger, ids, True),
-        "user-tutorial-transformer": (TutorialTransformer, ids, True),
+        # PyTorch's nn.Transformer tutorial, batch first: its PositionalEncoding
+        # (pe: 1,024 floats, which the recipe's stripping keeps), dropout 0.1
+        "user-tutorial-transformer": (lambda: weighted_models.TinyPosEnc(d=16, max_len=64, vocab=1000, heads=2,
+                                                                         dropout=0.1), ids, True),
         "user-mlp-leaky-relu": (lambda: mlp(nn.LeakyReLU(0.1), nn.LeakyReLU()), lambda: torch.randn(1, 32), False),
         "user-mlp-elu-softplus-mish": (lambda: mlp(nn.ELU(), nn.Softplus(), nn.Mish(), nn.Tanh()),
                                        lambda: torch.randn(1, 32), False),
