@@ -569,7 +569,11 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       expect_float(x, fail);
       if (!n.attrs.has("max_len")) n.attrs.values["max_len"] = x.shape[0];
       // (Fixed sinusoidal positions have no table to run past: theirs is as
-      // long as the sequence read from `offset` needs.)
+      // long as the sequence read from `offset` needs, up to 2^40 positions.)
+      constexpr int64_t kMaxPosition = int64_t{1} << 40;
+      if (n.attrs.has("sinusoidal") && n.attrs.has("offset") && n.attrs.integer("offset") > kMaxPosition)
+        fail("offset {} is past the {} positions sinusoidal positions are computed for", n.attrs.integer("offset"),
+             kMaxPosition);
       if (n.attrs.has("sinusoidal") && n.attrs.has("offset") && n.attrs.integer("offset") >= 0)
         n.attrs.values["max_len"] = n.attrs.integer("offset") + x.shape[0];
       else if (n.attrs.has("sinusoidal"))

@@ -411,6 +411,36 @@ TEST(LoaderError, ConvOnWrongRank) {
 }
 
 // rope's positions are an axis before the features' (the last).
+// Fixed sinusoidal positions: a known layout, a step, an even width, no
+// learned row, and an offset that cannot overflow the table's length.
+TEST(LoaderError, SinusoidalPositionsAreChecked) {
+  const J base = J::parse(R"({
+    "inputs": {"x": {"shape": [3, 4], "dtype": "f32"}, "label": {"shape": [], "dtype": "i32"}},
+    "nodes": [
+      {"name": "pos", "op": "pos_embedding", "in": ["x"], "sinusoidal": "halves", "frequency_step": 0.5},
+      {"name": "flat", "op": "flatten", "in": ["pos"]},
+      {"name": "head", "op": "linear", "in": ["flat"], "out": 2},
+      {"name": "loss", "op": "cross_entropy", "in": ["head", "label"]}
+    ]
+  })");
+  EXPECT_NO_THROW(parse_model(base, "good.json"));
+  J ir = base;
+  node(ir, "pos")["sinusoidal"] = "spiral";
+  expect_error(ir, {"node 'pos'", "sinusoidal must be \"halves\" or \"interleaved\""});
+  ir = base;
+  node(ir, "pos").erase("frequency_step");
+  expect_error(ir, {"node 'pos'", "need frequency_step"});
+  ir = base;
+  node(ir, "pos")["offset"] = int64_t{1} << 62;
+  expect_error(ir, {"node 'pos'", "is past the"});
+  ir = base;
+  node(ir, "pos").erase("sinusoidal");
+  expect_error(ir, {"node 'pos'", "frequency_step belongs to sinusoidal positions"});
+  ir = base;
+  ir["inputs"]["x"]["shape"] = J::array({3, 5});
+  expect_error(ir, {"node 'pos'", "even width"});
+}
+
 TEST(LoaderError, RopePositionAxisMustPrecedeTheFeatures) {
   for (int axis : {-1, 0, -4}) {
     J ir = J::parse(R"({
