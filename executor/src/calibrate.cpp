@@ -443,8 +443,8 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
     cal.cluster.device.time_uncertainty = time_band(errors);
     cal.cluster.device.sources["time_uncertainty"] = fmt::format(
         "dlplan calibrate without --model on {} rank(s): the worst error of the step the simulator predicts for a sweep "
-        "model from the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent (at most 1000 %)",
-        n, runs);
+        "model from the curves, gaps and optimizer rate measured without it ({}), rounded up to the percent (at most {:.0f} %)",
+        n, runs, kMaxTimeUncertainty * 100);
   }
   if (model) {
     // The op table, then the held-back check of the profile it makes. A
@@ -478,8 +478,8 @@ Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, 
       c.device.time_uncertainty = band;
       c.device.sources["time_uncertainty"] = fmt::format(
           "dlplan calibrate --model {} --micro-batch {}: the worst held-back error of {} rank(s) ({}), "
-          "rounded up to the percent (at most 1000 %){}",
-          model->name, micro_batch, n, runs, attempt > 1 ? " (second attempt: the first was further off)" : "");
+          "rounded up to the percent (at most {:.0f} %){}",
+          model->name, micro_batch, n, runs, kMaxTimeUncertainty * 100, attempt > 1 ? " (second attempt: the first was further off)" : "");
       cal.cluster = c;
       cal.held_back = held;
       if (band <= kCalibrationRetryAbove) break;

@@ -193,14 +193,14 @@ inline constexpr double kCurveSeconds = 0.2;
 std::vector<HeldBackRun> check_held_back(Communicator& comm, Backend& backend, const Model& model, int64_t micro_batch,
                                          const Cluster& profile, int min_steps = 3, double min_seconds = 0);
 
-// `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
-// [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
 // The band a profile states from its held-back errors (relative, signed):
 // the worst |error|, at least 1 % (a few steps cannot vouch for better),
 // rounded up to the percent, at most kMaxTimeUncertainty (a busy machine's
 // collectives can put a check 10x off; the profile must still read back).
 double time_band(const std::vector<double>& errors);
 
+// `model` (may be null) supplies the GEMM shapes: each linear's [rows, in] x
+// [in, out] at `micro_batch`. Collective over `comm`: every rank calls it.
 Calibration calibrate(Communicator& comm, Backend& backend, const Model* model, int64_t micro_batch);
 
 }  // namespace dlplan::exec
