@@ -480,6 +480,13 @@ class Importer {
     return gamma;
   }
 
+  // A Slice bound on an axis of `dim` (positive step), clamped as ONNX does:
+  // negative counts from the end, then [0, dim].
+  static int64_t slice_bound(double v, int64_t dim) {
+    const double b = v < 0 ? v + static_cast<double>(dim) : v;
+    return static_cast<int64_t>(std::clamp(b, 0.0, static_cast<double>(dim)));
+  }
+
   // A Slice of one per-sample axis with a positive step and constant bounds
   // (after fold_shape_subgraphs): the axis (of the full shape), [start, end)
   // clamped as ONNX does, and the step. Nothing for any other Slice.
@@ -503,11 +510,7 @@ class Importer {
     if (axis < 0) axis += rank;
     if (axis < 1 || axis >= rank || (*s)[static_cast<size_t>(axis)] <= 0) return std::nullopt;  // not the batch axis
     const int64_t dim = (*s)[static_cast<size_t>(axis)];
-    auto bound = [dim](double v) {
-      const double b = v < 0 ? v + static_cast<double>(dim) : v;
-      return static_cast<int64_t>(std::clamp(b, 0.0, static_cast<double>(dim)));
-    };
-    const int64_t start = bound((*starts)[0]), end = bound((*ends)[0]);
+    const int64_t start = slice_bound((*starts)[0], dim), end = slice_bound((*ends)[0], dim);
     if (start >= end) return std::nullopt;
     return std::make_tuple(axis, start, end, step);
   }
@@ -1191,10 +1194,8 @@ class Importer {
           const auto ts = g_.shape(sr->first);
           if (ys.size() != 2 || !ts || ts->size() < 2 || (*ts)[ts->size() - 2] != ys[0] || ts->back() != ys[1])
             return unknown(n, i, data, /*keep_inputs=*/false);
-          OJson a{{"sinusoidal", sr->second.interleaved ? "interleaved" : "halves"},
-                  {"frequency_step", sr->second.step}};
-          if (sr->second.offset != 0) a["offset"] = sr->second.offset;
-          return emit(ir_name_for(n), "pos_embedding", {ir_of(y, n, i)}, a, n.output(0), n.name());
+          return emit(ir_name_for(n), "pos_embedding", {ir_of(y, n, i)}, sinusoidal_attrs(sr->second), n.output(0),
+                      n.name());
         }
       for (int k = 0; k < 2; ++k)
         if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)])) {
@@ -1288,9 +1289,8 @@ class Importer {
           if (const auto v = g_.values(t)) {
             if (const auto ms = g_.shape(t); op == "Add" && ms)
               if (const auto sp = sinusoidal_table(*v, *ms, per_sample(x))) {  // XGLM's positions
-                OJson a{{"sinusoidal", sp->interleaved ? "interleaved" : "halves"}, {"frequency_step", sp->step}};
-                if (sp->offset != 0) a["offset"] = sp->offset;
-                return emit(ir_name_for(n), "pos_embedding", {ir_of(x, n, i)}, a, n.output(0), n.name());
+                return emit(ir_name_for(n), "pos_embedding", {ir_of(x, n, i)}, sinusoidal_attrs(*sp), n.output(0),
+                            n.name());
               }
             if (op == "Add" && is_alibi(t, *v, x))
               return emit(ir_name_for(n), "alibi", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
@@ -1314,6 +1314,13 @@ class Importer {
           }
     constant_elementwise_ += 1;
     return alias(n, i, x);
+  }
+
+  // pos_embedding's attributes for fixed sinusoidal positions.
+  static OJson sinusoidal_attrs(const SinusoidalPositions& sp) {
+    OJson a{{"sinusoidal", sp.interleaved ? "interleaved" : "halves"}, {"frequency_step", sp.step}};
+    if (sp.offset != 0) a["offset"] = sp.offset;
+    return a;
   }
 
   // Fixed sinusoidal positions added to x [T, D] per sample: a constant
@@ -1448,20 +1455,16 @@ class Importer {
     const auto rank = static_cast<int64_t>(s.size());
     if (rank < 2 || std::any_of(s.begin(), s.end() - 2, [](int64_t d) { return d != 1; })) return std::nullopt;
     const auto starts = g_.values(n.input(1)), ends = g_.values(n.input(2));
-    std::optional<std::vector<double>> axes, steps;
-    if (n.input_size() > 3 && !n.input(3).empty()) axes = g_.values(n.input(3));
-    if (n.input_size() > 4 && !n.input(4).empty()) steps = g_.values(n.input(4));
-    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (axes && axes->size() != 1) ||
-        (steps && (steps->size() != 1 || (*steps)[0] != 1.0)))
+    const bool has_axes = n.input_size() > 3 && !n.input(3).empty(), has_steps = n.input_size() > 4 && !n.input(4).empty();
+    const auto axes = has_axes ? g_.values(n.input(3)) : std::nullopt, steps = has_steps ? g_.values(n.input(4)) : std::nullopt;
+    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (has_axes && (!axes || axes->size() != 1)) ||
+        (has_steps && (!steps || steps->size() != 1 || (*steps)[0] != 1.0)))
       return std::nullopt;
-    const double axis = axes ? (*axes)[0] : 0.0;
+    const double axis = has_axes ? (*axes)[0] : 0.0;
     if (axis != static_cast<double>(rank - 2) && axis != -2.0) return std::nullopt;
     const int64_t len = s[static_cast<size_t>(rank - 2)], D = s.back();
-    auto bound = [len](double v) {  // ONNX Slice's clamping
-      if (std::isnan(v)) return int64_t{0};
-      return static_cast<int64_t>(std::clamp(v < 0 ? v + static_cast<double>(len) : v, 0.0, static_cast<double>(len)));
-    };
-    const int64_t start = bound((*starts)[0]), end = bound((*ends)[0]);
+    if (std::isnan((*starts)[0]) || std::isnan((*ends)[0])) return std::nullopt;
+    const int64_t start = slice_bound((*starts)[0], len), end = slice_bound((*ends)[0], len);
     if (start >= end || D <= 0) return std::nullopt;
     const auto v = g_.values(t);
     if (!v || static_cast<int64_t>(v->size()) != len * D) return std::nullopt;

@@ -568,16 +568,16 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       const auto& x = expect_rank(m, n, 0, 2, 2, "[T, D]", fail);
       expect_float(x, fail);
       if (!n.attrs.has("max_len")) n.attrs.values["max_len"] = x.shape[0];
-      // (Fixed sinusoidal positions have no table to run past: theirs is as
-      // long as the sequence read from `offset` needs, up to 2^40 positions.)
-      constexpr int64_t kMaxPosition = int64_t{1} << 40;
-      if (n.attrs.has("sinusoidal") && n.attrs.has("offset") && n.attrs.integer("offset") > kMaxPosition)
-        fail("offset {} is past the {} positions sinusoidal positions are computed for", n.attrs.integer("offset"),
-             kMaxPosition);
-      if (n.attrs.has("sinusoidal") && n.attrs.has("offset") && n.attrs.integer("offset") >= 0)
-        n.attrs.values["max_len"] = n.attrs.integer("offset") + x.shape[0];
-      else if (n.attrs.has("sinusoidal"))
-        n.attrs.values["max_len"] = x.shape[0];
+      // Fixed sinusoidal positions have no table to run past: theirs is as
+      // long as the sequence read from `offset` needs, up to 2^40 positions
+      // (a negative offset is refused below, as a learned table's).
+      if (n.attrs.has("sinusoidal")) {
+        constexpr int64_t kMaxPosition = int64_t{1} << 40;
+        const int64_t from = n.attrs.has("offset") ? n.attrs.integer("offset") : 0;
+        if (from > kMaxPosition)
+          fail("offset {} is past the {} positions sinusoidal positions are computed for", from, kMaxPosition);
+        n.attrs.values["max_len"] = std::max<int64_t>(from, 0) + x.shape[0];
+      }
       int64_t max_len = positive(n, "max_len", fail);
       // `row`: every position adds that one row (BERT's token-type table
       // [2, D] read with the all-zero token_type_ids it defaults to).
