@@ -142,7 +142,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
                                            "weights/tiny-gru-opset17.onnx", "swin_t-opset17.onnx",
                                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
-                                           "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx"),
+                                           "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
+                                           "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -168,8 +169,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // token's select as a view (tiny-hf-vit),
 // Swin's shifted windows: relative position bias, mask, strided slices
 // and the qkv parts of a batch on axis 1 (tiny-swin), and attention written
-// with torch.einsum (tiny-einsum), and GPT-J's interleaved rope on [T, H, d]
-// between generic slices and concats (tiny-gptj).
+// with torch.einsum (tiny-einsum), GPT-J's interleaved rope on [T, H, d]
+// between generic slices and concats (tiny-gptj), and fixed sinusoidal
+// positions, XGLM's from a folded constant and the PyTorch tutorial's from a
+// sliced buffer (tiny-xglm, tiny-posenc: no table among the parameters).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -187,7 +190,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-lstm-opset17.onnx", "weights/tiny-bilstm-opset17.onnx",
                            "weights/tiny-gru-opset17.onnx", "tiny-hf-vit-opset17.onnx",
                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
-                           "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx"}) {
+                           "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
+                           "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
