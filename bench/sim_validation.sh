@@ -8,7 +8,7 @@
 #   2. under every strategy (ddp only on one rank), `dlplan plan --cluster
 #      profile --gpus R` predicts the step and `dlplan train` measures it
 #      (median over the steps after the first, one BLAS thread per rank on
-#      two ranks, the engine's threads on one), five times (gpt2, whose
+#      two ranks, the engine's threads on one), nine times (gpt2, whose
 #      steps take seconds, three), the strategies taking turns; the row is
 #      the median run. Progress is printed once at
 #      the end: a line per 0.1 ms step wakes mpirun's output forwarding on
@@ -30,13 +30,19 @@ models=("$@")
 [[ ${#models[@]} -gt 0 ]] || models=(tiny-mlp tiny-cnn tiny-vit tiny-gpt gpt2)
 
 # Per model: micro-batch, steps to measure, runs of each plan, extra planning
-# flags. A step of a millisecond or less moves by tens of percent from one
-# run to the next on a shared host (tiny-mlp: 0.165, 0.165, 0.217 ms for one
-# plan); the median of five runs stands on three of them.
+# flags. Each run lasts 0.3 s or more: the host's speed moves by
+# 15-20 % in spells of 0.2-1 s (docs/time.md), and 200 steps of tiny-mlp
+# (16-50 ms) fell inside one. Even so a step of a millisecond or less moves
+# by tens of percent from one run to the next on two shared cores (tiny-mlp's
+# 2-rank ddp plan, eight runs of 4,000 steps: 0.13 to 0.23 ms); the row is
+# the median of nine runs (gpt2, whose steps take seconds, of three).
 settings() {
   case "$1" in
+    tiny-mlp) echo "8 4000 9" ;;
+    tiny-cnn) echo "8 800 9" ;;
+    tiny-vit) echo "8 400 9" ;;
     gpt2) echo "2 6 3 --seq-len 128" ;;
-    *) echo "8 200 5" ;;
+    *) echo "8 200 9" ;;
   esac
 }
 

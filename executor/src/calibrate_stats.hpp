@@ -2,6 +2,7 @@
 // calibrate_ops.cpp, calibrate_held_back.cpp).
 #pragma once
 
+#include "dlplan/exec/calibrate.hpp"
 #include "dlplan/exec/communicator.hpp"
 
 #include <algorithm>
@@ -23,8 +24,8 @@ inline double slowest(Communicator& comm, double seconds) {
   return *std::max_element(all.begin(), all.end());
 }
 
-// The most steps a calibration pass times (op table, held-back check).
-inline constexpr int kMaxTimedSteps = 1000;
+// The most steps a calibration pass times: kMaxCalibrationSteps (calibrate.hpp).
+inline constexpr int kMaxTimedSteps = kMaxCalibrationSteps;
 
 // How many steps to time: at least `min_steps`, and as many as last
 // `min_seconds` at the pace of `one_step` (the ranks' mean, so that every rank

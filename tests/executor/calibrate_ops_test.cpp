@@ -154,7 +154,7 @@ TEST(HeldBack, ShortStepsAreTimedForLonger) {
   const std::vector<HeldBackRun> timed = check_held_back(*comm, *backend, m, 4, c, 5, 0.05);
   ASSERT_EQ(timed.size(), 1u);
   EXPECT_GT(timed[0].steps, 5);
-  EXPECT_LE(timed[0].steps, 1000);
+  EXPECT_LE(timed[0].steps, kMaxCalibrationSteps);
 }
 
 // calibrate --model states the worst held-back error, rounded up to the

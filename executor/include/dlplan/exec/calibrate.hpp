@@ -89,12 +89,19 @@ struct Calibration {
 inline constexpr double kCalibrationRetryAbove = 0.25;
 
 // How long calibrate --model times the op table and each held-back strategy
-// at least (5 and 3 steps at least, 1,000 at most): a step of a few
-// milliseconds or less is timed over many steps, so that its median does not
-// rest on a handful of steps that one preemption moves (tiny-mlp's 0.2 ms
-// step over 5 steps gave a table whose check was 49 % off, docs/time.md).
-inline constexpr double kOpTableSeconds = 0.5;
-inline constexpr double kHeldBackSeconds = 0.25;
+// at least (5 and 3 steps at least, kMaxCalibrationSteps at most). A step of
+// a few milliseconds or less is timed over many steps, so that its median
+// does not rest on a handful of steps that one preemption moves (tiny-mlp's
+// 0.2 ms step over 5 steps gave a table whose check was 49 % off), and over
+// seconds, not a fixed count: a shared VM's speed moves by 15-20 % in spells
+// of 0.2-1 s (one process, the same buffers: tiny-mlp's step 0.077 ms, then
+// 0.092 ms for a second, then 0.077 ms again; docs/time.md). The old cap,
+// 1,000 steps, timed that step over 80 ms, inside one spell: a table made in
+// a slow one predicted every later run 16 % too slow. Two seconds span
+// several spells, and each op's median over them is the usual speed.
+inline constexpr double kOpTableSeconds = 2.0;
+inline constexpr double kHeldBackSeconds = 0.5;
+inline constexpr int kMaxCalibrationSteps = 40000;  // a 0.05 ms step for kOpTableSeconds
 
 // The all-reduce fit t = latency + x / bandwidth, x = 2(n-1)/n S, by least
 // squares on the relative residual (weights 1/t^2). The sizes grow 4x a step
@@ -132,7 +139,7 @@ struct Contention {
 Contention contention_from(double alone, double beside, double collective, double both);
 
 // Per-op costs (op_costs.hpp): `model` trained at least `min_steps` steps,
-// and as many as last `min_seconds` (after one to set up; at most 1,000),
+// and as many as last `min_seconds` (after one to set up; at most kMaxCalibrationSteps),
 // under DDP over `comm` at `micro_batch`, fp32, every compute
 // instruction timed; each (signature, phase) row is the mean over the ops that
 // share it of their median over the steps, the slowest rank's. Collective.
@@ -186,7 +193,7 @@ inline constexpr int64_t kCurveSweepMicroBatches[] = {1, 4, 16};
 inline constexpr double kCurveSeconds = 0.2;
 
 // The held-back check: `model` trained at least `min_steps` steps and as
-// many as last `min_seconds` (after one to set up; at most 1,000)
+// many as last `min_seconds` (after one to set up; at most kMaxCalibrationSteps)
 // under each strategy the planner compares on these ranks (ddp alone on one
 // rank), at `micro_batch`, fp32 — steps the op table did not see — beside
 // what `profile` predicts for the same plan. Collective.
