@@ -15,6 +15,7 @@
 // table, a class token) is left for the importer to plan.
 #include "dlplan/error.hpp"
 #include "dlplan/ir.hpp"
+#include "dlplan/ops.hpp"
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -825,8 +826,9 @@ class Folder {
     if (auto it = g.inits.find(t); it != g.inits.end()) {
       tp = it->second;
       // A float "onnx::" initializer is torch's constant, not a parameter
-      // (Gemma's inv_freq, from which RoPE's cos and sin are computed).
-      if (!is_integral(tp->data_type()) && g.is_learned(t)) return &param_;
+      // (Gemma's inv_freq, from which RoPE's cos and sin are computed); nor
+      // is a fixed sinusoidal table (fixed_positions).
+      if (!is_integral(tp->data_type()) && g.is_learned(t) && !fixed_positions(g, t)) return &param_;
     } else if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant") {
       for (const auto& a : g.node(p).attribute()) {
         if (a.name() == "value") tp = &a.t();
@@ -849,8 +851,36 @@ class Folder {
   }
 
   onnx::ModelProto& model_;
+  // A float initializer [P, D] (leading 1s allowed) whose every value is a
+  // fixed sinusoidal position from position 0 (match_sinusoidal_positions,
+  // ops.hpp): a table no step trains, folded as a constant. RoFormer keeps
+  // its rotary sin and cos this way, in an nn.Parameter with requires_grad
+  // False that ONNX cannot tell from a trained one, so only the values
+  // decide; the note names it. A stripped file holds no values: its table
+  // stays a parameter.
+  bool fixed_positions(const Graph& g, const std::string& t) {
+    if (auto it = fixed_.find(t); it != fixed_.end()) return it->second;
+    bool fixed = false;
+    const auto s = g.shape(t);
+    if (s && s->size() >= 2 && std::all_of(s->begin(), s->end() - 2, [](int64_t d) { return d == 1; }) &&
+        count(*s) > 0 && count(*s) <= kMaxFoldedElements) {
+      const int64_t P = (*s)[s->size() - 2], D = s->back();
+      const auto v = g.values(t);
+      const auto sp = v && static_cast<int64_t>(v->size()) == P * D && P >= 2 ? match_sinusoidal_positions(*v, P, D)
+                                                                              : std::nullopt;
+      fixed = sp && sp->offset == 0;
+      if (fixed)
+        assumptions_.push_back(fmt::format(
+            "'{}' holds fixed sinusoidal positions ({} x {}, {}; every value checked): read as constants, not a "
+            "parameter (PyTorch counts it, {} values, where it is an nn.Parameter, as RoFormer's frozen table)",
+            t, P, D, sp->interleaved ? "interleaved" : "sines then cosines", P * D));
+    }
+    return fixed_[t] = fixed;
+  }
+
   const std::string& src_;
   std::map<std::string, Const> known_;
+  std::map<std::string, bool> fixed_;  // fixed_positions, once per initializer
   const Const param_{{}, {}, -1};
 
  public:

@@ -143,7 +143,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-gru-opset17.onnx", "swin_t-opset17.onnx",
                                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
                                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
-                                           "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx"),
+                                           "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
+                           "weights/tiny-roformer-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -172,7 +173,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // with torch.einsum (tiny-einsum), GPT-J's interleaved rope on [T, H, d]
 // between generic slices and concats (tiny-gptj), and fixed sinusoidal
 // positions, XGLM's from a folded constant and the PyTorch tutorial's from a
-// sliced buffer (tiny-xglm, tiny-posenc: no table among the parameters).
+// sliced buffer (tiny-xglm, tiny-posenc: no table among the parameters), and
+// RoFormer's rotary tables from a frozen parameter read as constants
+// (tiny-roformer: interleaved rope on queries and keys).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -191,7 +194,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-gru-opset17.onnx", "tiny-hf-vit-opset17.onnx",
                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
-                           "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx"}) {
+                           "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
+                           "weights/tiny-roformer-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

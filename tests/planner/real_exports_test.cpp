@@ -836,6 +836,35 @@ TEST(RealExports, SinusoidalPositionsAreOnePosEmbeddingWithoutATable) {
   }
 }
 
+// RoFormer's rotary sines and cosines are gathered from a frozen
+// nn.Parameter whose values are fixed sinusoidal positions (sines then
+// cosines, from row 0): the fold reads them as constants, so queries and keys
+// get the IR's rope with interleaved pairs (rotate_every_two), no opaque op,
+// and the plan counts PyTorch's trained parameters (22,016 less the table's
+// 64 x 8, from weighted_models.py); the note names the table.
+TEST(RealExports, AFrozenSinusoidalTableIsReadAsConstants) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model m = import_onnx(exports_dir() + "weights/tiny-roformer-opset17.onnx", o);
+  int ropes = 0;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    if (n.op != OpKind::rope) continue;
+    ++ropes;
+    EXPECT_TRUE(n.attrs.flag("interleaved")) << n.name;
+    EXPECT_DOUBLE_EQ(n.attrs.number("theta"), 10000.0) << n.name;
+  }
+  EXPECT_EQ(ropes, 4);  // queries and keys of two layers
+  EXPECT_EQ(m.parameter_count(), 22016 - 64 * 8);
+  EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
+                         [](const std::string& s) {
+                           return s.find("'inner.roformer.encoder.embed_positions.weight' holds fixed sinusoidal "
+                                         "positions (64 x 8") == 0;
+                         }),
+            m.notes.end());
+}
+
 // A --seq-len past the positions a model was exported with (128 here) reads
 // its position table, or the rotary tables computed from it, past the end:
 // the import stops at that Gather, naming it and the index, where it had

@@ -1,8 +1,9 @@
 // Fixed sinusoidal positions (ops.hpp): the table pos_embedding's
 // `sinusoidal` adds, against values worked out by hand, and its inverse on
 // tables built the way their authors build them (written out here from
-// Hugging Face XGLM's get_embedding and PyTorch's tutorial PositionalEncoding,
-// in float32 as both do), with controls that must not match.
+// Hugging Face XGLM's get_embedding, PyTorch's tutorial PositionalEncoding,
+// in float32 as both do, and RoFormer's position table), with controls that
+// must not match.
 #include "dlplan/ops.hpp"
 
 #include <gtest/gtest.h>
@@ -45,6 +46,21 @@ std::vector<double> tutorial_table(int64_t T, int64_t D) {
   return v;
 }
 
+// RoFormerSinusoidalPositionalEmbedding._init_weight (transformers 4.36), in
+// numpy's float64, stored as float32: angle pos / 10000^(2 (j // 2) / dim);
+// out[:, :dim/2] = sin of the even j, out[:, dim/2:] = cos of the odd j (the
+// same pairs); rows from 0. Its nn.Parameter is frozen.
+std::vector<double> roformer_table(int64_t T, int64_t D) {
+  std::vector<double> v(static_cast<size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < D; ++j) {
+      const double angle = static_cast<double>(t) / std::pow(10000.0, 2.0 * static_cast<double>(j / 2) / static_cast<double>(D));
+      if (j % 2 == 0) v[static_cast<size_t>(t * D + j / 2)] = static_cast<float>(std::sin(angle));
+      else v[static_cast<size_t>(t * D + D / 2 + j / 2)] = static_cast<float>(std::cos(angle));
+    }
+  return v;
+}
+
 }  // namespace
 
 TEST(SinusoidalPositions, TheTableIsSinAndCosOfPositionTimesEachFrequency) {
@@ -61,7 +77,7 @@ TEST(SinusoidalPositions, TheTableIsSinAndCosOfPositionTimesEachFrequency) {
   EXPECT_DOUBLE_EQ(sinusoidal_position(true, s, 3, 3, 4), std::cos(p * std::exp(-s)));
 }
 
-TEST(SinusoidalPositions, XglmsAndTheTutorialsTablesAreRecognised) {
+TEST(SinusoidalPositions, XglmsTheTutorialsAndRoformersTablesAreRecognised) {
   const auto xglm = match_sinusoidal_positions(xglm_table(64, 128), 64, 128);
   ASSERT_TRUE(xglm.has_value());
   EXPECT_FALSE(xglm->interleaved);
@@ -72,6 +88,14 @@ TEST(SinusoidalPositions, XglmsAndTheTutorialsTablesAreRecognised) {
   EXPECT_TRUE(tutorial->interleaved);
   EXPECT_EQ(tutorial->offset, 0);
   EXPECT_DOUBLE_EQ(tutorial->step, std::log(10000.0) / 32);  // Vaswani's half
+  const auto roformer = match_sinusoidal_positions(roformer_table(128, 32), 128, 32);
+  ASSERT_TRUE(roformer.has_value());
+  EXPECT_FALSE(roformer->interleaved);
+  EXPECT_EQ(roformer->offset, 0);
+  EXPECT_DOUBLE_EQ(roformer->step, std::log(10000.0) / 16);  // Vaswani's, in halves
+  std::vector<double> off = roformer_table(128, 32);
+  off[5 * 32 + 3] += 1e-3;  // one value of one row: a table that was trained
+  EXPECT_FALSE(match_sinusoidal_positions(off, 128, 32).has_value());
 }
 
 TEST(SinusoidalPositions, AnyOtherTableIsNot) {

@@ -281,16 +281,15 @@ USER_MODELS = _user_models()
 # interleaved rotary tables are repeat_interleave'd by a Loop and split from
 # one gathered table, were here until the importer rewrote that Loop, folded
 # GatherElements and Split, and planned the rotation as the IR's interleaved
-# rope.) MobileBERT's head multiplies by a
-# weight concatenated in the graph (Transpose of the embedding, Concat);
-# RoFormer adds sinusoidal positions computed without the batch axis; and
+# rope. RoFormer, whose rotary sines and cosines are gathered from a
+# frozen parameter, was here until the importer read a table of fixed
+# sinusoidal positions as constants.) MobileBERT's head multiplies by a
+# weight concatenated in the graph (Transpose of the embedding, Concat); and
 # Mixtral's ONNX routing (OneHot, per-expert index lists) is no IR op:
 # a Mixtral config.json plans and trains through the moe_* ops instead
 # (docs/huggingface.md).
 REFUSED = {
     "hf-mobilebert": "node '/inner/cls/predictions/Transpose' (Transpose): has no data input",
-    "hf-roformer": "node '/inner/roformer/encoder/Unsqueeze' (Unsqueeze): reshapes [64, 32] to [1, 64, 32], which "
-                   "moves the batch axis",
     "hf-mixtral": "node '/inner/model/layers.0/block_sparse_moe/OneHot' (OneHot): op 'OneHot' is not supported",
     # (nn.LSTM's classifiers were here until the IR had lstm.)
 }
@@ -314,6 +313,12 @@ AT_BATCH_2 = {"hf-codegen"}
 # so). (nn.PReLU's slope was one until PRelu became the IR's prelu.)
 PARAMS_LEFT_OUT = {}
 
+# Frozen parameters (requires_grad False) whose values are fixed sinusoidal
+# positions: the importer reads them as constants (the note names each), so
+# the plan counts PyTorch's trained parameters. RoFormer's position table
+# (make_exports.py keeps frozen parameters' data).
+FIXED_TABLES = {"hf-roformer"}
+
 
 def record(name, model, inputs, names, axes, loss, work):
     """PyTorch's parameters and saved bytes for one forward + loss, and the
@@ -324,9 +329,10 @@ def record(name, model, inputs, names, axes, loss, work):
         saved["saved_bytes_with_loss_mask_dropout"] = make_exports.saved_bytes_at_batch_2(model, inputs)[
             "saved_bytes_with_loss_mask_dropout_per_sample_at_batch_2"]
     params = sum(p.numel() for p in model.parameters())
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     path = os.path.join(work, f"{name}.onnx")
     make_exports.export(model, inputs, names, axes, path, 17)
-    return path, params, saved["saved_bytes_with_loss_mask_dropout"]
+    return path, (params, frozen), saved["saved_bytes_with_loss_mask_dropout"]
 
 
 def export(name, kwargs, side, work):
@@ -400,9 +406,9 @@ def main():
             continue
         tokens = name in HF_MODELS or (name in USER_MODELS and USER_MODELS[name][2])
         if name in USER_MODELS:
-            path, params, torch_saved = export_user(name, work)
+            path, counts, torch_saved = export_user(name, work)
         else:
-            path, params, torch_saved = export_hf(name, work) if name in HF_MODELS else export(name, kwargs, side, work)
+            path, counts, torch_saved = export_hf(name, work) if name in HF_MODELS else export(name, kwargs, side, work)
         eager, error = plan(args.dlplan, path, "eager", tokens)
         if error:
             expected = REFUSED.get(name)
@@ -418,9 +424,14 @@ def main():
         err = eager[1] / torch_saved - 1
         line = (f"{name:20s} {eager[0]:>12,d} {torch_saved:>14,d} {100 * err:>+7.1f}% "
                 f"{100 * (engine[1] / torch_saved - 1):>+7.1f}%")
-        if eager[0] != params - PARAMS_LEFT_OUT.get(name, 0):
-            failures.append(f"{name}: {eager[0]} parameters planned, PyTorch has {params}")
+        params, frozen = counts
+        if name in FIXED_TABLES and not frozen:
+            failures.append(f"{name}: no frozen parameter any more; take it out of FIXED_TABLES")
+        if eager[0] != params - PARAMS_LEFT_OUT.get(name, 0) - (frozen if name in FIXED_TABLES else 0):
+            failures.append(f"{name}: {eager[0]} parameters planned, PyTorch has {params} ({frozen} frozen)")
             line += f"  PARAMETERS: PyTorch has {params:,d}"
+        elif name in FIXED_TABLES:
+            line += f"  (PyTorch {params:,d}: its frozen table of {frozen:,d} read as constants)"
         low, high = OPAQUE_BAND.get(name, (-0.05, 0.05))
         if eager[2] != (name in OPAQUE_BAND):
             failures.append(f"{name}: {'plans' if eager[2] else 'no longer plans'} opaque ops; update OPAQUE_BAND")

@@ -122,10 +122,16 @@ def views(t):
         yield "^T", t.shape[0], lambda x: x.t().reshape(-1)
 
 
+def trained(model):
+    """The parameters a step trains: a frozen one (RoFormer's position table,
+    requires_grad False) gets no gradient, and dlplan reads it as constants."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def match(dl_params, model):
     """dlplan parameter -> (PyTorch name, label, fn): found by values, as all
     of a PyTorch tensor or a block of its rows (fused q, k, v)."""
-    torch_params = [(n, p.detach().double()) for n, p in model.named_parameters()]
+    torch_params = [(n, p.detach().double()) for n, p in trained(model)]
     found = {}
     for name, before, _ in dl_params:
         hits = []
@@ -165,8 +171,8 @@ def torch_step(model, inputs, kind, lr, perturb=None):
     target = inputs["targets"] if kind == "tokens" else inputs["label"]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     loss.backward()
-    grads = {n: p.grad.detach().double().clone() for n, p in model.named_parameters()}
-    after = {n: p.detach().double() - lr * grads[n] for n, p in model.named_parameters()}
+    grads = {n: p.grad.detach().double().clone() for n, p in trained(model)}
+    after = {n: p.detach().double() - lr * grads[n] for n, p in trained(model)}
     # The buffers the model had before the step (Gemma's rotary inv_freq is
     # made by its first forward: not state, and not in dlplan's buffers).
     bufs = [b.detach().reshape(-1).double().clone() for n, b in model.named_buffers()
