@@ -589,7 +589,8 @@ class Importer {
   void unknown(const onnx::NodeProto& n, int i, const std::vector<std::string>& data, bool keep_inputs = true) {
     const auto key = n.domain().empty() || n.domain() == "ai.onnx" ? n.op_type() : n.domain() + "." + n.op_type();
     if (data.empty())
-      fail(fmt::format("{}: op '{}' is not supported and has no data input to plan through", label(n, i), key));
+      fail(fmt::format("{}: op '{}' is not supported and has no data input to plan through{}", label(n, i), key,
+                       weights_alone(n)));
     const auto out = g_.shape(n.output(0));
     const Dims ps = per_sample(n.output(0));
     if (!out || ps.empty() || std::any_of(ps.begin(), ps.end(), [](int64_t d) { return d <= 0; }))
@@ -673,8 +674,23 @@ class Importer {
 
   // The node's first data input; an error naming the node when it has none.
   const std::string& first_data(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) const {
-    if (data.empty()) fail(fmt::format("{}: has no data input", label(n, i)));
+    if (data.empty()) fail(fmt::format("{}: has no data input{}", label(n, i), weights_alone(n)));
     return data[0];
+  }
+
+  // Why a node without a data input cannot be planned, when it reads
+  // parameters: it computes a tensor from weights alone, with no batch axis
+  // (MobileBERT's head multiplies by cat([E^T, W]), built in the graph from
+  // two parameters), and the IR holds per-sample tensors and parameters only.
+  std::string weights_alone(const onnx::NodeProto& n) const {
+    std::vector<std::string> read;
+    for (const auto& t : n.input())
+      if (!t.empty() && g_.is_learned(t)) read.push_back("'" + t + "'");
+    if (read.empty()) return "";
+    return fmt::format(": it computes from parameter{} {} alone, a tensor without the batch axis (a weight built in "
+                       "the graph, as MobileBERT's head concatenates its embedding's transpose with a second weight), "
+                       "which dlplan's per-sample IR cannot hold",
+                       read.size() > 1 ? "s" : "", fmt::join(read, ", "));
   }
 
   using Handler = void (Importer::*)(const onnx::NodeProto&, int, const std::vector<std::string>&);

@@ -289,7 +289,9 @@ USER_MODELS = _user_models()
 # a Mixtral config.json plans and trains through the moe_* ops instead
 # (docs/huggingface.md).
 REFUSED = {
-    "hf-mobilebert": "node '/inner/cls/predictions/Transpose' (Transpose): has no data input",
+    "hf-mobilebert": "node '/inner/cls/predictions/Transpose' (Transpose): has no data input: it computes from "
+                     "parameter 'inner.mobilebert.embeddings.word_embeddings.weight' alone, a tensor without the "
+                     "batch axis",
     "hf-mixtral": "node '/inner/model/layers.0/block_sparse_moe/OneHot' (OneHot): op 'OneHot' is not supported",
     # (nn.LSTM's classifiers were here until the IR had lstm.)
 }
