@@ -38,7 +38,7 @@ std::vector<HeldBackRun> check_held_back(Communicator& comm, Backend& backend, c
     if (!r || !r->fits) continue;  // ddp fitted (measure_op_costs), so only a sharded plan's runtime could not
     const PlanDocument doc = plan_from_json(nlohmann::json(plan_json(p, *r)), model.name + " (held-back check)");
     TrainOptions opt;
-    opt.steps = detail::kMaxTimedSteps + 1;  // the count is known after the first timed step
+    opt.steps = kMaxCalibrationSteps + 1;  // the count is known after the first timed step
     Trainer trainer(doc, comm, backend, opt);
     trainer.step();  // sets up, as in the op table's measurement
     std::vector<double> seconds;

@@ -46,7 +46,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
                              double min_seconds, double* rank_jitter, StepTiming* timing) {
   const PlanDocument plan = calibration_plan(model, comm.size(), micro_batch);
   TrainOptions opt;
-  opt.steps = detail::kMaxTimedSteps + 1;  // the count is known after the first timed step
+  opt.steps = kMaxCalibrationSteps + 1;  // the count is known after the first timed step
   opt.time_ops = true;
   Trainer trainer(plan, comm, backend, opt);
   trainer.step();  // the first step sets up (and its transients are not the step's)

@@ -24,12 +24,9 @@ inline double slowest(Communicator& comm, double seconds) {
   return *std::max_element(all.begin(), all.end());
 }
 
-// The most steps a calibration pass times: kMaxCalibrationSteps (calibrate.hpp).
-inline constexpr int kMaxTimedSteps = kMaxCalibrationSteps;
-
 // How many steps to time: at least `min_steps`, and as many as last
 // `min_seconds` at the pace of `one_step` (the ranks' mean, so that every rank
-// runs the same count), at most kMaxTimedSteps. A short step is timed for
+// runs the same count), at most kMaxCalibrationSteps. A short step is timed for
 // longer: tiny-mlp's 0.2 ms step, timed over 5 steps on a shared 2-core host,
 // gave op tables whose held-back check was 49 % off (docs/time.md). Collective.
 inline int steps_lasting(Communicator& comm, double one_step, int min_steps, double min_seconds) {
@@ -38,7 +35,7 @@ inline int steps_lasting(Communicator& comm, double one_step, int min_steps, dou
   pace /= comm.size();
   if (pace <= 0 || min_seconds <= 0) return min_steps;
   const double wanted = std::ceil(min_seconds / pace);
-  return std::max(min_steps, static_cast<int>(std::min<double>(wanted, kMaxTimedSteps)));
+  return std::max(min_steps, static_cast<int>(std::min<double>(wanted, kMaxCalibrationSteps)));
 }
 
 }  // namespace dlplan::exec::detail
