@@ -1204,16 +1204,6 @@ class Importer {
     const std::string& x = first_data(n, i, data);
     if (data.size() == 2) {
       for (int k = 0; k < 2; ++k)
-        if (const auto sr = sinusoid_reads_.find(data[static_cast<size_t>(k)]); op == "Add" && sr != sinusoid_reads_.end()) {
-          const std::string& y = data[static_cast<size_t>(1 - k)];
-          const Dims ys = per_sample(y);
-          const auto ts = g_.shape(sr->first);
-          if (ys.size() != 2 || !ts || ts->size() < 2 || (*ts)[ts->size() - 2] != ys[0] || ts->back() != ys[1])
-            return unknown(n, i, data, /*keep_inputs=*/false);
-          return emit(ir_name_for(n), "pos_embedding", {ir_of(y, n, i)}, sinusoidal_attrs(sr->second), n.output(0),
-                      n.name());
-        }
-      for (int k = 0; k < 2; ++k)
         if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)])) {
           const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
           OJson a{{"max_len", t.rows}};
@@ -1421,14 +1411,6 @@ class Importer {
   }
 
   void map_slice(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
-    if (data.empty())
-      if (const auto sp = sinusoidal_slice(n)) {  // PyTorch's tutorial PositionalEncoding: pe[:, :T]
-        sinusoid_reads_[n.output(0)] = *sp;
-        notes_.push_back(fmt::format("'{}' holds fixed sinusoidal positions (every value checked): planned as "
-                                     "pos_embedding with sinusoidal, a buffer, not a parameter",
-                                     n.input(0)));
-        return;
-      }
     if (data.empty() && g_.is_init(n.input(0)))
       fail(fmt::format("{}: slices initializer '{}' alone, which dlplan plans only when its values are fixed "
                        "sinusoidal positions ({}); there is no data input to plan it per sample",
@@ -1456,39 +1438,6 @@ class Importer {
       return unknown(n, i, data);
     }
     unknown(n, i, data);
-  }
-
-  // The rows pe[:, a:b] (or pe[a:b]) of an initializer [1.., max_len, D]
-  // whose values the file holds, when they are fixed sinusoidal positions
-  // (match_sinusoidal_positions, ops.hpp; PyTorch's tutorial
-  // PositionalEncoding keeps such a buffer). Nothing for any other Slice. A
-  // table of up to 2^20 values the fold has already read as constants
-  // (fixed_positions, import_onnx_fold.cpp); this reads a larger one, as the
-  // tutorial's default 5000 x 512. A stripped file holds no values, and ONNX
-  // does not tell a buffer from a parameter, so only the values decide.
-  std::optional<SinusoidalPositions> sinusoidal_slice(const onnx::NodeProto& n) const {
-    const std::string& t = n.input(0);
-    if (n.input_size() < 3 || !g_.is_init(t) || !is_float(g_.dtype(t))) return std::nullopt;
-    const Dims s = *g_.shape(t);
-    const auto rank = static_cast<int64_t>(s.size());
-    if (rank < 2 || std::any_of(s.begin(), s.end() - 2, [](int64_t d) { return d != 1; })) return std::nullopt;
-    const auto starts = g_.values(n.input(1)), ends = g_.values(n.input(2));
-    const bool has_axes = n.input_size() > 3 && !n.input(3).empty(), has_steps = n.input_size() > 4 && !n.input(4).empty();
-    const auto axes = has_axes ? g_.values(n.input(3)) : std::nullopt, steps = has_steps ? g_.values(n.input(4)) : std::nullopt;
-    if (!starts || !ends || starts->size() != 1 || ends->size() != 1 || (has_axes && (!axes || axes->size() != 1)) ||
-        (has_steps && (!steps || steps->size() != 1 || (*steps)[0] != 1.0)))
-      return std::nullopt;
-    const double axis = has_axes ? (*axes)[0] : 0.0;
-    if (axis != static_cast<double>(rank - 2) && axis != -2.0) return std::nullopt;
-    const int64_t len = s[static_cast<size_t>(rank - 2)], D = s.back();
-    if (std::isnan((*starts)[0]) || std::isnan((*ends)[0])) return std::nullopt;
-    const int64_t start = slice_bound((*starts)[0], len), end = slice_bound((*ends)[0], len);
-    if (start >= end || D <= 0) return std::nullopt;
-    const auto v = g_.values(t);
-    if (!v || static_cast<int64_t>(v->size()) != len * D) return std::nullopt;
-    return match_sinusoidal_positions(
-        std::vector<double>(v->begin() + static_cast<std::ptrdiff_t>(start * D), v->begin() + static_cast<std::ptrdiff_t>(end * D)),
-        end - start, D);
   }
 
   // Split of an activation along a per-sample axis (torch.split with sizes,
@@ -1944,7 +1893,6 @@ class Importer {
   std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
-  std::map<std::string, SinusoidalPositions> sinusoid_reads_;  // rows of a sinusoidal buffer (sinusoidal_slice)
   std::map<std::string, WindowTable> window_tables_;
   std::optional<std::array<int64_t, 2>> last_window_;  // the last window_position_bias's window
   // ONNX tensor [k, b m, ...] or [k, b, ...], whose batch a Transpose moved

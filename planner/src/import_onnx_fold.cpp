@@ -12,7 +12,9 @@
 // constants torch named "onnx::..." (Gemma's inv_freq, from which RoPE's cos
 // and sin are computed: MatMul, Transpose, Cos, Sin). A node reading a float
 // initializer named after a module (a parameter or buffer: an embedding
-// table, a class token) is left for the importer to plan.
+// table, a class token) is left for the importer to plan. A Gather or Slice
+// of a stored table too large to read whole (XGLM's positions at 2,048, a
+// causal-mask buffer) reads only the elements it takes.
 #include "dlplan/error.hpp"
 #include "dlplan/ir.hpp"
 #include "dlplan/ops.hpp"
@@ -34,6 +36,8 @@ namespace {
 using TP = onnx::TensorProto;
 
 constexpr int64_t kMaxFoldedElements = int64_t{1} << 20;
+// The most elements a stored table may have (a protobuf holds at most 2 GiB).
+constexpr int64_t kMaxTableElements = int64_t{1} << 31;
 
 struct Const {
   Dims shape;
@@ -41,13 +45,13 @@ struct Const {
   int32_t type = TP::INT64;
 };
 
-// Elements of a shape; -1 for a negative dimension, and kMaxFoldedElements + 1
-// for any count beyond it (a file's dimensions may be anything).
-int64_t count(const Dims& d) {
+// Elements of a shape; -1 for a negative dimension, and cap + 1 for any
+// count beyond cap (a file's dimensions may be anything).
+int64_t count(const Dims& d, int64_t cap = kMaxFoldedElements) {
   int64_t n = 1;
   for (auto x : d) {
     if (x < 0) return -1;
-    if (x > 0 && n > kMaxFoldedElements / x) return kMaxFoldedElements + 1;
+    if (x > 0 && n > cap / x) return cap + 1;
     n *= x;
   }
   return n;
@@ -116,9 +120,27 @@ std::optional<std::vector<int64_t>> axes_of(const onnx::NodeProto& n, const std:
 }
 
 
-std::optional<Const> slice(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
-  const Const& x = *in[0];
-  const size_t rank = x.shape.size();
+// Where the elements of a Slice or Gather come from: the output's shape and,
+// for each output element in order, its flat position in the input. The
+// positions are computed from the input's shape alone, so that a table too
+// large to read whole gives only the elements taken (Folder::read_part).
+struct Picks {
+  Dims shape;
+  std::vector<int64_t> at;
+};
+
+// The values `p` picks from x.
+Const picked(const Const& x, const Picks& p) {
+  Const out{p.shape, {}, x.type};
+  out.v.reserve(p.at.size());
+  for (int64_t at : p.at) out.v.push_back(x.v[static_cast<size_t>(at)]);
+  return out;
+}
+
+// ONNX Slice of an input of shape x: starts, ends, axes and steps from the
+// inputs in[1..4] (opset 10 on) or the attributes (before).
+std::optional<Picks> slice_picks(const onnx::NodeProto& n, const Dims& x, const std::vector<const Const*>& in) {
+  const size_t rank = x.size();
   std::vector<int64_t> starts, ends, axes, steps;
   if (in.size() >= 3) {
     if (!in[1] || !in[2]) return std::nullopt;
@@ -136,11 +158,11 @@ std::optional<Const> slice(const onnx::NodeProto& n, const std::vector<const Con
   if (steps.empty()) steps.assign(starts.size(), 1);
   if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) return std::nullopt;
   std::vector<int64_t> begin(rank, 0), step(rank, 1);
-  Dims shape = x.shape;
+  Dims shape = x;
   for (size_t k = 0; k < starts.size(); ++k) {  // ONNX Slice's clamping rules
     const int64_t a = normalize_axis(axes[k], rank);
     if (a < 0 || a >= static_cast<int64_t>(rank) || steps[k] == 0) return std::nullopt;
-    const int64_t dim = x.shape[static_cast<size_t>(a)], st = steps[k];
+    const int64_t dim = x[static_cast<size_t>(a)], st = steps[k];
     if (dim == 0) continue;  // an empty axis stays empty
     int64_t s = starts[k] < 0 ? starts[k] + dim : starts[k];
     int64_t e = ends[k] < 0 ? ends[k] + dim : ends[k];
@@ -156,15 +178,16 @@ std::optional<Const> slice(const onnx::NodeProto& n, const std::vector<const Con
     begin[static_cast<size_t>(a)] = s;
     step[static_cast<size_t>(a)] = st;
   }
-  Const out{shape, {}, x.type};
+  if (count(shape) < 0 || count(shape) > kMaxFoldedElements) return std::nullopt;
+  Picks out{shape, {}};
   if (count(shape) == 0) return out;
   std::vector<int64_t> in_stride(rank, 1);
-  for (size_t k = rank; k-- > 1;) in_stride[k - 1] = in_stride[k] * x.shape[k];
+  for (size_t k = rank; k-- > 1;) in_stride[k - 1] = in_stride[k] * x[k];
   std::vector<int64_t> index(rank, 0);
   for (int64_t i = 0; i < count(shape); ++i) {
     int64_t at = 0;
     for (size_t k = 0; k < rank; ++k) at += (begin[k] + index[k] * step[k]) * in_stride[k];
-    out.v.push_back(x.v[static_cast<size_t>(at)]);
+    out.at.push_back(at);
     for (size_t k = rank; k-- > 0;) {
       if (++index[k] < shape[k]) break;
       index[k] = 0;
@@ -173,25 +196,26 @@ std::optional<Const> slice(const onnx::NodeProto& n, const std::vector<const Con
   return out;
 }
 
-std::optional<Const> gather(const onnx::NodeProto& n, const Const& x, const Const& idx) {
-  const size_t rank = x.shape.size();
+// ONNX Gather along its axis of an input of shape x, at the indices idx.
+std::optional<Picks> gather_picks(const onnx::NodeProto& n, const Dims& x, const Const& idx) {
+  const size_t rank = x.size();
   if (rank == 0) return std::nullopt;
   const int64_t axis = normalize_axis(attr_int(n, "axis", 0), rank);
   if (axis < 0 || axis >= static_cast<int64_t>(rank)) return std::nullopt;
-  const int64_t dim = x.shape[static_cast<size_t>(axis)];
-  Dims shape(x.shape.begin(), x.shape.begin() + axis);
+  const int64_t dim = x[static_cast<size_t>(axis)];
+  Dims shape(x.begin(), x.begin() + axis);
   shape.insert(shape.end(), idx.shape.begin(), idx.shape.end());
-  shape.insert(shape.end(), x.shape.begin() + axis + 1, x.shape.end());
+  shape.insert(shape.end(), x.begin() + axis + 1, x.end());
   if (count(shape) < 0 || count(shape) > kMaxFoldedElements) return std::nullopt;
-  const int64_t outer = count(Dims(x.shape.begin(), x.shape.begin() + axis));
-  const int64_t inner = count(Dims(x.shape.begin() + axis + 1, x.shape.end()));
-  Const out{shape, {}, x.type};
+  const int64_t outer = count(Dims(x.begin(), x.begin() + axis));
+  const int64_t inner = count(Dims(x.begin() + axis + 1, x.end()));
+  Picks out{shape, {}};
   for (int64_t o = 0; o < outer; ++o)
     for (double iv : idx.v) {
       int64_t i = to_i64(iv);
       if (i < 0) i += dim;
       if (i < 0 || i >= dim) return std::nullopt;
-      for (int64_t r = 0; r < inner; ++r) out.v.push_back(x.v[static_cast<size_t>((o * dim + i) * inner + r)]);
+      for (int64_t r = 0; r < inner; ++r) out.at.push_back((o * dim + i) * inner + r);
     }
   return out;
 }
@@ -346,9 +370,17 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     return c;
   }
   if (op == "Concat") return concat(n, in);
-  if (op == "Gather") return gather(n, *in[0], *in[1]);
+  if (op == "Gather") {
+    const auto p = gather_picks(n, in[0]->shape, *in[1]);
+    if (!p) return std::nullopt;
+    return picked(*in[0], *p);
+  }
   if (op == "GatherElements") return gather_elements(n, *in[0], *in[1]);
-  if (op == "Slice") return slice(n, in);
+  if (op == "Slice") {
+    const auto p = slice_picks(n, in[0]->shape, in);
+    if (!p) return std::nullopt;
+    return picked(*in[0], *p);
+  }
   if (op == "Reshape") {
     Const c = *in[0];
     Dims shape = ints_of(in[1]);
@@ -652,6 +684,8 @@ class Folder {
               return c && c->type == -1;  // a parameter: left to the importer
             }))
           value = evaluate(n, in);
+        else if (!in.empty() && !in[0])
+          value = read_part(g, n, in);
       }
       if (!value || count(value->shape) > kMaxFoldedElements || !storable(value->type)) continue;
       if (static_cast<int64_t>(value->v.size()) != count(value->shape)) continue;
@@ -822,16 +856,9 @@ class Folder {
   // buffer, that the importer plans.
   const Const* lookup(const Graph& g, const std::string& t) {
     if (auto it = known_.find(t); it != known_.end()) return &it->second;
-    const onnx::TensorProto* tp = nullptr;
-    if (auto it = g.inits.find(t); it != g.inits.end()) {
-      tp = it->second;
-      // A float "onnx::" initializer is torch's constant, not a parameter
-      // (Gemma's inv_freq, from which RoPE's cos and sin are computed); nor
-      // is a fixed sinusoidal table (fixed_positions).
-      if (!is_integral(tp->data_type()) && g.is_learned(t) && !fixed_positions(g, t)) return &param_;
-    } else if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant") {
-      for (const auto& a : g.node(p).attribute()) {
-        if (a.name() == "value") tp = &a.t();
+    if (auto it = g.inits.find(t); it != g.inits.end() && is_parameter(g, t)) return &param_;
+    if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant")
+      for (const auto& a : g.node(p).attribute())
         if (a.name() == "value_int" || a.name() == "value_ints" || a.name() == "value_float" ||
             a.name() == "value_floats") {
           const auto v = g.values(t);
@@ -840,14 +867,58 @@ class Folder {
           const int32_t type = a.name().rfind("value_int", 0) == 0 ? TP::INT64 : TP::FLOAT;
           return &(known_[t] = Const{list ? Dims{static_cast<int64_t>(v->size())} : Dims{}, *v, type});
         }
-      }
-    }
-    if (!tp || !storable(tp->data_type()) || count(Dims(tp->dims().begin(), tp->dims().end())) > kMaxFoldedElements)
-      return nullptr;
+    const TP* tp = stored(g, t);
+    if (!tp || count(Dims(tp->dims().begin(), tp->dims().end())) > kMaxFoldedElements) return nullptr;
     const auto v = tensor_values(*tp);
     const Dims shape(tp->dims().begin(), tp->dims().end());
     if (!v || static_cast<int64_t>(v->size()) != count(shape)) return nullptr;
     return &(known_[t] = Const{shape, *v, tp->data_type()});
+  }
+
+  // A float initializer the importer plans as a parameter (or a buffer it
+  // keeps): not torch's "onnx::" constant (Gemma's inv_freq, from which
+  // RoPE's cos and sin are computed), nor a fixed sinusoidal table
+  // (fixed_positions).
+  bool is_parameter(const Graph& g, const std::string& t) {
+    return !is_integral(g.dtype(t)) && g.is_learned(t) && !fixed_positions(g, t);
+  }
+
+  // The tensor stored for t, a Constant's value or an initializer that is not
+  // a parameter, whatever its size; nothing for anything else.
+  const TP* stored(const Graph& g, const std::string& t) {
+    const TP* tp = nullptr;
+    if (auto it = g.inits.find(t); it != g.inits.end()) {
+      if (!is_parameter(g, t)) tp = it->second;
+    } else if (int p = g.producer_of(t); p >= 0 && g.node(p).op_type() == "Constant") {
+      for (const auto& a : g.node(p).attribute())
+        if (a.name() == "value") tp = &a.t();
+    }
+    return tp && storable(tp->data_type()) ? tp : nullptr;
+  }
+
+  // A Gather or Slice of a stored tensor too large for lookup (over
+  // kMaxFoldedElements values) with its other inputs known: only the
+  // elements it takes are read. XGLM's sinusoidal table (2050 x 1024, a
+  // Constant) gathered at the sequence's positions, the tutorial's pe
+  // (5000 x 512) sliced to the sequence, GPT-Neo's causal-mask buffer
+  // (2048 x 2048 per layer) cut to T x T: each a constant as small as the
+  // step's sequence.
+  std::optional<Const> read_part(const Graph& g, const onnx::NodeProto& n, const std::vector<const Const*>& in) {
+    const bool gather = n.op_type() == "Gather";
+    if (!gather && n.op_type() != "Slice") return std::nullopt;
+    for (size_t k = 1; k < in.size(); ++k)
+      if (!n.input(static_cast<int>(k)).empty() && (!in[k] || in[k]->type == -1)) return std::nullopt;
+    if (gather && (in.size() != 2 || !is_integral(in[1]->type))) return std::nullopt;
+    if (!gather && in.size() == 2) return std::nullopt;  // Slice reads starts and ends together
+    const TP* tp = stored(g, n.input(0));
+    if (!tp) return std::nullopt;
+    const Dims shape(tp->dims().begin(), tp->dims().end());
+    if (count(shape) <= kMaxFoldedElements) return std::nullopt;  // lookup would have read it: it holds no values
+    const auto picks = gather ? gather_picks(n, shape, *in[1]) : slice_picks(n, shape, in);
+    if (!picks) return std::nullopt;
+    auto v = tensor_elements(*tp, picks->at);
+    if (!v) return std::nullopt;
+    return Const{picks->shape, std::move(*v), tp->data_type()};
   }
 
   onnx::ModelProto& model_;
@@ -855,20 +926,40 @@ class Folder {
   // fixed sinusoidal position from position 0 (match_sinusoidal_positions,
   // ops.hpp): a table no step trains, folded as a constant. RoFormer keeps
   // its rotary sin and cos this way, in an nn.Parameter with requires_grad
-  // False that ONNX cannot tell from a trained one, so only the values
-  // decide; the note names it. A stripped file holds no values: its table
-  // stays a parameter.
+  // False that ONNX cannot tell from a trained one, and PyTorch's tutorial
+  // PositionalEncoding its pe (5000 x 512 by default) in a buffer, so only
+  // the values decide; the note names it. A stripped file holds no values:
+  // its table stays a parameter. Row 0 is read first (sin 0 = 0 and cos 0 =
+  // 1 at columns 0 and 1 or D/2), so that a trained weight is turned away
+  // without reading it; then the first rows, which give the layout and the
+  // step, and the rest a block of rows at a time, whatever the table's size.
   bool fixed_positions(const Graph& g, const std::string& t) {
     if (auto it = fixed_.find(t); it != fixed_.end()) return it->second;
     bool fixed = false;
     const auto s = g.shape(t);
-    if (s && s->size() >= 2 && std::all_of(s->begin(), s->end() - 2, [](int64_t d) { return d == 1; }) &&
-        count(*s) > 0 && count(*s) <= kMaxFoldedElements) {
+    const auto init = g.inits.find(t);
+    if (s && init != g.inits.end() && s->size() >= 2 &&
+        std::all_of(s->begin(), s->end() - 2, [](int64_t d) { return d == 1; }) && count(*s, kMaxTableElements) > 0 &&
+        count(*s, kMaxTableElements) <= kMaxTableElements) {
+      const TP& tp = *init->second;
       const int64_t P = (*s)[s->size() - 2], D = s->back();
-      const auto v = g.values(t);
-      const auto sp = v && static_cast<int64_t>(v->size()) == P * D && P >= 2 ? match_sinusoidal_positions(*v, P, D)
-                                                                              : std::nullopt;
+      auto rows = [&](int64_t first, int64_t n) {  // rows first .. first + n - 1
+        std::vector<int64_t> at(static_cast<size_t>(n * D));
+        std::iota(at.begin(), at.end(), first * D);
+        return tensor_elements(tp, at);
+      };
+      const auto row0 = D >= 4 && P >= 2 ? tensor_elements(tp, {0, 1, D / 2}) : std::nullopt;
+      std::optional<SinusoidalPositions> sp;
+      if (row0 && (*row0)[0] == 0.0 && ((*row0)[1] == 1.0 || (*row0)[2] == 1.0)) {
+        const int64_t head = std::min<int64_t>(P, 64);
+        if (const auto v = rows(0, head)) sp = match_sinusoidal_positions(*v, head, D);
+      }
       fixed = sp && sp->offset == 0;
+      const int64_t block = std::max<int64_t>(1, kMaxFoldedElements / D);
+      for (int64_t r = std::min<int64_t>(P, 64); fixed && r < P; r += block) {
+        const auto v = rows(r, std::min(block, P - r));
+        fixed = v && holds_sinusoidal_positions(*v, r, D, *sp);
+      }
       if (fixed)
         assumptions_.push_back(fmt::format(
             "'{}' holds fixed sinusoidal positions ({} x {}, {}; every value checked): read as constants, not a "

@@ -107,12 +107,52 @@ std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t) {
       if (!raw.empty()) from_raw(int32_t{});
       for (auto x : t.int32_data()) v.push_back(x);
       break;
-    case TP::BOOL: case TP::UINT8: case TP::INT8:
+    case TP::BOOL: case TP::UINT8:
       if (!raw.empty()) from_raw(uint8_t{});
+      for (auto x : t.int32_data()) v.push_back(x);
+      break;
+    case TP::INT8:  // signed: raw bytes read as uint8 made -1 into 255
+      if (!raw.empty()) from_raw(int8_t{});
       for (auto x : t.int32_data()) v.push_back(x);
       break;
     default: return std::nullopt;
   }
+  return v;
+}
+
+std::optional<std::vector<double>> tensor_elements(const onnx::TensorProto& t, const std::vector<int64_t>& at) {
+  using TP = onnx::TensorProto;
+  if (t.data_location() == TP::EXTERNAL) return std::nullopt;
+  const std::string& raw = t.raw_data();
+  std::vector<double> v;
+  v.reserve(at.size());
+  // From raw bytes when the file holds them, else from the typed field.
+  auto read = [&](auto tag, const auto& typed) -> bool {
+    using T = decltype(tag);
+    const auto n = static_cast<int64_t>(raw.empty() ? typed.size() : raw.size() / sizeof(T));
+    for (int64_t i : at) {
+      if (i < 0 || i >= n) return false;
+      if (raw.empty()) {
+        v.push_back(static_cast<double>(typed.Get(static_cast<int>(i))));
+      } else {
+        T x;
+        std::memcpy(&x, raw.data() + static_cast<size_t>(i) * sizeof(T), sizeof(T));
+        v.push_back(static_cast<double>(x));
+      }
+    }
+    return true;
+  };
+  bool ok = false;
+  switch (t.data_type()) {
+    case TP::FLOAT: ok = read(float{}, t.float_data()); break;
+    case TP::DOUBLE: ok = read(double{}, t.double_data()); break;
+    case TP::INT64: ok = read(int64_t{}, t.int64_data()); break;
+    case TP::INT32: ok = read(int32_t{}, t.int32_data()); break;
+    case TP::BOOL: case TP::UINT8: ok = read(uint8_t{}, t.int32_data()); break;
+    case TP::INT8: ok = read(int8_t{}, t.int32_data()); break;
+    default: return std::nullopt;
+  }
+  if (!ok) return std::nullopt;
   return v;
 }
 

@@ -121,6 +121,12 @@ std::optional<WindowMask> match_window_mask(const std::vector<double>& values, c
 // nothing for external data or an element type not read here.
 std::optional<std::vector<double>> tensor_values(const onnx::TensorProto& t);
 
+// The elements at flat positions `at` of a tensor stored in the file, as
+// doubles, read one by one: a Gather or Slice of a few rows of a table too
+// large to read whole (XGLM's 2050 x 1024 positions). Nothing where
+// tensor_values gives nothing, or a position lies outside the data.
+std::optional<std::vector<double>> tensor_elements(const onnx::TensorProto& t, const std::vector<int64_t>& at);
+
 // Evaluates at import the subgraphs that compute shapes (Shape -> Gather ->
 // Unsqueeze -> Concat -> Reshape, Range, ConstantOfShape, ...), now that the
 // inputs' dimensions are bound: each node whose inputs are all known becomes

@@ -60,14 +60,25 @@ std::optional<SinusoidalPositions> match_sinusoidal_positions(const std::vector<
       if (row >= T || offset + row > 3) continue;
       const auto step = step_of(at(row, sin1), at(row, cos1), offset + row, half);
       if (!step) continue;
-      bool all = true;
-      for (int64_t t = 0; t < T && all; ++t)
-        for (int64_t col = 0; col < D && all; ++col)
-          all = close(at(t, col), sinusoidal_position(interleaved, *step, offset + t, col, D), offset + t);
-      if (all) return SinusoidalPositions{interleaved, offset, *step};
+      const SinusoidalPositions sp{interleaved, offset, *step};
+      if (holds_sinusoidal_positions(values, 0, D, sp)) return sp;
     }
   }
   return std::nullopt;
+}
+
+bool holds_sinusoidal_positions(const std::vector<double>& rows, int64_t first, int64_t D,
+                                const SinusoidalPositions& sp) {
+  if (D <= 0 || rows.size() % static_cast<size_t>(D) != 0) return false;
+  const auto R = static_cast<int64_t>(rows.size()) / D;
+  for (int64_t t = 0; t < R; ++t) {
+    const int64_t position = sp.offset + first + t;
+    for (int64_t col = 0; col < D; ++col)
+      if (!close(rows[static_cast<size_t>(t * D + col)], sinusoidal_position(sp.interleaved, sp.step, position, col, D),
+                 position))
+        return false;
+  }
+  return true;
 }
 
 }  // namespace dlplan

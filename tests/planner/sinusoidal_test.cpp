@@ -116,3 +116,21 @@ TEST(SinusoidalPositions, AnyOtherTableIsNot) {
   EXPECT_FALSE(match_sinusoidal_positions(xglm_table(16, 32), 16, 16).has_value());
   EXPECT_FALSE(match_sinusoidal_positions(xglm_table(16, 32), 8, 32).has_value());
 }
+
+// A table too large to check whole (the fold reads a block of rows at a
+// time): the rows 32,000 .. 32,767 of the tutorial's 32,768 x 64 table hold
+// the positions the first rows' layout and step give, to fp32 rounding at
+// those angles; the same rows one position early, or with one value 1e-2
+// off, do not.
+TEST(SinusoidalPositions, ALateBlockOfRowsIsCheckedAgainstTheFirstRows) {
+  const int64_t T = 32768, D = 64, first = 32000;
+  const std::vector<double> table = tutorial_table(T, D);
+  const auto sp = match_sinusoidal_positions(std::vector<double>(table.begin(), table.begin() + 64 * D), 64, D);
+  ASSERT_TRUE(sp.has_value());
+  std::vector<double> late(table.begin() + first * D, table.end());
+  EXPECT_TRUE(holds_sinusoidal_positions(late, first, D, *sp));
+  EXPECT_FALSE(holds_sinusoidal_positions(late, first - 1, D, *sp));
+  late[300 * D + 9] += 1e-2;
+  EXPECT_FALSE(holds_sinusoidal_positions(late, first, D, *sp));
+  EXPECT_FALSE(holds_sinusoidal_positions(std::vector<double>(D + 1), 0, D, *sp));  // not whole rows
+}

@@ -108,6 +108,17 @@ HF_MODELS = {
                            intermediate_size=128, embedding_size=64, intra_bottleneck_size=64, true_hidden_size=64,
                            max_position_embeddings=128)),
     "hf-roformer": ("RoFormerForMaskedLM", "RoFormerConfig", dict(embedding_size=128, **SMALL)),
+    # Position tables and masks over the 2^20 values the fold reads whole
+    # (XGLM's sinusoidal table of 8,194 x 128, a Constant gathered at the
+    # positions; GPT-Neo's causal-mask buffer of 2,048 x 2,048 a layer,
+    # sliced to the sequence): only the elements a step takes are read.
+    "hf-xglm-8k-positions": ("XGLMForCausalLM", "XGLMConfig",
+                             dict(d_model=128, num_layers=2, attention_heads=4, ffn_dim=512, vocab_size=1000,
+                                  max_position_embeddings=8192)),
+    "hf-gpt-neo-2k-positions": ("GPTNeoForCausalLM", "GPTNeoConfig",
+                                dict(hidden_size=128, num_layers=2, num_heads=4, vocab_size=1000,
+                                     max_position_embeddings=2048, attention_types=[[["global", "local"], 1]],
+                                     window_size=256)),
     "hf-mixtral": ("MixtralForCausalLM", "MixtralConfig",
                    dict(num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2, **SMALL)),
 }
@@ -248,6 +259,10 @@ def _user_models():
         # (pe: 1,024 floats, which the recipe's stripping keeps), dropout 0.1
         "user-tutorial-transformer": (lambda: weighted_models.TinyPosEnc(d=16, max_len=64, vocab=1000, heads=2,
                                                                          dropout=0.1), ids, True),
+        # the same at the tutorial's own size: d 512, pe of 5,000 positions
+        # (2,560,000 floats, over the 2^20 the fold reads whole)
+        "user-tutorial-transformer-d512": (lambda: weighted_models.TinyPosEnc(d=512, max_len=5000, vocab=1000,
+                                                                              heads=8, ff=512, dropout=0.1), ids, True),
         "user-mlp-leaky-relu": (lambda: mlp(nn.LeakyReLU(0.1), nn.LeakyReLU()), lambda: torch.randn(1, 32), False),
         "user-mlp-elu-softplus-mish": (lambda: mlp(nn.ELU(), nn.Softplus(), nn.Mish(), nn.Tanh()),
                                        lambda: torch.randn(1, 32), False),
@@ -333,7 +348,9 @@ def record(name, model, inputs, names, axes, loss, work):
     params = sum(p.numel() for p in model.parameters())
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     path = os.path.join(work, f"{name}.onnx")
-    make_exports.export(model, inputs, names, axes, path, 17)
+    # A user's file holds its buffers (the tutorial's pe): kept whatever
+    # their size, as frozen parameters are.
+    make_exports.export(model, inputs, names, axes, path, 17, keep={n for n, _ in model.named_buffers()})
     return path, (params, frozen), saved["saved_bytes_with_loss_mask_dropout"]
 
 

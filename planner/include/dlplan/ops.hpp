@@ -189,6 +189,11 @@ struct SinusoidalPositions {
   double step = 0;
 };
 std::optional<SinusoidalPositions> match_sinusoidal_positions(const std::vector<double>& table, int64_t T, int64_t D);
+// Whether `rows` [R, D] (row-major) hold sp's positions offset + first ..
+// offset + first + R - 1, to fp32 rounding: the rest of a table too large to
+// hand to match_sinusoidal_positions whole, checked a block of rows at a time.
+bool holds_sinusoidal_positions(const std::vector<double>& rows, int64_t first, int64_t D,
+                                const SinusoidalPositions& sp);
 // Whether a declaration is the flash form: it keeps the log-sum-exp, not the probabilities.
 bool keeps_log_sum_exp(const OpDecl& d);
 // The gate blocks of a recurrent op's weights: lstm 4 (i, f, g, o), gru 3
