@@ -1645,6 +1645,18 @@ class Importer {
   // Expand, Tile
   void map_expand(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     if (g_.is_init(n.input(0))) return;  // a class token broadcast over the batch: see Concat
+    // Positions read from a table, broadcast over the batch before they are
+    // added (XLM's position_embeddings(positions).expand_as(tensor)): the
+    // same table read, the Add broadcasts it alike.
+    if (const auto t = pos_tables_.find(n.input(0)); t != pos_tables_.end() && n.op_type() == "Expand") {
+      const auto in = g_.shape(n.input(0)), out = g_.shape(n.output(0));
+      if (in && out && in->size() <= out->size() && in->size() >= 2 &&
+          std::equal(in->end() - 2, in->end(), out->end() - 2) &&
+          std::all_of(in->begin(), in->end() - 2, [](int64_t d) { return d == 1; })) {
+        pos_tables_.emplace(n.output(0), t->second);
+        return;
+      }
+    }
     return unknown(n, i, data);
   }
 

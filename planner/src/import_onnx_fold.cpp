@@ -310,6 +310,50 @@ std::optional<Const> concat(const onnx::NodeProto& n, const std::vector<const Co
   return out;
 }
 
+// ReduceSum, ReduceMax or ReduceMin over the axes of the input `axes`
+// (ReduceSum from opset 13, the others from 18) or the attribute (before):
+// XLM's lengths, the count of tokens that are not padding. No axes reduces
+// every axis, unless noop_with_empty_axes says to pass the input through.
+std::optional<Const> reduce(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
+  const Const& x = *in[0];
+  const size_t rank = x.shape.size();
+  if (static_cast<int64_t>(x.v.size()) != count(x.shape)) return std::nullopt;
+  std::vector<int64_t> axes;
+  if (in.size() > 1 && in[1]) axes = ints_of(in[1]);
+  else if (in.size() > 1 && !n.input(1).empty()) return std::nullopt;  // axes computed, not known
+  else axes = attr_ints(n, "axes");
+  if (axes.empty() && attr_int(n, "noop_with_empty_axes", 0) != 0) return x;
+  std::vector<bool> reduced(rank, axes.empty());
+  for (int64_t a : axes) {
+    const int64_t k = normalize_axis(a, rank);
+    if (k < 0 || k >= static_cast<int64_t>(rank)) return std::nullopt;
+    reduced[static_cast<size_t>(k)] = true;
+  }
+  const bool keep = attr_int(n, "keepdims", 1) != 0;
+  Dims kept_shape, out_shape;  // the output with reduced axes as 1, and as written
+  for (size_t d = 0; d < rank; ++d) {
+    kept_shape.push_back(reduced[d] ? 1 : x.shape[d]);
+    if (!reduced[d] || keep) out_shape.push_back(kept_shape.back());
+  }
+  const std::string& op = n.op_type();
+  const double start = op == "ReduceSum" ? 0.0 : op == "ReduceMax" ? -HUGE_VAL : HUGE_VAL;
+  Const out{out_shape, std::vector<double>(static_cast<size_t>(count(kept_shape)), start), x.type};
+  if (x.v.empty() && op != "ReduceSum") return std::nullopt;  // the max of nothing
+  std::vector<int64_t> index(rank, 0);
+  for (double v : x.v) {
+    int64_t at = 0;
+    for (size_t d = 0; d < rank; ++d) at = at * kept_shape[d] + (reduced[d] ? 0 : index[d]);
+    double& r = out.v[static_cast<size_t>(at)];
+    r = op == "ReduceSum" ? r + v : op == "ReduceMax" ? std::max(r, v) : std::min(r, v);
+    for (size_t d = rank; d-- > 0;) {
+      if (++index[d] < x.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  for (double& v : out.v) v = to_type(v, x.type);
+  return out;
+}
+
 // The value of one node whose inputs are all known; nothing when the op is
 // not one folded here or its inputs do not fit it.
 std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
@@ -325,7 +369,8 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
       {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
-      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}};
+      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}, {"Log", 1}, {"Exp", 1},
+      {"ReduceSum", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -560,6 +605,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     }
     return c;
   }
+  if (op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin") return reduce(n, in);
   if (op == "CumSum") {  // torch.cumsum along one axis (OPT's positions from its attention mask)
     const auto ax = ints_of(in[1]);
     const Dims& s = in[0]->shape;
@@ -621,6 +667,8 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   if (op == "Sqrt") return unary([](double a) { return std::sqrt(a); });
   if (op == "Cos") return unary([](double a) { return std::cos(a); });
   if (op == "Sin") return unary([](double a) { return std::sin(a); });
+  if (op == "Log") return unary([](double a) { return std::log(a); });  // T5 and MPNet's position buckets
+  if (op == "Exp") return unary([](double a) { return std::exp(a); });
   return std::nullopt;
 }
 
@@ -820,11 +868,20 @@ class Folder {
       const auto shape = g.shape(ids);
       const Const* pad = lookup(g, n.input(1 - side));
       if (!shape || count(*shape) <= 0 || !pad || pad->v.size() != 1 || !is_integral(pad->type)) continue;
-      if (!feeds_cumsum_only_through_not(g, n.output(0))) continue;
-      assumptions_.push_back(fmt::format(
-          "node '{}': positions computed from '{}' (RoBERTa's, from the tokens that are not padding) assume no "
-          "token equals the padding id {}, so they are {} ... {}; a padded batch shifts positions, not memory",
-          n.name(), ids, to_i64(pad->v[0]), to_i64(pad->v[0]) + 1, to_i64(pad->v[0]) + shape->back()));
+      const auto& readers = g.consumers_of(n.output(0));
+      const bool negated = readers.size() == 1 && g.node(readers[0]).op_type() == "Not";  // ids != pad
+      if (!negated) continue;
+      if (feeds_cumsum_only_through_not(g, n.output(0)))
+        assumptions_.push_back(fmt::format(
+            "node '{}': positions computed from '{}' (RoBERTa's, from the tokens that are not padding) assume no "
+            "token equals the padding id {}, so they are {} ... {}; a padded batch shifts positions, not memory",
+            n.name(), ids, to_i64(pad->v[0]), to_i64(pad->v[0]) + 1, to_i64(pad->v[0]) + shape->back()));
+      else
+        assumptions_.push_back(fmt::format(
+            "node '{}': the mask of the tokens of '{}' that are not {} (a padding mask, as XLM's) assumes no token "
+            "equals the padding id {}, so every token is attended to and kept; a padded batch masks some, which "
+            "changes their values, not what the step keeps or computes",
+            n.name(), ids, to_i64(pad->v[0]), to_i64(pad->v[0])));
       return Const{*shape, std::vector<double>(static_cast<size_t>(count(*shape)), 0.0), TP::BOOL};
     }
     return std::nullopt;

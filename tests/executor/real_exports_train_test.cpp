@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
                                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
                                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
-                           "weights/tiny-roformer-opset17.onnx"),
+                           "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -175,7 +175,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // positions, XGLM's from a folded constant and the PyTorch tutorial's from a
 // sliced buffer (tiny-xglm, tiny-posenc: no table among the parameters), and
 // RoFormer's rotary tables from a frozen parameter read as constants
-// (tiny-roformer: interleaved rope on queries and keys).
+// (tiny-roformer: interleaved rope on queries and keys), and XLM's padding
+// mask folded to ones (tiny-xlm: no-op multiplies, positions broadcast over
+// the batch before their Add).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -195,7 +197,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
-                           "weights/tiny-roformer-opset17.onnx"}) {
+                           "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

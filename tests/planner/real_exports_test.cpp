@@ -1086,6 +1086,32 @@ TEST(RealExports, RoBERTasPositionsFromTheIdsAssumeNoPadding) {
   EXPECT_TRUE(noted) << fmt::format("{}", fmt::join(o.model->notes, "\n"));
 }
 
+// XLM computes its lengths and padding mask from the ids ((ids != pad)
+// summed, then arange < length), multiplies the hidden states by the mask
+// after every block and fills the scores where it is 0; its positions are
+// broadcast over the batch (expand_as) before their Add. The importer folds
+// the mask assuming no token is the padding id 60 (the note says so): the
+// multiplies are no-ops, the attention is the IR's, nothing is opaque, and
+// the parameters are PyTorch's (30,688, weighted_models.py; one step equals
+// PyTorch's on a batch without the padding id: onnx_parity.py, tiny-xlm).
+TEST(RealExports, XLMsPaddingMaskAssumesNoPadding) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model m = import_onnx(exports_dir() + "weights/tiny-xlm-opset17.onnx", o);
+  std::map<OpKind, int> ops;
+  for (const Node& n : m.nodes) ops[n.op] += 1;
+  EXPECT_EQ(ops[OpKind::opaque], 0);
+  EXPECT_EQ(ops[OpKind::attention], 2);
+  EXPECT_EQ(ops[OpKind::pos_embedding], 1);
+  EXPECT_EQ(m.parameter_count(), 30688);
+  const bool noted = std::any_of(m.notes.begin(), m.notes.end(), [](const std::string& s) {
+    return s.find("that are not 60 (a padding mask, as XLM's) assumes no token equals the padding id 60") !=
+           std::string::npos;
+  });
+  EXPECT_TRUE(noted) << fmt::format("{}", fmt::join(m.notes, "\n"));
+}
+
 // BLOOM adds ALiBi's bias (a constant [b H, 1, T] the importer evaluates and
 // checks against the slopes of Press et al. for 4 heads) to scores on the
 // batch folded with the heads, reads its fused query_key_value at 0, 1 and 2

@@ -108,6 +108,10 @@ HF_MODELS = {
                            intermediate_size=128, embedding_size=64, intra_bottleneck_size=64, true_hidden_size=64,
                            max_position_embeddings=128)),
     "hf-roformer": ("RoFormerForMaskedLM", "RoFormerConfig", dict(embedding_size=128, **SMALL)),
+    # XLM: its padding mask and lengths computed from the ids (ids != pad,
+    # summed), its positions broadcast over the batch before the Add
+    "hf-xlm": ("XLMWithLMHeadModel", "XLMConfig",
+               dict(emb_dim=128, n_layers=2, n_heads=4, vocab_size=1000, max_position_embeddings=128)),
     # Position tables and masks over the 2^20 values the fold reads whole
     # (XGLM's sinusoidal table of 8,194 x 128, a Constant gathered at the
     # positions; GPT-Neo's causal-mask buffer of 2,048 x 2,048 a layer,

@@ -157,8 +157,10 @@ def match(dl_params, model):
     return found
 
 
-def torch_step(model, inputs, kind, lr, perturb=None):
-    """Loss, gradients and the parameters after one SGD step, on dlplan's batch."""
+def torch_step(model, inputs, kind, lr, perturb=None, pad=None):
+    """Loss, gradients and the parameters after one SGD step, on dlplan's
+    batch (which must not hold `pad`, the padding id of a model whose import
+    assumes no token is padding)."""
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     bufs0 = {n: b.detach().clone() for n, b in model.named_buffers()}
     if perturb is not None:
@@ -167,6 +169,9 @@ def torch_step(model, inputs, kind, lr, perturb=None):
     model.train()
     model.zero_grad()
     x = inputs["input_ids"] if kind == "tokens" else inputs["input"]
+    if pad is not None and bool((x == pad).any()):
+        raise RuntimeError(f"dlplan's batch holds the padding id {pad}, which the import assumes no token is; "
+                           f"give the model another padding id")
     logits = model(x)
     target = inputs["targets"] if kind == "tokens" else inputs["label"]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
@@ -229,11 +234,12 @@ def run(args, name):
                                               f"{name}-opset17.onnx"))
     mapping = match(dl_step[0], model)
     inputs = dl_step[2]
-    ok, text = check(name, mapping, dl_step, dl_grad, torch_step(model, inputs, kind, LR_STEP),
-                     torch_step(model, inputs, kind, LR_GRAD))
+    pad = args.wm.padding_id(name)
+    ok, text = check(name, mapping, dl_step, dl_grad, torch_step(model, inputs, kind, LR_STEP, pad=pad),
+                     torch_step(model, inputs, kind, LR_GRAD, pad=pad))
     victim = max(model.named_parameters(), key=lambda np_: np_[1].numel())[0]
-    ok_c, text_c = check(name, mapping, dl_step, dl_grad, torch_step(model, inputs, kind, LR_STEP, victim),
-                         torch_step(model, inputs, kind, LR_GRAD, victim))
+    ok_c, text_c = check(name, mapping, dl_step, dl_grad, torch_step(model, inputs, kind, LR_STEP, victim, pad),
+                         torch_step(model, inputs, kind, LR_GRAD, victim, pad))
     fused = sorted({f"{mapping[n][0]}{mapping[n][1]}" for n, _, _ in dl_step[0] if "[" in mapping[n][1]})
     print(f"{name} (--fusion {args.fusion}): {len(mapping)} parameters matched by value"
           + (f" (row blocks: {', '.join(fused)})" if fused else "") + f"; {text} -> {'ok' if ok else 'MISMATCH'}")
