@@ -310,11 +310,11 @@ std::optional<Const> concat(const onnx::NodeProto& n, const std::vector<const Co
   return out;
 }
 
-// ReduceSum, ReduceMax or ReduceMin over the axes of the input `axes`
-// (ReduceSum from opset 13, the others from 18) or the attribute (before):
-// XLM's lengths, the count of tokens that are not padding. No axes reduces
-// every axis, unless noop_with_empty_axes says to pass the input through.
-std::optional<Const> reduce(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
+// ReduceSum over the axes of the input `axes` (opset 13 on) or the
+// attribute (before): XLM's lengths, the count of the tokens that are not
+// padding. No axes sums every axis, unless noop_with_empty_axes says to
+// pass the input through.
+std::optional<Const> reduce_sum(const onnx::NodeProto& n, const std::vector<const Const*>& in) {
   const Const& x = *in[0];
   const size_t rank = x.shape.size();
   if (static_cast<int64_t>(x.v.size()) != count(x.shape)) return std::nullopt;
@@ -335,16 +335,12 @@ std::optional<Const> reduce(const onnx::NodeProto& n, const std::vector<const Co
     kept_shape.push_back(reduced[d] ? 1 : x.shape[d]);
     if (!reduced[d] || keep) out_shape.push_back(kept_shape.back());
   }
-  const std::string& op = n.op_type();
-  const double start = op == "ReduceSum" ? 0.0 : op == "ReduceMax" ? -HUGE_VAL : HUGE_VAL;
-  Const out{out_shape, std::vector<double>(static_cast<size_t>(count(kept_shape)), start), x.type};
-  if (x.v.empty() && op != "ReduceSum") return std::nullopt;  // the max of nothing
+  Const out{out_shape, std::vector<double>(static_cast<size_t>(count(kept_shape)), 0.0), x.type};
   std::vector<int64_t> index(rank, 0);
   for (double v : x.v) {
     int64_t at = 0;
     for (size_t d = 0; d < rank; ++d) at = at * kept_shape[d] + (reduced[d] ? 0 : index[d]);
-    double& r = out.v[static_cast<size_t>(at)];
-    r = op == "ReduceSum" ? r + v : op == "ReduceMax" ? std::max(r, v) : std::min(r, v);
+    out.v[static_cast<size_t>(at)] += v;
     for (size_t d = rank; d-- > 0;) {
       if (++index[d] < x.shape[d]) break;
       index[d] = 0;
@@ -369,8 +365,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
       {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
-      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}, {"Log", 1}, {"Exp", 1},
-      {"ReduceSum", 1}, {"ReduceMax", 1}, {"ReduceMin", 1}};
+      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}, {"ReduceSum", 1}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -605,7 +600,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     }
     return c;
   }
-  if (op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin") return reduce(n, in);
+  if (op == "ReduceSum") return reduce_sum(n, in);
   if (op == "CumSum") {  // torch.cumsum along one axis (OPT's positions from its attention mask)
     const auto ax = ints_of(in[1]);
     const Dims& s = in[0]->shape;
@@ -667,8 +662,6 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   if (op == "Sqrt") return unary([](double a) { return std::sqrt(a); });
   if (op == "Cos") return unary([](double a) { return std::cos(a); });
   if (op == "Sin") return unary([](double a) { return std::sin(a); });
-  if (op == "Log") return unary([](double a) { return std::log(a); });  // T5 and MPNet's position buckets
-  if (op == "Exp") return unary([](double a) { return std::exp(a); });
   return std::nullopt;
 }
 
