@@ -99,6 +99,7 @@ OPS = {
     "softplus": (1, {}),
     "mish": (1, {}),
     "prelu": (1, {"shape": _REQUIRED}),
+    "shift": (1, {"shape": _REQUIRED}),
     "add": (2, {}),
     "mul": (2, {}),
     "matmul": (2, {}),
@@ -367,7 +368,7 @@ def _plan(ir):
             out = tuple(int(d) for d in a["shape"])
             if _numel(out) != _numel(x):
                 raise ValueError(f"node '{n.name}': cannot reshape {x} to {out}")
-        elif op in ("scale", "prelu"):
+        elif op in ("scale", "prelu", "shift"):
             if tuple(torch.broadcast_shapes(x, tuple(int(d) for d in a["shape"]))) != x:
                 raise ValueError(f"node '{n.name}': shape {a['shape']} does not broadcast to {x}")
             out = x
@@ -532,6 +533,8 @@ class IRModule(nn.Module):
                 add("bias", P(x[0]), False)
         elif op in ("scale", "prelu"):
             add("weight", P(*[int(d) for d in a["shape"]]), False)
+        elif op == "shift":
+            add("bias", P(*[int(d) for d in a["shape"]]), False)
         elif op == "attention":
             D, H, KV, hd = x[1], int(a["heads"]), int(a["kv_heads"]), int(a["head_dim"])
             if H % KV:
@@ -781,6 +784,8 @@ class IRModule(nn.Module):
         if op == "scale":
             w = self._p(n, "weight")
             return x * (w + float(a["offset"]) if float(a["offset"]) else w)
+        if op == "shift":
+            return x + self._p(n, "bias")
         if op == "prelu":  # the slope broadcast as scale's gamma (F.prelu's own broadcasting is by channel)
             return torch.where(x > 0, x, self._p(n, "weight") * x)
         if op == "affine":
@@ -1127,6 +1132,8 @@ def _node_flops(n):
         return out, 2.0 * out
     if op == "prelu":
         return 2.0 * out, 4.0 * out
+    if op == "shift":
+        return out, out
     if op == "affine":
         return out, out
     if op == "pow":

@@ -121,6 +121,7 @@ class CpuBackend final : public Backend {
       case OpKind::softplus: return softplus_forward(c);
       case OpKind::mish: return mish_forward(c);
       case OpKind::prelu: return prelu_forward(c);
+      case OpKind::shift: return shift_forward(c);
       case OpKind::hardswish: return hardswish_forward(c);
       case OpKind::concat: return concat_forward(c);
       case OpKind::add: return add_forward(c);
@@ -187,6 +188,7 @@ class CpuBackend final : public Backend {
       case OpKind::softplus: return softplus_backward(c);
       case OpKind::mish: return mish_backward(c);
       case OpKind::prelu: return prelu_backward(c);
+      case OpKind::shift: return shift_backward(c);
       case OpKind::hardswish: return hardswish_backward(c);
       case OpKind::concat: return concat_backward(c);
       case OpKind::add: return add_backward(c);

@@ -167,6 +167,8 @@ void mish_forward(OpContext& c);
 void mish_backward(OpContext& c);
 void prelu_forward(OpContext& c);
 void prelu_backward(OpContext& c);
+void shift_forward(OpContext& c);
+void shift_backward(OpContext& c);
 void hardsigmoid_forward(OpContext& c);
 void hardsigmoid_backward(OpContext& c);
 void hardswish_forward(OpContext& c);

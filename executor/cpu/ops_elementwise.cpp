@@ -403,6 +403,27 @@ void scale_backward(OpContext& c) {
   });
 }
 
+// ---- shift: y = x + b, b a parameter broadcast as scale's gamma -----------------------
+// dx += dy;  db += the sum of dy over the samples and the elements b was
+// repeated to (PyTorch's add: nothing saved).
+
+void shift_forward(OpContext& c) {
+  const float* x = c.in[0].f();
+  const float* b = c.params[0].f();
+  float* y = c.out.f();
+  for_each_broadcast_param(c, [&](int64_t e, size_t k) { y[e] = x[e] + b[k]; });
+}
+
+void shift_backward(OpContext& c) {
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].defined() ? c.din[0].f() : nullptr;
+  float* db = grad_or_null(c.dparams[0]);
+  for_each_broadcast_param(c, [&](int64_t e, size_t k) {
+    if (dx) dx[e] += dy[e];
+    if (db) db[k] += dy[e];
+  });
+}
+
 // ---- prelu: y = x for x > 0, else a x, the slope a broadcast as scale's gamma --------
 // dx = dy for x > 0, else a dy;  da += dy x where x <= 0 (PyTorch's
 // _prelu_kernel_backward).

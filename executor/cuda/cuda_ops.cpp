@@ -812,6 +812,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::softplus:
     case OpKind::mish:
     case OpKind::prelu:
+    case OpKind::shift:
     case OpKind::groupnorm:
     case OpKind::upsample:
     case OpKind::conv_transpose2d:
@@ -878,6 +879,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::softplus:
     case OpKind::mish:
     case OpKind::prelu:
+    case OpKind::shift:
     case OpKind::groupnorm:
     case OpKind::upsample:
     case OpKind::conv_transpose2d:

@@ -137,7 +137,7 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
       return fmt::format("node '{}' is a {} (MobileNetV3), which the CPU engine trains and the CUDA engine does not yet",
                          n.name, to_string(n.op));
     if (n.op == OpKind::leaky_relu || n.op == OpKind::elu || n.op == OpKind::softplus || n.op == OpKind::mish ||
-        n.op == OpKind::prelu || n.op == OpKind::groupnorm || n.op == OpKind::upsample ||
+        n.op == OpKind::prelu || n.op == OpKind::shift || n.op == OpKind::groupnorm || n.op == OpKind::upsample ||
         n.op == OpKind::conv_transpose2d || n.op == OpKind::lstm || n.op == OpKind::gru || n.op == OpKind::rnn)
       return fmt::format("node '{}' is a {}, which the CPU engine trains and the CUDA engine does not yet", n.name,
                          to_string(n.op));

@@ -1203,6 +1203,15 @@ class Importer {
     const auto& op = n.op_type();
     const std::string& x = first_data(n, i, data);
     if (data.size() == 2) {
+      // A learned bias expanded to the other operand's shape, then added
+      // (GPT-NeoX-Japanese's bias_dropout_add: bias.expand_as(residual)).
+      for (int k = 0; k < 2; ++k)
+        if (const auto e = expanded_params_.find(data[static_cast<size_t>(k)]); op == "Add" && e != expanded_params_.end())
+          if (const auto beta = learned_scale(e->second, data[static_cast<size_t>(1 - k)])) {
+            emit(ir_name_for(n), "shift", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, OJson{{"shape", *beta}},
+                 n.output(0), n.name());
+            return weigh("bias", WeightRef{e->second});
+          }
       for (int k = 0; k < 2; ++k)
         if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)])) {
           const PosTable& t = pos_tables_.at(data[static_cast<size_t>(k)]);
@@ -1269,6 +1278,13 @@ class Importer {
         if (auto gamma = learned_scale(t, data[0])) {  // ConvNeXt's layer_scale
           emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0), n.name());
           return weigh("weight", WeightRef{t});
+        }
+      // A learned bias added outside a projection, [D] or [C, 1, 1] (I-BERT's
+      // LayerNorm written out: x * weight + bias): the IR's shift.
+      if (op == "Add" && data.size() == 1 && (s.size() < 2 || s[s.size() - 2] == 1))
+        if (auto beta = learned_scale(t, data[0])) {
+          emit(ir_name_for(n), "shift", {ir_of(data[0], n, i)}, OJson{{"shape", *beta}}, n.output(0), n.name());
+          return weigh("bias", WeightRef{t});
         }
       if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
         const int64_t len = s[s.size() - 2];
@@ -1644,7 +1660,10 @@ class Importer {
 
   // Expand, Tile
   void map_expand(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
-    if (g_.is_init(n.input(0))) return;  // a class token broadcast over the batch: see Concat
+    if (g_.is_init(n.input(0))) {  // a class token broadcast over the batch (see Concat), a bias (see Add)
+      if (g_.is_learned(n.input(0))) expanded_params_.emplace(n.output(0), n.input(0));
+      return;
+    }
     // Positions read from a table, broadcast over the batch before they are
     // added (XLM's position_embeddings(positions).expand_as(tensor)): the
     // same table read, the Add broadcasts it alike.
@@ -1905,6 +1924,7 @@ class Importer {
   std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
+  std::map<std::string, std::string> expanded_params_;  // Expand's output -> the learned initializer it broadcasts
   std::map<std::string, WindowTable> window_tables_;
   std::optional<std::array<int64_t, 2>> last_window_;  // the last window_position_bias's window
   // ONNX tensor [k, b m, ...] or [k, b, ...], whose batch a Transpose moved

@@ -587,6 +587,16 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.bwd_flops = 2.0 * out_elems;
       break;
     }
+    case OpKind::shift: {
+      // y = x + b: add keeps nothing (derivatives.yaml: self and other get the
+      // gradient, b's summed over the elements it was broadcast to). No weight
+      // decay: a bias, as norm biases are.
+      const Shape beta = n.attrs.ints("shape");
+      d.params = {{"bias", numel(beta), false, beta}};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    }
     case OpKind::prelu: {
       // derivatives.yaml: _prelu_kernel_backward(grad, self, weight) keeps the
       // input (the weight is a parameter). No weight decay, as scale's gamma.

@@ -114,6 +114,10 @@ const std::vector<OpSpec>& op_table() {
       // PReLU: x for x > 0, else a x with a learned slope a of `shape`,
       // broadcast as scale's gamma ([1]: one slope; [C, 1, 1]: one a channel)
       {OpKind::prelu, "prelu", 1, {{"shape", T::int_list, nullptr}}},
+      // x + b with a learned b of `shape`, broadcast as scale's gamma: a bias
+      // added outside a projection (I-BERT's LayerNorm written out in Python,
+      // x * weight + bias; GPT-NeoX-Japanese's bias added after its dropout)
+      {OpKind::shift, "shift", 1, {{"shape", T::int_list, nullptr}}},
       {OpKind::add, "add", 2, {}},
       // Elementwise math that Python writes out (Hugging Face's NewGELUActivation,
       // LlamaRMSNorm), planned op by op as PyTorch's eager autograd runs it
@@ -828,6 +832,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       break;
     }
     case OpKind::prelu:
+    case OpKind::shift:
     case OpKind::scale: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);

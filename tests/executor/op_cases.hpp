@@ -228,6 +228,9 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("mish", arr({3, 4}), Json{{"op", "mish"}}));
   v.push_back(unary("prelu_one", arr({3, 4}), Json{{"op", "prelu"}, {"shape", {1}}}, Gen::away));
   v.push_back(unary("prelu_channels", arr({3, 2, 2}), Json{{"op", "prelu"}, {"shape", {3, 1, 1}}}, Gen::away));
+  // a learned bias added outside a projection (I-BERT's written-out LayerNorm)
+  v.push_back(unary("shift_last_axis", arr({3, 4}), Json{{"op", "shift"}, {"shape", {4}}}));
+  v.push_back(unary("shift_channels", arr({3, 2, 2}), Json{{"op", "shift"}, {"shape", {3, 1, 1}}}));
   // Written-out math (--fusion eager): gelu_new's pieces and LlamaRMSNorm's
   v.push_back(unary("affine", arr({3, 4}), Json{{"op", "affine"}, {"scale", -0.75}, {"shift", 0.5}}));
   v.push_back(unary("pow_cube", arr({3, 4}), Json{{"op", "pow"}, {"exponent", 3.0}}));

@@ -144,7 +144,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
                                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
                                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
-                           "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx"),
+                           "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
+                           "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -177,7 +178,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // RoFormer's rotary tables from a frozen parameter read as constants
 // (tiny-roformer: interleaved rope on queries and keys), and XLM's padding
 // mask folded to ones (tiny-xlm: no-op multiplies, positions broadcast over
-// the batch before their Add).
+// the batch before their Add), and learned biases added outside their
+// projections, the IR's shift: I-BERT's LayerNorm written out in Python
+// (op by op under eager) and GPT-NeoX-Japanese's expanded output biases
+// (tiny-ibert, tiny-gpt-neox-japanese).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -197,7 +201,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-swin-opset17.onnx", "weights/tiny-rnn-opset17.onnx",
                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
-                           "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx"}) {
+                           "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
+                           "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm
@@ -325,14 +330,15 @@ TEST(RealExportRefusal, NoEngineTrainsAnOpaqueOpAndTheTrainerNamesIt) {
   EXPECT_NE(msg.find("custom_a"), std::string::npos) << msg;
 }
 
-// A learned tensor added outside a projection is planned as opaque (its
-// values are not read): the CPU trainer refuses the plan, naming the Add,
-// instead of training a model without it.
-TEST(RealExportRefusal, TheCpuTrainerNamesTheAddOfALearnedTensor) {
+// A learned tensor added outside a projection is the IR's shift, which the
+// CPU engine trains (op cases, tiny-ibert) and the CUDA engine refuses,
+// naming the node.
+TEST(RealExportRefusal, TheGpuEngineNamesTheShift) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
-  const std::string msg =
-      cpu_trainer_refusal(fp32_plan(DLPLAN_SOURCE_DIR "/tests/fixtures/onnx/initializer_add.onnx"));
-  EXPECT_NE(msg.find("is an op the importer does not know (ONNX 'Add')"), std::string::npos) << msg;
+  const auto why = gpu_engine_lacks(import_onnx(DLPLAN_SOURCE_DIR "/tests/fixtures/onnx/initializer_add.onnx"));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("is a shift, which the CPU engine trains and the CUDA engine does not yet"), std::string::npos)
+      << *why;
 }
 
 TEST(RealExportRefusal, TheGpuEngineNamesTheClip) {

@@ -210,21 +210,23 @@ TEST(ImportOnnx, UnknownOpsArePlannedAsOpaqueAndListed) {
   EXPECT_EQ(m.parameter_count(), load_model(fx("tiny_mlp.onnx")).parameter_count());
 }
 
-// An elementwise op with a float initializer that is neither a learned scale
-// nor a position table (here x + shift, shift [128], after a ReLU) changes
-// the math by values a stripped file does not hold: it is opaque (an add keeps
-// nothing), its initializer noted as not counted, so no engine trains it. It
-// used to be passed through as a no-op, which trained a model without it.
-TEST(ImportOnnx, AnAddOfALearnedTensorOutsideAProjectionIsOpaqueNotANoOp) {
+// A learned tensor added outside a projection (here x + shift, shift [128],
+// after a ReLU) is the IR's shift: its 128 parameters counted, nothing kept
+// (PyTorch's add keeps nothing), trained by the CPU engine. It was passed
+// through as a no-op once (a model trained without it), then opaque (not
+// trainable, its parameters not counted).
+TEST(ImportOnnx, AnAddOfALearnedTensorOutsideAProjectionIsAShift) {
   REQUIRE_ONNX();
   Model m = load_model(fx("initializer_add.onnx"));
-  const Node* add = find_op(m, OpKind::opaque);
+  const Node* add = find_op(m, OpKind::shift);
   ASSERT_NE(add, nullptr) << notes_of(m);
-  EXPECT_EQ(add->attrs.text("source"), "Add");
-  EXPECT_TRUE(declare(m, *add).saved.empty());
-  EXPECT_TRUE(has_note(m, "128 parameters in its initializers not counted")) << notes_of(m);
-  EXPECT_EQ(count_op(m, OpKind::opaque), 1);
-  EXPECT_EQ(count_op(load_model(fx("tiny_mlp.onnx")), OpKind::opaque), 0);  // control: the same MLP without it
+  EXPECT_EQ(add->attrs.ints("shape"), (Shape{128}));
+  const OpDecl d = declare(m, *add);
+  EXPECT_TRUE(d.saved.empty());
+  ASSERT_EQ(d.params.size(), 1u);
+  EXPECT_EQ(d.params[0].numel, 128);
+  EXPECT_EQ(count_op(m, OpKind::opaque), 0);
+  EXPECT_EQ(m.parameter_count(), load_model(fx("tiny_mlp.onnx")).parameter_count() + 128);  // the same MLP without it
 }
 
 // A tensor with the batch folded into its first axis ([b H, T, hd], OPT's

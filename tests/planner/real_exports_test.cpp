@@ -1112,6 +1112,37 @@ TEST(RealExports, XLMsPaddingMaskAssumesNoPadding) {
   EXPECT_TRUE(noted) << fmt::format("{}", fmt::join(m.notes, "\n"));
 }
 
+// I-BERT (float mode) writes its LayerNorm out in Python: mean, x - mean,
+// the mean of its square, / sqrt(var + eps), x * weight + bias. At opset 17,
+// where torch writes nn.LayerNorm as LayerNormalization, such ops are
+// Python's math: under --fusion eager they are planned one by one, the
+// bias the IR's shift (a learned tensor added, keeping nothing), and under
+// the default fusion they are one layernorm. Both count PyTorch's
+// parameters (weighted_models.py); one step equals PyTorch's under each
+// (onnx_parity.py, tiny-ibert).
+TEST(RealExports, IBertsWrittenOutLayerNormIsOpByOpUnderEager) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const std::string file = exports_dir() + "weights/tiny-ibert-opset17.onnx";
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model engine = import_onnx(file, o);
+  o.fusion = FusionMode::eager;
+  const Model eager = import_onnx(file, o);
+  std::map<OpKind, int> e, g;
+  for (const Node& n : engine.nodes) g[n.op] += 1;
+  for (const Node& n : eager.nodes) e[n.op] += 1;
+  // Five written out (the embeddings', two a layer) and the head's
+  // nn.LayerNorm, a LayerNormalization under either fusion.
+  EXPECT_EQ(g[OpKind::layernorm], 6);
+  EXPECT_EQ(g[OpKind::shift], 0);
+  EXPECT_EQ(e[OpKind::layernorm], 1);
+  EXPECT_EQ(e[OpKind::shift], 5);
+  EXPECT_EQ(e[OpKind::scale], 5);
+  EXPECT_EQ(e[OpKind::opaque], 0);
+  EXPECT_EQ(g[OpKind::opaque], 0);
+  EXPECT_EQ(engine.parameter_count(), eager.parameter_count());
+}
+
 // BLOOM adds ALiBi's bias (a constant [b H, 1, T] the importer evaluates and
 // checks against the slopes of Press et al. for 4 heads) to scores on the
 // batch folded with the heads, reads its fused query_key_value at 0, 1 and 2

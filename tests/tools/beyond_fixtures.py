@@ -112,6 +112,13 @@ HF_MODELS = {
     # summed), its positions broadcast over the batch before the Add
     "hf-xlm": ("XLMWithLMHeadModel", "XLMConfig",
                dict(emb_dim=128, n_layers=2, n_heads=4, vocab_size=1000, max_position_embeddings=128)),
+    # I-BERT in float mode: its LayerNorm written out in Python (x * weight +
+    # bias: the bias is the IR's shift); GPT-NeoX-Japanese: learned output
+    # biases expanded to the residual's shape and added after the projection
+    "hf-ibert": ("IBertForMaskedLM", "IBertConfig", dict(pad_token_id=1, **SMALL)),
+    "hf-gpt-neox-japanese": ("GPTNeoXJapaneseForCausalLM", "GPTNeoXJapaneseConfig",
+                             dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000,
+                                  max_position_embeddings=128)),
     # Position tables and masks over the 2^20 values the fold reads whole
     # (XGLM's sinusoidal table of 8,194 x 128, a Constant gathered at the
     # positions; GPT-Neo's causal-mask buffer of 2,048 x 2,048 a layer,
@@ -327,8 +334,9 @@ OPAQUE_BAND = {
 # (make_exports.py's AT_BATCH_2, GPT-NeoX's case): CodeGen's value is a
 # permuted slice of its fused qkv_proj output, which matmul's reshape at
 # batch 1 leaves a view, so bmm keeps the whole projection (-7.0 % against
-# the batch-1 count). They are held to PyTorch's bytes per sample at batch 2.
-AT_BATCH_2 = {"hf-codegen"}
+# the batch-1 count; GPT-NeoX-Japanese, as GPT-NeoX: -8.8 %). They are held to
+# PyTorch's bytes per sample at batch 2.
+AT_BATCH_2 = {"hf-codegen", "hf-gpt-neox-japanese"}
 
 # Parameters an opaque op holds, which the plan does not count (the notes say
 # so). (nn.PReLU's slope was one until PRelu became the IR's prelu.)

@@ -25,6 +25,8 @@ CASES = {
     "affine (x + c)": (lambda x: x + 1.0, "nothing"),
     "affine (x / c)": (lambda x: x / 3.0, "nothing"),
     "affine (c - x)": (lambda x: 1.0 - x, "nothing"),
+    # shift: a learned bias added outside a projection (x * weight + bias)
+    "shift (x + b, b learned)": (lambda x: x + torch.ones(8, requires_grad=True), "nothing"),
     "pow (x^3)": (lambda x: torch.pow(x, 3.0), "input"),
     "pow (x^2)": (lambda x: x.pow(2), "input"),
     "sqrt": (lambda x: torch.sqrt(x), "output"),

@@ -104,8 +104,12 @@ def load_onnx_weights(model, path):
                 loaded.add(v.data_ptr())
     # A tied weight (lm_head = the token embedding; BERT's decoder bias) is
     # one tensor in PyTorch, and one initializer in the file.
+    # A buffer the graph does not read is not in the file (I-BERT's integer
+    # weights and scaling factors, unused in float mode): only parameters
+    # must all be there.
+    params = {n for n, _ in model.named_parameters()}
     missing = [k for k, v in state.items()
-               if k not in inits and not k.endswith("num_batches_tracked") and v.data_ptr() not in loaded]
+               if k in params and k not in inits and v.data_ptr() not in loaded]
     if missing:
         raise RuntimeError(f"{path}: no initializer for {missing}")
     for m in model.modules():
