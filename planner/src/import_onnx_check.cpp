@@ -65,6 +65,13 @@ void check_window(const onnx::NodeProto& n, int i, const std::string& src) {
 
 }  // namespace
 
+int64_t default_opset(const onnx::ModelProto& model) {
+  int64_t opset = -1;
+  for (const auto& o : model.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
+  return opset;
+}
+
 std::string check_before_inference(const onnx::ModelProto& model, const std::string& src) {
   const auto& g = model.graph();
   if (g.node_size() > kMaxNodes)
@@ -74,9 +81,7 @@ std::string check_before_inference(const onnx::ModelProto& model, const std::str
   for (const auto& vi : g.output()) check_dims(vi, src);
   for (const auto& t : g.initializer()) check_initializer(t, src);
 
-  int64_t opset = -1;
-  for (const auto& o : model.opset_import())
-    if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
+  const int64_t opset = default_opset(model);
   std::string skip;
   if (opset <= 0 || opset > std::numeric_limits<int>::max()) skip = "the model declares no opset for the ONNX domain";
   for (int i = 0; i < g.node_size(); ++i) {

@@ -319,8 +319,7 @@ std::optional<Const> reduce_sum(const onnx::NodeProto& n, const std::vector<cons
   const size_t rank = x.shape.size();
   if (static_cast<int64_t>(x.v.size()) != count(x.shape)) return std::nullopt;
   std::vector<int64_t> axes;
-  if (in.size() > 1 && in[1]) axes = ints_of(in[1]);
-  else if (in.size() > 1 && !n.input(1).empty()) return std::nullopt;  // axes computed, not known
+  if (in.size() > 1 && in[1]) axes = ints_of(in[1]);  // (Folder::pass evaluates only known inputs)
   else axes = attr_ints(n, "axes");
   if (axes.empty() && attr_int(n, "noop_with_empty_axes", 0) != 0) return x;
   std::vector<bool> reduced(rank, axes.empty());

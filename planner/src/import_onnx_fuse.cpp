@@ -1243,20 +1243,13 @@ std::optional<Fusion> match_groupnorm(const Graph& g, int instance_norm) {
 
 }  // namespace
 
-// The file's opset of the default domain; 0 when it declares none.
-int64_t default_opset(const Graph& g) {
-  for (const auto& o : g.m.opset_import())
-    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
-  return 0;
-}
-
 std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::map<int, std::string>* unfused) {
   const bool eager = mode == dlplan::FusionMode::eager;
   // From opset 17 torch exports nn.LayerNorm as LayerNormalization, so a
   // LayerNorm written out in such a file is math written in Python (I-BERT's
   // IntLayerNorm in float mode): under eager it is planned op by op, as
   // PyTorch's autograd keeps it, as RMSNorm is. Below 17 it is nn.LayerNorm.
-  const bool written_out_layernorm = eager && default_opset(g) >= 17;
+  const bool written_out_layernorm = eager && default_opset(g.m) >= 17;
   std::vector<Fusion> out;
   std::set<int> taken;
   auto take = [&](std::optional<Fusion> f) {

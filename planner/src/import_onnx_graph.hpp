@@ -161,6 +161,8 @@ std::string label(const onnx::NodeProto& n, int index);
 // throws dlplan::Error for a malformed graph; returns why inference must not
 // run on it (a subgraph, no opset), or "" when it may.
 std::string check_before_inference(const onnx::ModelProto& model, const std::string& src);
+// The model's opset of the default ONNX domain; -1 when it declares none.
+int64_t default_opset(const onnx::ModelProto& model);
 bool is_float(int32_t elem_type);
 
 }  // namespace dlplan::onnx_import
