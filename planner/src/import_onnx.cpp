@@ -1676,7 +1676,41 @@ class Importer {
         return;
       }
     }
+    if (n.op_type() == "Expand" && data.size() == 1 && data[0] == n.input(0) && batch_axes(n.input(0)) == 1)
+      if (broadcast_one_axis(n, i)) return;
     return unknown(n, i, data);
+  }
+
+  // An activation broadcast along one per-sample axis of length 1 to r
+  // (x.unsqueeze(d + 1).expand(.., r, ..): torch.repeat_interleave as
+  // import_onnx_loops.cpp rewrites it). That is nearest upsampling by r of a
+  // [C, 1, W] view of x, C the product of the axes before, W of those after:
+  // out[c, h, w] = x[c, 0, w]; its backward sums the r copies, as expand's
+  // does. The upsample's output is the copy PyTorch makes where the expanded
+  // view is reshaped (into the interleaved sequence).
+  bool broadcast_one_axis(const onnx::NodeProto& n, int i) {
+    const auto full_in = g_.shape(n.input(0)), full_out = g_.shape(n.output(0));
+    if (!full_in || !full_out || full_in->size() != full_out->size() || full_in->empty() ||
+        (*full_in)[0] != (*full_out)[0])
+      return false;
+    const Dims in = per_sample(n.input(0)), out = per_sample(n.output(0));
+    int64_t axis = -1;
+    for (size_t a = 0; a < in.size(); ++a) {
+      if (in[a] == out[a]) continue;
+      if (axis >= 0 || in[a] != 1 || out[a] < 2) return false;
+      axis = static_cast<int64_t>(a);
+    }
+    if (axis < 0) return false;
+    int64_t before = 1, after = 1;
+    for (int64_t a = 0; a < static_cast<int64_t>(in.size()); ++a) (a < axis ? before : after) *= a == axis ? 1 : in[a];
+    const std::string view = n.output(0) + "#view", upsampled = n.output(0) + "#upsampled";
+    emit(unique_name(normalize(n.name()) + ".view"), "reshape", {ir_of(n.input(0), n, i)},
+         OJson{{"shape", Dims{before, 1, after}}}, view, n.name());
+    emit(ir_name_for(n), "upsample", {ir_[view]}, OJson{{"scale", {out[static_cast<size_t>(axis)], 1}}}, upsampled,
+         n.name());
+    emit(unique_name(normalize(n.name()) + ".shape"), "reshape", {ir_[upsampled]}, OJson{{"shape", out}}, n.output(0),
+         n.name());
+    return true;
   }
 
   void map_concat(const onnx::NodeProto& n, int i, const std::vector<std::string>& all_data) {

@@ -1,17 +1,19 @@
-// torch.repeat_interleave(x, r, dim=-1) with a constant r, as PyTorch 1.13
+// torch.repeat_interleave(x, r, dim=d) with a constant r, as PyTorch 1.13
 // exports it at opset 13+ (symbolic_opset13.repeat_interleave): x and the
 // per-slice repeats split into sequences (SplitToSequence), a Loop over the
-// slices that unsqueezes each, expands the new last axis to its repeat count
-// and reshapes it back, and a ConcatFromSequence of the results. GPT-J and
-// CodeGen write their rotary sin and cos this way. A Loop holds a subgraph,
-// so ONNX shape inference did not run and nothing after it had a shape; here
-// it becomes, before inference, the body applied to the whole tensor:
-//   Unsqueeze(x, [rank]) -> Expand(.., [1, ..., 1, r]) -> Reshape(.., shape)
-// with the body's own reshape target, which merges the last axis with the new
-// one (r x its length). Applied to one slice (the last axis of length 1) that
+// slices that unsqueezes each after axis d, expands the new axis to its
+// repeat count and reshapes it back, and a ConcatFromSequence of the results
+// along d. GPT-J and CodeGen write their rotary sin and cos this way (d the
+// last axis); Funnel's decoder upsamples its sequence so (d = 1). A Loop
+// holds a subgraph, so ONNX shape inference did not run and nothing after it
+// had a shape; here it becomes, before inference, the body applied to the
+// whole tensor:
+//   Unsqueeze(x, [d + 1]) -> Expand(.., [1, .., 1, r, 1, ..]) -> Reshape(.., shape)
+// with the body's own reshape target, which merges axis d with the new one
+// after it (r x its length). Applied to one slice (axis d of length 1) that
 // is the body; to all of them, the slices interleaved in order, which is the
 // ConcatFromSequence. Only that shape of the pattern is rewritten (repeats all
-// equal, along the last axis); any other Loop is left as it is.
+// equal, slices of one); any other Loop is left as it is.
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
@@ -55,7 +57,7 @@ std::optional<std::vector<int64_t>> constant_ints(const onnx::NodeProto& n) {
 struct RepeatLoop {
   int loop = -1, concat = -1;   // the Loop and its ConcatFromSequence (main graph)
   std::string x;                // the tensor repeated (SplitToSequence's input)
-  int64_t rank = 0, repeats = 0;
+  int64_t rank = 0, axis = 0, repeats = 0;
   std::vector<int64_t> reshape; // the body's reshape target
 };
 
@@ -124,11 +126,21 @@ std::optional<RepeatLoop> match(const onnx::GraphProto& g, int i, const std::map
   m.x = split_x->input(0);
   m.rank = static_cast<int64_t>(target->size());  // the reshape gives back x's rank
   m.reshape = *target;
-  if (m.rank < 1 || !axes || axes->size() != 1 || ((*axes)[0] != m.rank && (*axes)[0] != -1)) return std::nullopt;
-  const int64_t split_axis = attr_int_of(*split_x, "axis", 0), cat_axis = attr_int_of(cat, "axis", 0);
-  if ((split_axis != m.rank - 1 && split_axis != -1) || (cat_axis != m.rank - 1 && cat_axis != -1)) return std::nullopt;
-  // The reshape merges the last axis with the new one, and only it.
-  if (target->back() != -1 || std::count(target->begin(), target->end(), -1) != 1) return std::nullopt;
+  if (m.rank < 1 || !axes || axes->size() != 1) return std::nullopt;
+  // Slices of one that keep their axis: an explicit split (Funnel's ones) or
+  // keepdims (the default).
+  if (split_x->input_size() < 2 && attr_int_of(*split_x, "keepdims", 1) != 1) return std::nullopt;
+  const auto normal = [](int64_t a, int64_t rank) { return a < 0 ? a + rank : a; };
+  m.axis = normal(attr_int_of(*split_x, "axis", 0), m.rank);
+  if (m.axis < 0 || m.axis >= m.rank || normal(attr_int_of(cat, "axis", 0), m.rank) != m.axis ||
+      normal((*axes)[0], m.rank + 1) != m.axis + 1)
+    return std::nullopt;
+  // The reshape merges axis d with the new one after it, and only them: its
+  // one -1 at d, no 0 (copy the input's axis) after it, where the axes of
+  // the expanded tensor are one further on.
+  if (std::count(target->begin(), target->end(), -1) != 1 || (*target)[static_cast<size_t>(m.axis)] != -1 ||
+      std::count(target->begin() + m.axis, target->end(), 0) != 0)
+    return std::nullopt;
   // The repeat count: the other SequenceAt of the body reads Split(Expand(r)).
   std::optional<int64_t> r;
   for (const auto& n : body->node()) {
@@ -231,10 +243,10 @@ int lower_repeat_interleave_loops(onnx::ModelProto& model) {
     if (!m) continue;
     const auto& cat = g.node(m->concat);
     const std::string base = g.node(i).name().empty() ? cat.output(0) : g.node(i).name();
-    std::vector<int64_t> shape(static_cast<size_t>(m->rank), 1);
-    shape.push_back(m->repeats);
+    std::vector<int64_t> shape(static_cast<size_t>(m->rank + 1), 1);
+    shape[static_cast<size_t>(m->axis + 1)] = m->repeats;
     std::vector<onnx::NodeProto> nodes;
-    nodes.push_back(constant_node(base + "/repeat_axes", {m->rank}));
+    nodes.push_back(constant_node(base + "/repeat_axes", {m->axis + 1}));
     nodes.push_back(op_node("Unsqueeze", base + "/repeat_unsqueeze", {m->x, base + "/repeat_axes"}, base + "/repeat_unsqueezed"));
     nodes.push_back(constant_node(base + "/repeat_shape", shape));
     nodes.push_back(op_node("Expand", base + "/repeat_expand", {base + "/repeat_unsqueezed", base + "/repeat_shape"},

@@ -145,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
                                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
                            "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
-                           "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx"),
+                           "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
+                           "weights/tiny-upsample-opset17.onnx", "tiny-upsample-repeat-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -181,7 +182,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // the batch before their Add), and learned biases added outside their
 // projections, the IR's shift: I-BERT's LayerNorm written out in Python
 // (op by op under eager) and GPT-NeoX-Japanese's expanded output biases
-// (tiny-ibert, tiny-gpt-neox-japanese).
+// (tiny-ibert, tiny-gpt-neox-japanese), and torch.repeat_interleave over the
+// sequence, an upsample of a view (tiny-upsample).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -202,7 +204,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-einsum-opset17.onnx", "tiny-gptj-opset17.onnx",
                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
                            "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
-                           "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx"}) {
+                           "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
+                           "weights/tiny-upsample-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -97,6 +97,9 @@ const std::map<std::string, std::string> kToday = {
     {"tiny-mlp-gelu-tanh-opset17.onnx", "imports"},
     {"tiny-mlp-glu-opset17.onnx", "imports"},
     {"tiny-mlp-arith-opset17.onnx", "imports"},
+    // torch.repeat_interleave(h, 2, dim=1) over the sequence (Funnel's
+    // decoder): its Loop rewritten, the broadcast an upsample of a view
+    {"tiny-upsample-repeat-opset17.onnx", "imports"},
     {"vgg11_bn-opset17.onnx", "imports"},
     {"vit_b_16-opset13.onnx", "imports"},
     {"vit_b_16-opset17.onnx", "imports"},
@@ -798,6 +801,36 @@ TEST(RealExports, GptjsInterleavedRopeThroughItsLoop) {
   EXPECT_EQ(attention, 0);
   EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
                          [](const std::string& s) { return s.find("2 Loop nodes of torch.repeat_interleave") == 0; }),
+            m.notes.end());
+}
+
+// torch.repeat_interleave(h, 2, dim=1) over the sequence, as Funnel's
+// decoder upsamples: the Loop over positions is rewritten before shape
+// inference (Unsqueeze after axis 1, Expand to 2, Reshape) and the Expand of
+// the activation [16, 1, 64] per sample is one nearest upsample by [2, 1],
+// PyTorch's repeat of each row in place; the head then reads 32 positions and
+// the loss's targets follow the logits, not --seq-len (with_seq_len leaves an
+// ONNX import's inputs as the import bound them). PyTorch's step on the same
+// weights: onnx_parity.py --model tiny-upsample.
+TEST(RealExports, RepeatInterleaveOverTheSequenceIsAnUpsampleOfAView) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model m = with_seq_len(import_onnx(exports_dir() + "tiny-upsample-repeat-opset17.onnx", o), 16);
+  int upsamples = 0;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    if (n.op != OpKind::upsample) continue;
+    ++upsamples;
+    EXPECT_EQ(m.tensor(n.inputs[0]).shape, (Shape{16, 1, 64})) << n.name;
+    EXPECT_EQ(m.tensor(n.output).shape, (Shape{16, 2, 64})) << n.name;
+  }
+  EXPECT_EQ(upsamples, 1);
+  const auto& targets = std::find_if(m.inputs.begin(), m.inputs.end(), [&](int id) { return m.tensor(id).name == "targets"; });
+  ASSERT_NE(targets, m.inputs.end());
+  EXPECT_EQ(m.tensor(*targets).shape, (Shape{32}));
+  EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
+                         [](const std::string& s) { return s.find("1 Loop node of torch.repeat_interleave") == 0; }),
             m.notes.end());
 }
 
