@@ -380,17 +380,16 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
   if (tokens_per_sample(m) == 0)
     throw Error(fmt::format("{}: the model has no token inputs ([T] i32), so --seq-len does not apply", m.source));
   if (has_extension(m.source, ".onnx")) {
-    // Imported with ImportOptions::seq_len: the file's symbolic sequence
+    // Imported with ImportOptions::seq_len, the file's symbolic sequence
     // dims hold it already, and the loss targets the importer added follow
     // the logits, which need not be the input's length (a decoder that
-    // upsamples, as Funnel's, has twice as many). A length the file fixes is
-    // its own.
+    // upsamples, as Funnel's, has twice as many): left as they are. A file
+    // that fixes another length is resized below like any model.
+    bool bound = true;
     for (const auto& [name, spec] : m.ir["inputs"].items())
       if (name != "targets" && spec["dtype"] == "i32" && spec["shape"].size() == 1 && spec["shape"][0] != seq_len)
-        throw Error(fmt::format("{}: input '{}' has {} tokens fixed in the file; --seq-len {} applies to a symbolic "
-                                "sequence dimension only (export with dynamic_axes)",
-                                m.source, name, spec["shape"][0].get<int64_t>(), seq_len));
-    return m;
+        bound = false;
+    if (bound) return m;
   }
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())
