@@ -1701,8 +1701,8 @@ class Importer {
       axis = static_cast<int64_t>(a);
     }
     if (axis < 0) return false;
-    int64_t before = 1, after = 1;
-    for (int64_t a = 0; a < static_cast<int64_t>(in.size()); ++a) (a < axis ? before : after) *= a == axis ? 1 : in[a];
+    const auto product = [](auto first, auto last) { return std::accumulate(first, last, int64_t{1}, std::multiplies<>()); };
+    const int64_t before = product(in.begin(), in.begin() + axis), after = product(in.begin() + axis + 1, in.end());
     const std::string view = n.output(0) + "#view", upsampled = n.output(0) + "#upsampled";
     emit(unique_name(normalize(n.name()) + ".view"), "reshape", {ir_of(n.input(0), n, i)},
          OJson{{"shape", Dims{before, 1, after}}}, view, n.name());

@@ -385,11 +385,12 @@ Model with_seq_len(const Model& m, int64_t seq_len) {
     // the logits, which need not be the input's length (a decoder that
     // upsamples, as Funnel's, has twice as many): left as they are. A file
     // that fixes another length is resized below like any model.
-    bool bound = true;
-    for (const auto& [name, spec] : m.ir["inputs"].items())
-      if (name != "targets" && spec["dtype"] == "i32" && spec["shape"].size() == 1 && spec["shape"][0] != seq_len)
-        bound = false;
-    if (bound) return m;
+    const auto& inputs = m.ir["inputs"].items();
+    if (std::all_of(inputs.begin(), inputs.end(), [&](const auto& in) {
+          const Json& spec = in.value();
+          return in.key() == "targets" || spec["dtype"] != "i32" || spec["shape"].size() != 1 || spec["shape"][0] == seq_len;
+        }))
+      return m;
   }
   Json ir = m.ir;
   for (auto& [name, spec] : ir["inputs"].items())

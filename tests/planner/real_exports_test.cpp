@@ -826,7 +826,8 @@ TEST(RealExports, RepeatInterleaveOverTheSequenceIsAnUpsampleOfAView) {
     EXPECT_EQ(m.tensor(n.output).shape, (Shape{16, 2, 64})) << n.name;
   }
   EXPECT_EQ(upsamples, 1);
-  const auto& targets = std::find_if(m.inputs.begin(), m.inputs.end(), [&](int id) { return m.tensor(id).name == "targets"; });
+  const auto targets =
+      std::find_if(m.inputs.begin(), m.inputs.end(), [&](int id) { return m.tensor(id).name == "targets"; });
   ASSERT_NE(targets, m.inputs.end());
   EXPECT_EQ(m.tensor(*targets).shape, (Shape{32}));
   EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
