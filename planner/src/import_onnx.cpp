@@ -277,6 +277,10 @@ class Importer {
 
   const std::string& ir_of(const std::string& t, const onnx::NodeProto& n, int i) {
     auto it = ir_.find(t);
+    if (const auto v = param_views_.find(t); it == ir_.end() && v != param_views_.end())
+      fail(fmt::format("{}: input '{}' is parameter '{}' reshaped in the graph, which dlplan plans only as a bias "
+                       "added to an activation or a scale multiplying one",
+                       label(n, i), t, v->second));
     if (it == ir_.end())
       fail(fmt::format("{}: input '{}' is not something dlplan can plan (it comes from an op that was not mapped)",
                        label(n, i), t));
@@ -666,6 +670,11 @@ class Importer {
     const auto& n = g_.node(i);
     const auto& op = n.op_type();
     const auto data = data_inputs(n);
+    if (std::all_of(data.begin(), data.end(), [&](const std::string& t) { return param_views_.count(t) > 0; }))
+      if (const auto root = param_view_source(n)) {
+        param_views_[n.output(0)] = *root;
+        return;
+      }
     for (const auto& t : data)
       if (window_tables_.count(t)) return map_window_table(n, i, data, t);
     if (const auto h = handlers().find(op); h != handlers().end()) return (this->*(h->second))(n, i, data);
@@ -676,6 +685,50 @@ class Importer {
   const std::string& first_data(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) const {
     if (data.empty()) fail(fmt::format("{}: has no data input{}", label(n, i), weights_alone(n)));
     return data[0];
+  }
+
+  // A learned initializer given another shape in the graph, its elements in
+  // the same order: Unsqueeze, Squeeze, Reshape, Flatten, Identity, and a
+  // Transpose that moves only axes of size 1. DeBERTa adds its q_bias to the
+  // queries as transpose_for_scores(q_bias[None, None, :]): [D] viewed as
+  // [1, 1, H, d], permuted to [1, H, 1, d]. The Add or Mul that applies such
+  // a view to an activation is the IR's shift or scale over the view's shape
+  // (map_arithmetic), and its weights are the initializer's, read in order.
+  // The initializer the node's output holds; nothing for any other node.
+  std::optional<std::string> param_view_source(const onnx::NodeProto& n) const {
+    static const std::set<std::string> kViews = {"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Transpose"};
+    if (!kViews.count(n.op_type()) || n.input_size() < 1 || n.output_size() < 1) return std::nullopt;
+    const std::string& src = n.input(0);
+    std::string root;
+    if (g_.is_learned(src)) root = src;
+    else if (const auto v = param_views_.find(src); v != param_views_.end()) root = v->second;
+    else return std::nullopt;
+    for (int k = 1; k < n.input_size(); ++k)
+      if (!n.input(k).empty() && !g_.is_const(n.input(k))) return std::nullopt;
+    const auto in = g_.shape(src), out = g_.shape(n.output(0));
+    auto count = [](const Dims& d) -> std::optional<int64_t> {
+      int64_t c = 1;
+      for (auto e : d) {
+        if (e <= 0 || c > kMaxTensorElements / e) return std::nullopt;
+        c *= e;
+      }
+      return c;
+    };
+    if (!in || !out || !count(*in) || count(*in) != count(*out)) return std::nullopt;
+    if (n.op_type() == "Transpose") {
+      auto perm = attr_ints(n, "perm");
+      if (perm.empty())
+        for (auto k = static_cast<int64_t>(in->size()); k-- > 0;) perm.push_back(k);
+      if (perm.size() != in->size()) return std::nullopt;
+      int64_t last = -1;  // the axes longer than 1 keep their order
+      for (auto p : perm) {
+        if (p < 0 || p >= static_cast<int64_t>(in->size())) return std::nullopt;
+        if ((*in)[static_cast<size_t>(p)] == 1) continue;
+        if (p < last) return std::nullopt;
+        last = p;
+      }
+    }
+    return root;
   }
 
   // Why a node without a data input cannot be planned, when it reads
@@ -974,6 +1027,14 @@ class Importer {
     // keep x where the mask says so: cond where x is the true branch, else its negation
     std::vector<double> added(cond->size());
     for (size_t e = 0; e < cond->size(); ++e) added[e] = ((*cond)[e] != 0) == x_if_true ? 0.0 : 1.0;
+    // A mask that fills nothing (DeBERTa's XSoftmax under an attention mask
+    // of ones, the default when none is given) leaves x as it is: a no-op,
+    // as an Add of zeros, when the output has x's shape.
+    if (std::all_of(added.begin(), added.end(), [](double a) { return a == 0.0; }) && g_.shape(n.output(0)) &&
+        g_.shape(n.output(0)) == g_.shape(data[0])) {
+      constant_elementwise_ += 1;
+      return alias(n, i, data[0]);
+    }
     const auto cm = causal_mask_value(n.input(0), added, data[0]);
     if (!cm || !per_sample_axis(data[0], cm->query_axis)) return unknown(n, i, data);
     OJson a = causal_mask_attrs(*cm, data[0]);
@@ -1211,6 +1272,16 @@ class Importer {
             emit(ir_name_for(n), "shift", {ir_of(data[static_cast<size_t>(1 - k)], n, i)}, OJson{{"shape", *beta}},
                  n.output(0), n.name());
             return weigh("bias", WeightRef{e->second});
+          }
+      // A learned initializer viewed in another shape (param_view_source),
+      // added to or multiplying an activation: a shift or scale of that shape.
+      for (int k = 0; k < 2; ++k)
+        if (const auto v = param_views_.find(data[static_cast<size_t>(k)]);
+            (op == "Add" || op == "Mul") && v != param_views_.end() && !param_views_.count(data[static_cast<size_t>(1 - k)]))
+          if (const auto s = broadcast_per_sample(g_.shape(v->first).value(), data[static_cast<size_t>(1 - k)])) {
+            emit(ir_name_for(n), op == "Add" ? "shift" : "scale", {ir_of(data[static_cast<size_t>(1 - k)], n, i)},
+                 OJson{{"shape", *s}}, n.output(0), n.name());
+            return weigh(op == "Add" ? "bias" : "weight", WeightRef{v->second});
           }
       for (int k = 0; k < 2; ++k)
         if (op == "Add" && pos_tables_.count(data[static_cast<size_t>(k)])) {
@@ -1959,6 +2030,7 @@ class Importer {
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, std::string> expanded_params_;  // Expand's output -> the learned initializer it broadcasts
+  std::map<std::string, std::string> param_views_;  // ONNX tensor -> the learned initializer it reshapes (same order)
   std::map<std::string, WindowTable> window_tables_;
   std::optional<std::array<int64_t, 2>> last_window_;  // the last window_position_bias's window
   // ONNX tensor [k, b m, ...] or [k, b, ...], whose batch a Transpose moved

@@ -146,7 +146,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
                            "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
                            "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
-                           "weights/tiny-upsample-opset17.onnx", "tiny-upsample-repeat-opset17.onnx"),
+                           "weights/tiny-upsample-opset17.onnx", "tiny-upsample-repeat-opset17.onnx",
+                           "weights/tiny-deberta-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -183,7 +184,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // projections, the IR's shift: I-BERT's LayerNorm written out in Python
 // (op by op under eager) and GPT-NeoX-Japanese's expanded output biases
 // (tiny-ibert, tiny-gpt-neox-japanese), and torch.repeat_interleave over the
-// sequence, an upsample of a view (tiny-upsample).
+// sequence, an upsample of a view (tiny-upsample), and DeBERTa's query and
+// value biases, [D] parameters viewed per head and added as shifts, and its
+// masked softmax's fills that fill nothing (tiny-deberta).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -205,7 +208,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
                            "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
                            "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
-                           "weights/tiny-upsample-opset17.onnx"}) {
+                           "weights/tiny-upsample-opset17.onnx", "weights/tiny-deberta-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -835,6 +835,42 @@ TEST(RealExports, RepeatInterleaveOverTheSequenceIsAnUpsampleOfAView) {
             m.notes.end());
 }
 
+// DeBERTa adds its query and value biases after splitting the heads:
+// transpose_for_scores(q_bias[None, None, :]), a [D] parameter unsqueezed,
+// viewed as [1, 1, H, d] and permuted to [1, H, 1, d], none of it reading the
+// batch. Its elements keep their order, so the Add is the IR's shift over
+// [H, 1, d] per sample, with the parameter read whole from q_bias (its
+// values against PyTorch's: onnx_parity.py --model tiny-deberta). XSoftmax's
+// two masked fills a layer fill nothing under the default mask of ones:
+// no-ops (with the embeddings' multiply by that mask, 5), no opaque op left.
+TEST(RealExports, AParameterViewedPerHeadIsAShiftOfTheViewsShape) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  const std::string file = exports_dir() + "weights/tiny-deberta-opset17.onnx";
+  const Model m = import_onnx(file, o);
+  int shifts = 0;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    if (n.op != OpKind::shift || n.attrs.ints("shape").size() != 3) continue;  // (its layer norms' biases: [32])
+    ++shifts;
+    EXPECT_EQ(n.attrs.ints("shape"), (std::vector<int64_t>{4, 1, 8})) << n.name;
+    EXPECT_EQ(m.tensor(n.inputs[0]).shape, (Shape{4, 16, 8})) << n.name;
+  }
+  EXPECT_EQ(shifts, 4);  // q_bias and v_bias of two layers
+  EXPECT_EQ(m.parameter_count(), 23424);  // PyTorch's (make_weighted.py)
+  int biases = 0;
+  for (const auto& w : import_onnx_weights(file, o)) {
+    if (w.source.find("q_bias") == std::string::npos && w.source.find("v_bias") == std::string::npos) continue;
+    ++biases;
+    EXPECT_EQ(w.values.size(), 32u) << w.name;
+  }
+  EXPECT_EQ(biases, 4);
+  EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
+                         [](const std::string& s) { return s.find("5 elementwise ops with constants") == 0; }),
+            m.notes.end());
+}
+
 // Fixed sinusoidal positions: XGLM's table (a Constant gathered at the
 // positions from row 2, fairseq's [sin | cos] halves) and PyTorch's tutorial
 // PositionalEncoding (a buffer pe sliced to the sequence, Vaswani's
