@@ -120,6 +120,10 @@ class Importer {
     std::array<int64_t, 2> window;
     int64_t heads = 0;
     bool heads_first = false;  // permuted to [heads, T, T]; else the gathered [T, T, heads] order
+    // T5's relative-position buckets over `positions` (MPNet's), in place of a window
+    std::optional<RelativeBuckets> buckets;
+    int64_t positions = 0;
+    std::string gather;  // the Gather that read the table (names the IR node)
   };
 
  public:
@@ -1107,7 +1111,14 @@ class Importer {
       if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
         if (const auto idx = g_.values(n.input(1)))
           if (const auto window = window_of_relative_index(*idx, w[0])) {  // Swin's relative position bias
-            window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false};
+            window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name()};
+            return;
+          }
+        // T5's relative-position buckets of a [T, T] index (MPNet's, computed in the graph)
+        if (const auto idx = g_.values(n.input(1)); idx && g_.shape(n.input(1)) && g_.shape(n.input(1))->size() == 2)
+          if (const auto rb = relative_buckets_of_index(*idx, w[0])) {
+            window_tables_[n.output(0)] =
+                WindowTable{n.input(0), {0, 0}, w[1], false, *rb, (*g_.shape(n.input(1)))[0], n.name()};
             return;
           }
         pos_tables_[n.output(0)] = table_read(n, i, w[0]);
@@ -1171,7 +1182,7 @@ class Importer {
   void map_window_table(const onnx::NodeProto& n, int i, const std::vector<std::string>& data,
                         const std::string& from) {
     WindowTable wt = window_tables_.at(from);
-    const int64_t T = wt.window[0] * wt.window[1], H = wt.heads;
+    const int64_t T = wt.buckets ? wt.positions : wt.window[0] * wt.window[1], H = wt.heads;
     const auto& op = n.op_type();
     auto squeezed = [&](const std::string& t) {  // leading 1s dropped
       Dims d = g_.shape(t).value_or(Dims{});
@@ -1179,7 +1190,9 @@ class Importer {
       return d;
     };
     const Dims layout = wt.heads_first ? Dims{H, T, T} : Dims{T, T, H};
-    static const std::set<std::string> kViews = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast"};
+    // (Expand: MPNet's bias.expand(b, -1, T, T), leading axes only, per sample the same)
+    static const std::set<std::string> kViews = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast",
+                                                 "Expand"};
     if (data.size() == 1 && kViews.count(op)) {
       const Dims out = squeezed(n.output(0));
       if (out == layout || (!wt.heads_first && out == Dims{T * T, H})) {
@@ -1194,6 +1207,8 @@ class Importer {
     } else if (op == "Add" && data.size() == 2 && wt.heads_first) {
       const std::string& x = data[0] == from ? data[1] : data[0];
       const Dims px = per_sample(x);
+      if (!window_tables_.count(x) && px.size() >= 3 && Dims(px.end() - 3, px.end()) == layout && wt.buckets)
+        return map_relative_bucket_bias(n, i, x, wt);
       if (!window_tables_.count(x) && px.size() >= 3 && Dims(px.end() - 3, px.end()) == layout) {
         emit(ir_name_for(n), "window_position_bias", {ir_of(x, n, i)},
              OJson{{"window", pair(wt.window[0], wt.window[1])}}, n.output(0), n.name());
@@ -1201,10 +1216,55 @@ class Importer {
         return weigh("table", WeightRef{wt.table});
       }
     }
+    if (wt.buckets)
+      fail(fmt::format("{}: reads the relative position bias table '{}' (T5's buckets over {} positions, as MPNet's) in "
+                       "a way dlplan does not follow: views of the gathered [T, T, heads] rows, one permute to "
+                       "[heads, T, T], then an Add to scores [heads, T, T]",
+                       label(n, i), wt.table, T));
     fail(fmt::format("{}: reads the relative position bias table '{}' (a {} x {} window's, as Swin's) in a way dlplan "
                      "does not follow: views of the gathered rows, one permute to [heads, T, T], then an Add to "
                      "scores [.., heads, T, T]",
                      label(n, i), wt.table, wt.window[0], wt.window[1]));
+  }
+
+  // The scores x plus T5's relative position bias (MPNet's: one table read at
+  // the buckets of every key's offset from its query, computed once and added
+  // in every layer). The bias is the IR's relative_position_bias of the ids,
+  // emitted at its first Add and read by every later one, so its table is
+  // counted once; the Add is the IR's add of two [heads, T, T] tensors.
+  void map_relative_bucket_bias(const onnx::NodeProto& n, int i, const std::string& x, const WindowTable& wt) {
+    const int64_t T = wt.positions;
+    auto bias = relative_bias_nodes_.find(wt.table);
+    if (bias == relative_bias_nodes_.end()) {
+      std::string ids;
+      for (const auto& [name, spec] : input_specs_.items())
+        if (spec["dtype"] == "i32" && spec["shape"] == OJson::array({T})) {
+          ids = name;
+          break;
+        }
+      if (ids.empty())
+        fail(fmt::format("{}: adds T5's relative position bias (table '{}', {} positions), which dlplan computes "
+                         "from token ids [{}], and the model has no such input",
+                         label(n, i), wt.table, T, T));
+      const OJson a{{"heads", wt.heads},
+                    {"buckets", wt.buckets->buckets},
+                    {"max_distance", wt.buckets->max_distance},
+                    {"bidirectional", wt.buckets->bidirectional}};
+      const std::string name = unique_name(normalize(wt.gather));
+      emit(name, "relative_position_bias", {ids}, a, wt.table + "#bias", wt.gather);
+      weigh("weight", WeightRef{wt.table});
+      const auto& rb = *wt.buckets;
+      notes_.push_back(fmt::format(
+          "'{}' is T5's relative position bias: its {} buckets ({}directional, max_distance {}) are the file's "
+          "indices for every query and key of the {} positions{}",
+          name, rb.buckets, rb.bidirectional ? "bi" : "uni", rb.max_distance, T,
+          rb.reads_alike_to > rb.reads_alike_from
+              ? fmt::format(" (at this length any max_distance from {} to {} reads them alike{})", rb.reads_alike_from,
+                            rb.reads_alike_to, rb.max_distance == 128 ? "; 128 is T5's and MPNet's" : "")
+              : ""));
+      bias = relative_bias_nodes_.emplace(wt.table, name).first;
+    }
+    emit(ir_name_for(n), "add", {ir_of(x, n, i), bias->second}, OJson::object(), n.output(0), n.name());
   }
 
   // Whether every reader of t takes one part of its first axis at a constant
@@ -2032,6 +2092,7 @@ class Importer {
   std::map<std::string, std::string> expanded_params_;  // Expand's output -> the learned initializer it broadcasts
   std::map<std::string, std::string> param_views_;  // ONNX tensor -> the learned initializer it reshapes (same order)
   std::map<std::string, WindowTable> window_tables_;
+  std::map<std::string, std::string> relative_bias_nodes_;  // table -> its relative_position_bias node
   std::optional<std::array<int64_t, 2>> last_window_;  // the last window_position_bias's window
   // ONNX tensor [k, b m, ...] or [k, b, ...], whose batch a Transpose moved
   // to axis 1 (Swin's qkv.permute(2, 0, 3, 1, 4)) -> b when folded into m, else 0

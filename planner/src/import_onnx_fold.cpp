@@ -363,7 +363,7 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   static const std::map<std::string, size_t> kArity = {
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
-      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1},
+      {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1}, {"Log", 1},
       {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}, {"ReduceSum", 1}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
@@ -661,6 +661,12 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
   if (op == "Sqrt") return unary([](double a) { return std::sqrt(a); });
   if (op == "Cos") return unary([](double a) { return std::cos(a); });
   if (op == "Sin") return unary([](double a) { return std::sin(a); });
+  // In float32 for a float tensor, as torch computes it (MPNet's and T5's
+  // relative-position buckets truncate a log whose last bit can matter).
+  if (op == "Log")
+    return unary([float32 = t0 == TP::FLOAT](double a) {
+      return float32 ? static_cast<double>(std::log(static_cast<float>(a))) : std::log(a);
+    });
   return std::nullopt;
 }
 

@@ -104,6 +104,19 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
 // the constant `index` holds, reading a table of `rows` rows; nothing for any
 // other index.
 std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector<double>& index, int64_t rows);
+// T5's relative-position buckets (import_onnx_window.cpp): the geometry
+// under which the constant `index` [T, T] holds, for query i and key j,
+// relative_position_bucket(j - i, rows, max_distance, bidirectional) (ops.hpp)
+// of a table of `rows` buckets; nothing for any other index. MPNet computes
+// them in the graph (folded at import). At T positions every max_distance
+// of a range [reads_alike_from, reads_alike_to] reads the same index: 128,
+// T5's and MPNet's, is taken when in it, else its smallest.
+struct RelativeBuckets {
+  int64_t buckets = 0, max_distance = 0;
+  bool bidirectional = true;
+  int64_t reads_alike_from = 0, reads_alike_to = 0;
+};
+std::optional<RelativeBuckets> relative_buckets_of_index(const std::vector<double>& index, int64_t rows);
 // A shifted-window mask: the layout and values a window_mask op adds.
 struct WindowMask {
   std::array<int64_t, 2> windows, window, shift;

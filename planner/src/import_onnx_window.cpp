@@ -12,6 +12,7 @@
 #include "import_onnx_graph.hpp"
 
 #include "dlplan/ir.hpp"
+#include "dlplan/ops.hpp"
 
 #include <cmath>
 
@@ -39,6 +40,53 @@ std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector
     for (int64_t e = 0; e < n && same; ++e)
       same = index[static_cast<size_t>(e)] == static_cast<double>(window_relative_index(e / T, e % T, wh, ww));
     if (same) return std::array<int64_t, 2>{wh, ww};
+  }
+  return std::nullopt;
+}
+
+std::optional<RelativeBuckets> relative_buckets_of_index(const std::vector<double>& index, int64_t rows) {
+  const auto n = static_cast<int64_t>(index.size());
+  const auto T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
+  if (T < 2 || T * T != n || rows < 2) return std::nullopt;
+  // The bucket depends on the offset j - i alone: one value a diagonal.
+  std::vector<double> at(static_cast<size_t>(2 * T - 1));
+  for (int64_t e = 0; e < n; ++e) {
+    const auto d = static_cast<size_t>(e % T - e / T + T - 1);
+    if (e / T == 0 || e % T == 0) at[d] = index[static_cast<size_t>(e)];
+  }
+  for (int64_t e = 0; e < n; ++e)
+    if (index[static_cast<size_t>(e)] != at[static_cast<size_t>(e % T - e / T + T - 1)]) return std::nullopt;
+  // Each offset's bucket falls as max_distance grows (the log it divides by
+  // grows), so the max_distances whose buckets are all at most the index's
+  // are those from some lo up, and those whose buckets are all at least the
+  // index's those up to some hi: [lo, hi] reads the index, when not empty.
+  auto all = [&](int64_t max_distance, bool bidirectional, bool at_most) {
+    for (int64_t off = 1 - T; off < T; ++off) {
+      const auto b = static_cast<double>(relative_position_bucket(off, rows, max_distance, bidirectional));
+      const double want = at[static_cast<size_t>(off + T - 1)];
+      if (at_most ? b > want : b < want) return false;
+    }
+    return true;
+  };
+  constexpr int64_t kConventional = 128, kLargest = int64_t{1} << 20;
+  for (const bool bidirectional : {true, false}) {
+    const int64_t exact = (bidirectional ? rows / 2 : rows) / 2;
+    if (exact < 1 || !all(kLargest, bidirectional, true)) continue;
+    int64_t lo = exact + 1, top = kLargest;  // the first max_distance with every bucket at most the index's
+    while (lo < top) {
+      const int64_t mid = lo + (top - lo) / 2;
+      if (all(mid, bidirectional, true)) top = mid;
+      else lo = mid + 1;
+    }
+    if (!all(lo, bidirectional, false)) continue;
+    int64_t hi = lo;  // the last with every bucket at least the index's
+    for (int64_t bottom = kLargest; hi < bottom;) {
+      const int64_t mid = hi + (bottom - hi + 1) / 2;
+      if (all(mid, bidirectional, false)) hi = mid;
+      else bottom = mid - 1;
+    }
+    const int64_t chosen = lo <= kConventional && kConventional <= hi ? kConventional : lo;
+    return RelativeBuckets{rows, chosen, bidirectional, lo, hi};
   }
   return std::nullopt;
 }

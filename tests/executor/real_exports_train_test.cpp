@@ -147,7 +147,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
                            "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
                            "weights/tiny-upsample-opset17.onnx", "tiny-upsample-repeat-opset17.onnx",
-                           "weights/tiny-deberta-opset17.onnx"),
+                           "weights/tiny-deberta-opset17.onnx", "weights/tiny-mpnet-opset17.onnx",
+                           "tiny-relative-bias-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -186,7 +187,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // (tiny-ibert, tiny-gpt-neox-japanese), and torch.repeat_interleave over the
 // sequence, an upsample of a view (tiny-upsample), and DeBERTa's query and
 // value biases, [D] parameters viewed per head and added as shifts, and its
-// masked softmax's fills that fill nothing (tiny-deberta).
+// masked softmax's fills that fill nothing (tiny-deberta), and T5's relative
+// position bias computed in the graph (tiny-mpnet, tiny-relative-bias).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -208,7 +210,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-xglm-opset17.onnx", "weights/tiny-posenc-opset17.onnx",
                            "weights/tiny-roformer-opset17.onnx", "weights/tiny-xlm-opset17.onnx",
                            "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
-                           "weights/tiny-upsample-opset17.onnx", "weights/tiny-deberta-opset17.onnx"}) {
+                           "weights/tiny-upsample-opset17.onnx", "weights/tiny-deberta-opset17.onnx",
+                           "weights/tiny-mpnet-opset17.onnx", "tiny-relative-bias-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

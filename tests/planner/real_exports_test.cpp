@@ -100,6 +100,9 @@ const std::map<std::string, std::string> kToday = {
     // torch.repeat_interleave(h, 2, dim=1) over the sequence (Funnel's
     // decoder): its Loop rewritten, the broadcast an upsample of a view
     {"tiny-upsample-repeat-opset17.onnx", "imports"},
+    // T5's relative position bias written by a user: 16 unidirectional
+    // buckets computed in the graph (a log, truncated), the table read at them
+    {"tiny-relative-bias-opset17.onnx", "imports"},
     {"vgg11_bn-opset17.onnx", "imports"},
     {"vit_b_16-opset13.onnx", "imports"},
     {"vit_b_16-opset17.onnx", "imports"},
@@ -833,6 +836,51 @@ TEST(RealExports, RepeatInterleaveOverTheSequenceIsAnUpsampleOfAView) {
   EXPECT_NE(std::find_if(m.notes.begin(), m.notes.end(),
                          [](const std::string& s) { return s.find("1 Loop node of torch.repeat_interleave") == 0; }),
             m.notes.end());
+}
+
+// T5's relative position bias computed in the graph: MPNet's (32 buckets
+// both ways, max_distance 128: the Hub's configs cannot change it) and a
+// user's (16 buckets on earlier keys only, max_distance 40). The buckets fold
+// at import (a float32 log, truncated) and the [T, T] index they give is
+// recognised as relative_position_bucket's (ops.hpp) for a geometry, checked
+// here against the formula at every offset; the table is read once, by one
+// relative_position_bias of the ids, and every layer adds it to its scores.
+// At 16 positions max_distance 36 to 40 read the user's index alike, and the
+// importer takes the smallest; 128 is in MPNet's range and is taken.
+// PyTorch's step on MPNet's weights: onnx_parity.py --model tiny-mpnet.
+TEST(RealExports, RelativePositionBucketsComputedInTheGraphAreT5sBias) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  struct Case {
+    const char* file;
+    int64_t buckets, max_distance, layers;
+    bool bidirectional;
+  };
+  for (const Case& c : {Case{"weights/tiny-mpnet-opset17.onnx", 32, 128, 2, true},
+                        Case{"tiny-relative-bias-opset17.onnx", 16, 36, 1, false}}) {
+    ImportOptions o;
+    o.seq_len = 16;
+    const Model m = import_onnx(exports_dir() + c.file, o);
+    std::vector<const Node*> biases;
+    for (const Node& n : m.nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << c.file << " " << n.name;
+      if (n.op == OpKind::relative_position_bias) biases.push_back(&n);
+    }
+    ASSERT_EQ(biases.size(), 1u) << c.file;
+    const Node& b = *biases[0];
+    EXPECT_EQ(b.attrs.integer("buckets"), c.buckets) << c.file;
+    EXPECT_EQ(b.attrs.integer("max_distance"), c.max_distance) << c.file;
+    EXPECT_EQ(b.attrs.flag("bidirectional"), c.bidirectional) << c.file;
+    // The user's own max_distance reads the same buckets at this length.
+    for (int64_t off = -15; off <= 15; ++off)
+      EXPECT_EQ(relative_position_bucket(off, c.buckets, b.attrs.integer("max_distance"), c.bidirectional),
+                relative_position_bucket(off, c.buckets, c.bidirectional ? 128 : 40, c.bidirectional))
+          << c.file << " offset " << off;
+    int adds = 0;
+    for (const Node& n : m.nodes)
+      adds += n.op == OpKind::add && std::find(n.inputs.begin(), n.inputs.end(), b.output) != n.inputs.end();
+    EXPECT_EQ(adds, c.layers) << c.file;
+    EXPECT_EQ(m.tensor(b.output).shape, (Shape{4, 16, 16})) << c.file;
+  }
 }
 
 // DeBERTa adds its query and value biases after splitting the heads:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The ONNX importer on torchvision, Hugging Face and plain torch.nn models that are not fixtures.
 
-tests/fixtures/exports holds 41 files the importer was built and tested on.
+tests/fixtures/exports holds 42 files the importer was built and tested on.
 This check exports other torchvision classifiers with the same exporter
 (Debian's PyTorch 1.13, opset 17, training mode, as make_exports.py does),
 counts what PyTorch's autograd saves for each (make_exports.saved_bytes), and
@@ -136,6 +136,9 @@ HF_MODELS = {
     # mask of ones; v1's LayerNorm written out in Python
     "hf-deberta": ("DebertaForMaskedLM", "DebertaConfig", dict(**SMALL)),
     "hf-deberta-v2": ("DebertaV2ForMaskedLM", "DebertaV2Config", dict(**SMALL)),
+    # MPNet: T5's relative-position buckets computed in the graph (a log,
+    # truncated), its table read at them once and added in every layer
+    "hf-mpnet": ("MPNetForMaskedLM", "MPNetConfig", dict(**SMALL)),
     "hf-mixtral": ("MixtralForCausalLM", "MixtralConfig",
                    dict(num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2, **SMALL)),
 }
