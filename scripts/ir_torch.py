@@ -112,6 +112,7 @@ OPS = {
     "pow": (1, {"exponent": _REQUIRED}),
     "sqrt": (1, {}),
     "reciprocal": (1, {}),
+    "erf": (1, {}),
     "reduce_mean": (1, {"keepdims": False, "axis": -1}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
@@ -796,6 +797,8 @@ class IRModule(nn.Module):
             return torch.sqrt(x)
         if op == "reciprocal":
             return torch.reciprocal(x)
+        if op == "erf":
+            return torch.erf(x)
         if op == "reduce_mean":
             ax = int(a["axis"])  # per sample; the module's tensors lead with the batch
             return x.mean(ax if ax < 0 else ax + 1, keepdim=bool(a["keepdims"]))
@@ -1140,6 +1143,8 @@ def _node_flops(n):
         return 2.0 * out, 3.0 * out
     if op in ("sqrt", "reciprocal"):
         return out, 2.0 * out
+    if op == "erf":
+        return out, 3.0 * out
     if op == "reduce_mean":
         return float(_numel(x)), float(_numel(x))
     if op in ("concat", "transpose", "slice"):

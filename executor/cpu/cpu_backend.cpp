@@ -130,6 +130,7 @@ class CpuBackend final : public Backend {
       case OpKind::affine: return affine_forward(c);
       case OpKind::pow: return pow_forward(c);
       case OpKind::sqrt: return sqrt_forward(c);
+      case OpKind::erf: return erf_forward(c);
       case OpKind::reciprocal: return reciprocal_forward(c);
       case OpKind::reduce_mean: return reduce_mean_forward(c);
       case OpKind::matmul: return matmul_forward(c);
@@ -197,6 +198,7 @@ class CpuBackend final : public Backend {
       case OpKind::affine: return affine_backward(c);
       case OpKind::pow: return pow_backward(c);
       case OpKind::sqrt: return sqrt_backward(c);
+      case OpKind::erf: return erf_backward(c);
       case OpKind::reciprocal: return reciprocal_backward(c);
       case OpKind::reduce_mean: return reduce_mean_backward(c);
       case OpKind::matmul: return matmul_backward(c);

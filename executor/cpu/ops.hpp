@@ -191,6 +191,8 @@ void pow_forward(OpContext& c);
 void pow_backward(OpContext& c);
 void sqrt_forward(OpContext& c);
 void sqrt_backward(OpContext& c);
+void erf_forward(OpContext& c);
+void erf_backward(OpContext& c);
 void reciprocal_forward(OpContext& c);
 void reciprocal_backward(OpContext& c);
 void reduce_mean_forward(OpContext& c);

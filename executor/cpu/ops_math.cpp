@@ -1,6 +1,6 @@
 // Written-out elementwise math, planned op by op as PyTorch's eager autograd
 // runs it (ONNX import with --fusion eager; docs/onnx.md): affine, pow, sqrt,
-// reciprocal and the mean over one axis. Backward reads pow's input and
+// reciprocal, erf and the mean over one axis. Backward reads pow's and erf's input and
 // sqrt's and reciprocal's output, which their declarations keep (ops_decl.cpp);
 // affine and reduce_mean read nothing but sizes (reduce_mean's declaration
 // still keeps its input, as PyTorch 1.13's mean does). Then torch.nn's
@@ -78,6 +78,15 @@ void reciprocal_forward(OpContext& c) { map_elements(c, grain_elements(), [](flo
 void reciprocal_backward(OpContext& c) {
   const float* y = c.out.f();
   accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return -y[i] * y[i]; });
+}
+
+// erf: dx = 2 / sqrt(pi) exp(-x^2) dy (from the input)
+void erf_forward(OpContext& c) { map_elements(c, grain_elements() / 4, [](float x) { return std::erf(x); }); }
+
+void erf_backward(OpContext& c) {
+  const float* x = c.din[0].defined() ? c.in[0].f() : nullptr;
+  constexpr float k = 1.1283791670955126f;  // 2 / sqrt(pi)
+  accumulate_input_grad(c, grain_elements() / 4, [=](int64_t i) { return k * std::exp(-x[i] * x[i]); });
 }
 
 // ---- reduce_mean over one axis ------------------------------------------------------

@@ -826,6 +826,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::pow:
     case OpKind::sqrt:
     case OpKind::reciprocal:
+    case OpKind::erf:
     case OpKind::reduce_mean:
     case OpKind::matmul:
     case OpKind::softmax:
@@ -893,6 +894,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::pow:
     case OpKind::sqrt:
     case OpKind::reciprocal:
+    case OpKind::erf:
     case OpKind::reduce_mean:
     case OpKind::matmul:
     case OpKind::softmax:

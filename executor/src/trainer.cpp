@@ -126,6 +126,7 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
       return fmt::format("node '{}' is a {} (ConvNeXt, ShuffleNetV2), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name, to_string(n.op));
     if (n.op == OpKind::affine || n.op == OpKind::pow || n.op == OpKind::sqrt || n.op == OpKind::reciprocal ||
+        n.op == OpKind::erf ||
         n.op == OpKind::reduce_mean)
       return fmt::format("node '{}' is a {} (written-out math, imported with --fusion eager), which the CPU engine "
                          "trains and the CUDA engine does not yet", n.name, to_string(n.op));

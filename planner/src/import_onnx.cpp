@@ -779,6 +779,7 @@ class Importer {
         {"PRelu", &Importer::map_prelu},
         {"Pow", &Importer::map_pow},
         {"Sqrt", &Importer::map_unary_math},
+        {"Erf", &Importer::map_unary_math},
         {"Softmax", &Importer::map_softmax},
         {"Neg", &Importer::map_neg},
         {"Reciprocal", &Importer::map_unary_math},
@@ -1090,9 +1091,9 @@ class Importer {
     return emit(ir_name_for(n), "pow", {ir_of(data[0], n, i)}, OJson{{"exponent", *p}}, n.output(0), n.name());
   }
 
-  // Sqrt, Reciprocal
+  // Sqrt, Reciprocal, Erf
   void map_unary_math(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
-    const char* irop = n.op_type() == "Sqrt" ? "sqrt" : "reciprocal";
+    const char* irop = n.op_type() == "Sqrt" ? "sqrt" : n.op_type() == "Erf" ? "erf" : "reciprocal";
     return emit(ir_name_for(n), irop, {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0), n.name());
   }
 
@@ -1204,6 +1205,19 @@ class Importer {
       wt.heads_first = true;
       window_tables_[n.output(0)] = wt;
       return;
+    } else if (op == "Add" && data.size() == 1 && n.input_size() == 2) {
+      // A mask of zeros added to the bias before the scores (T5's
+      // position_bias + mask under an attention mask of ones): the same bias.
+      const std::string& other = n.input(0) == from ? n.input(1) : n.input(0);
+      const auto v = g_.values(other);
+      const Dims out = squeezed(n.output(0));
+      if (v && std::all_of(v->begin(), v->end(), [](double e) { return e == 0.0; }) &&
+          Dims(out.end() - std::min<size_t>(out.size(), 3), out.end()) == layout &&
+          std::all_of(out.begin(), out.end() - std::min<size_t>(out.size(), 3), [](int64_t d) { return d == 1; })) {
+        constant_elementwise_ += 1;
+        window_tables_[n.output(0)] = wt;
+        return;
+      }
     } else if (op == "Add" && data.size() == 2 && wt.heads_first) {
       const std::string& x = data[0] == from ? data[1] : data[0];
       const Dims px = per_sample(x);

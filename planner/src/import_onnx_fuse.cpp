@@ -801,7 +801,10 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
 }
 
 // The tail of a GELU: from `cur` through +1, * x (or * (0.5 x)) and * 0.5.
-std::optional<std::string> gelu_tail(const Graph& g, const std::string& x, std::string cur, std::vector<int>& nodes) {
+// half_apart: set when 0.5 x is its own node (x * 0.5 * (1 + ...), as Python
+// writes it; torch's export of F.gelu multiplies by 0.5 last).
+std::optional<std::string> gelu_tail(const Graph& g, const std::string& x, std::string cur, std::vector<int>& nodes,
+                                     bool* half_apart = nullptr) {
   bool seen_x = false, seen_half = false, seen_one = false;
   for (int step = 0; step < 4 && !(seen_x && seen_half && seen_one); ++step) {
     const auto& cons = g.consumers_of(cur);
@@ -822,6 +825,7 @@ std::optional<std::string> gelu_tail(const Graph& g, const std::string& x, std::
       if (side.op_type() != "Mul" || !d || *d != x) return std::nullopt;
       nodes.push_back(q);
       seen_x = seen_half = true;
+      if (half_apart) *half_apart = true;
     }
     nodes.push_back(cons[0]);
     cur = n.output(0);
@@ -830,7 +834,12 @@ std::optional<std::string> gelu_tail(const Graph& g, const std::string& x, std::
   return cur;
 }
 
-std::optional<Fusion> match_gelu_erf(const Graph& g, int erf) {
+// x / sqrt(2) -> Erf -> +1, * x, * 0.5. Under --fusion eager, the form
+// Python writes (ESM's gelu: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))),
+// 0.5 x its own node) is left op by op, as PyTorch's eager autograd runs it
+// (erf keeps x / sqrt(2), the product both factors); torch's own export of
+// F.gelu, one op in PyTorch, is fused either way.
+std::optional<Fusion> match_gelu_erf(const Graph& g, int erf, bool eager) {
   const auto& e = g.node(erf);
   int p = g.producer_of(e.input(0));
   if (p < 0) return std::nullopt;
@@ -839,8 +848,9 @@ std::optional<Fusion> match_gelu_erf(const Graph& g, int erf) {
   auto x = data_operand(g, pre);
   if (!x) return std::nullopt;
   std::vector<int> nodes{p, erf};
-  auto out = gelu_tail(g, *x, e.output(0), nodes);
-  if (!out) return std::nullopt;
+  bool half_apart = false;
+  auto out = gelu_tail(g, *x, e.output(0), nodes, &half_apart);
+  if (!out || (eager && half_apart)) return std::nullopt;
   Fusion f;
   f.kind = "gelu";
   f.x = *x;
@@ -1275,7 +1285,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
   for (int i = 0; i < g.g.node_size(); ++i) {
     if (taken.count(i)) continue;
     const auto& op = g.node(i).op_type();
-    if (op == "Erf") take(match_gelu_erf(g, i));
+    if (op == "Erf") take(match_gelu_erf(g, i, eager));
     else if (op == "Add") take(match_rope(g, i));
     else if (op == "Tanh") {
       auto f = match_gelu_tanh(g, i, eager);

@@ -557,6 +557,11 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = 2.0 * out_elems;
       d.bwd_flops = 3.0 * out_elems;
       break;
+    case OpKind::erf:  // 2 / sqrt(pi) exp(-self^2) grad
+      d.saved = {keep_input(0)};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = 3.0 * out_elems;
+      break;
     case OpKind::sqrt:        // grad / (2 result)
     case OpKind::reciprocal:  // -grad result^2
       d.saved = {keep_output()};

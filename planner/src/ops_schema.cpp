@@ -128,6 +128,8 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::pow, "pow", 1, {{"exponent", T::number, nullptr}}},
       {OpKind::sqrt, "sqrt", 1, {}},
       {OpKind::reciprocal, "reciprocal", 1, {}},
+      // the error function (a GELU written out in Python: ESM's)
+      {OpKind::erf, "erf", 1, {}},
       // x.mean(axis, keepdim): the mean over one per-sample axis (negative:
       // from the last; -1, the last, by default)
       {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}, {"axis", T::integer, -1}}},
@@ -719,6 +721,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::pow:
     case OpKind::sqrt:
     case OpKind::reciprocal:
+    case OpKind::erf:
     case OpKind::softmax:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);

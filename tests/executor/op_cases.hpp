@@ -238,6 +238,7 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("pow_fractional", arr({3, 4}), Json{{"op", "pow"}, {"exponent", -1.5}}, Gen::positive));
   v.push_back(unary("sqrt", arr({3, 4}), Json{{"op", "sqrt"}}, Gen::positive));
   v.push_back(unary("reciprocal", arr({3, 4}), Json{{"op", "reciprocal"}}, Gen::positive));
+  v.push_back(unary("erf", arr({3, 4}), Json{{"op", "erf"}}));
   v.push_back(unary("reduce_mean_keepdims", arr({3, 5}), Json{{"op", "reduce_mean"}, {"keepdims", true}}));
   v.push_back(unary("reduce_mean", arr({2, 3, 5}), Json{{"op", "reduce_mean"}}));
   // over a middle or the first per-sample axis (a mean over the sequence)

@@ -838,9 +838,10 @@ TEST(RealExports, RepeatInterleaveOverTheSequenceIsAnUpsampleOfAView) {
             m.notes.end());
 }
 
-// T5's relative position bias computed in the graph: MPNet's (32 buckets
-// both ways, max_distance 128: the Hub's configs cannot change it) and a
-// user's (16 buckets on earlier keys only, max_distance 40). The buckets fold
+// T5's relative position bias computed in the graph: MPNet's and T5's
+// encoder's (32 buckets both ways, max_distance 128; T5's through a mask of
+// zeros, computed in block 0 and read by every block) and a user's (16
+// buckets on earlier keys only, max_distance 40). The buckets fold
 // at import (a float32 log, truncated) and the [T, T] index they give is
 // recognised as relative_position_bucket's (ops.hpp) for a geometry, checked
 // here against the formula at every offset; the table is read once, by one
@@ -856,6 +857,7 @@ TEST(RealExports, RelativePositionBucketsComputedInTheGraphAreT5sBias) {
     bool bidirectional;
   };
   for (const Case& c : {Case{"weights/tiny-mpnet-opset17.onnx", 32, 128, 2, true},
+                        Case{"weights/tiny-t5-encoder-opset17.onnx", 32, 128, 2, true},
                         Case{"tiny-relative-bias-opset17.onnx", 16, 36, 1, false}}) {
     ImportOptions o;
     o.seq_len = 16;
@@ -881,6 +883,32 @@ TEST(RealExports, RelativePositionBucketsComputedInTheGraphAreT5sBias) {
     EXPECT_EQ(adds, c.layers) << c.file;
     EXPECT_EQ(m.tensor(b.output).shape, (Shape{4, 16, 16})) << c.file;
   }
+}
+
+// A GELU written in Python (ESM's x * 0.5 * (1 + erf(x / sqrt 2)): 0.5 x is
+// its own node) is planned op by op under --fusion eager, the IR's erf
+// among them, as PyTorch's eager autograd runs it (erf keeps x / sqrt 2, the
+// product both factors: three tensors of x's size where F.gelu keeps x);
+// torch's own export of F.gelu (BERT's: * 0.5 last) stays one gelu, which
+// is one op in PyTorch too. Under the default fusion both are gelu.
+TEST(RealExports, AGeluWrittenInPythonIsOpByOpUnderEagerAndTorchsIsOneGelu) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  auto count = [](const Model& m, OpKind op) {
+    return std::count_if(m.nodes.begin(), m.nodes.end(), [&](const Node& n) { return n.op == op; });
+  };
+  ImportOptions o;
+  o.seq_len = 16;
+  o.fusion = FusionMode::eager;
+  const Model esm = import_onnx(exports_dir() + "weights/tiny-esm-opset17.onnx", o);
+  EXPECT_EQ(count(esm, OpKind::erf), 3);  // two layers' MLPs and the head's transform
+  EXPECT_EQ(count(esm, OpKind::gelu), 0);
+  const Model bert = import_onnx(exports_dir() + "weights/tiny-bert-opset17.onnx", o);
+  EXPECT_EQ(count(bert, OpKind::erf), 0);
+  EXPECT_EQ(count(bert, OpKind::gelu), 3);
+  o.fusion = FusionMode::engine;
+  const Model fused = import_onnx(exports_dir() + "weights/tiny-esm-opset17.onnx", o);
+  EXPECT_EQ(count(fused, OpKind::erf), 0);
+  EXPECT_EQ(count(fused, OpKind::gelu), 3);
 }
 
 // DeBERTa adds its query and value biases after splitting the heads:

@@ -139,6 +139,18 @@ HF_MODELS = {
     # MPNet: T5's relative-position buckets computed in the graph (a log,
     # truncated), its table read at them once and added in every layer
     "hf-mpnet": ("MPNetForMaskedLM", "MPNetConfig", dict(**SMALL)),
+    # T5's and UMT5's encoders (a head over the vocabulary added, as they
+    # have none: the fourth field, the width it reads): T5's buckets computed
+    # in the graph, the bias through a mask of zeros (T5: block 0's, read by
+    # every block; UMT5: each block its own)
+    "hf-t5-encoder": ("T5EncoderModel", "T5Config",
+                      dict(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4), 128),
+    "hf-umt5-encoder": ("UMT5EncoderModel", "UMT5Config",
+                        dict(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4), 128),
+    # ESM (protein language model): its GELU written in Python (x * 0.5 *
+    # (1 + erf(x / sqrt 2))), which PyTorch's eager autograd runs op by op
+    "hf-esm": ("EsmForMaskedLM", "EsmConfig",
+               dict(pad_token_id=1, mask_token_id=2, **{k: v for k, v in SMALL.items()})),
     "hf-mixtral": ("MixtralForCausalLM", "MixtralConfig",
                    dict(num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2, **SMALL)),
 }
@@ -363,6 +375,11 @@ MERGED_BY_EXPORTER = {"hf-deberta": 4 * 64 * 128 * 4}
 # so). (nn.PReLU's slope was one until PRelu became the IR's prelu.)
 PARAMS_LEFT_OUT = {}
 
+# Modules whose parameters the exported forward never reads, so the file
+# does not hold them: ESM's contact-prediction head (EsmForMaskedLM builds it,
+# its logits do not use it). Their parameters are left out of PyTorch's count.
+UNREAD_MODULES = {"hf-esm": ["inner.esm.contact_head."]}
+
 # Frozen parameters (requires_grad False) whose values are fixed sinusoidal
 # positions: the importer reads them as constants (the note names each), so
 # the plan counts PyTorch's trained parameters. RoFormer's position table
@@ -398,15 +415,30 @@ def export(name, kwargs, side, work):
                   {"input": {0: "batch"}, "output": {0: "batch"}}, lambda y: F.cross_entropy(y, target), work)
 
 
+class EncoderHead(torch.nn.Module):
+    """An encoder's hidden states read by a linear head over the vocabulary."""
+
+    def __init__(self, inner, width, vocab=1000):
+        super().__init__()
+        self.inner, self.head = inner, torch.nn.Linear(width, vocab)
+
+    def forward(self, x):
+        return self.head(self.inner(x, return_dict=False)[0])
+
+
 def export_hf(name, work):
     import transformers
-    model_class, config_class, kwargs = HF_MODELS[name]
+    model_class, config_class, kwargs, *head = HF_MODELS[name]
     torch.manual_seed(0)
-    model = make_exports.Logits(getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)))
+    inner = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs))
+    model = EncoderHead(inner, head[0]) if head else make_exports.Logits(inner)
     ids = torch.randint(0, 1000, (1, 64))
-    return record(name, model, [ids], ["input_ids"],
-                  {"input_ids": {0: "batch", 1: "sequence"}, "output": {0: "batch", 1: "sequence"}},
-                  lambda y: F.cross_entropy(y.reshape(-1, y.shape[-1]), ids.reshape(-1)), work)
+    path, (params, frozen), saved = record(
+        name, model, [ids], ["input_ids"], {"input_ids": {0: "batch", 1: "sequence"}, "output": {0: "batch", 1: "sequence"}},
+        lambda y: F.cross_entropy(y.reshape(-1, y.shape[-1]), ids.reshape(-1)), work)
+    unread = sum(p.numel() for n, p in model.named_parameters()
+                 if any(n.startswith(prefix) for prefix in UNREAD_MODULES.get(name, [])))
+    return path, (params - unread, frozen), saved
 
 
 def export_user(name, work):

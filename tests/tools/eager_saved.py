@@ -31,6 +31,7 @@ CASES = {
     "pow (x^2)": (lambda x: x.pow(2), "input"),
     "sqrt": (lambda x: torch.sqrt(x), "output"),
     "reciprocal": (lambda x: torch.reciprocal(x), "output"),
+    "erf": (lambda x: torch.erf(x), "input"),
     "reduce_mean (keepdims)": (lambda x: x.mean(-1, keepdim=True), "input"),
     "reduce_mean": (lambda x: x.mean(-1), "input"),
     "tanh": (lambda x: torch.tanh(x), "output"),
