@@ -1274,7 +1274,7 @@ class Importer {
           name, rb.buckets, rb.bidirectional ? "bi" : "uni", rb.max_distance, T,
           rb.reads_alike_to > rb.reads_alike_from
               ? fmt::format(" (at this length any max_distance from {} to {} reads them alike{})", rb.reads_alike_from,
-                            rb.reads_alike_to, rb.max_distance == 128 ? "; 128 is T5's and MPNet's" : "")
+                            rb.reads_alike_to, rb.max_distance == kT5MaxDistance ? fmt::format("; {} is T5's and MPNet's", kT5MaxDistance) : "")
               : ""));
       bias = relative_bias_nodes_.emplace(wt.table, name).first;
     }

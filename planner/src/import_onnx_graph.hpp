@@ -111,6 +111,7 @@ std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector
 // them in the graph (folded at import). At T positions every max_distance
 // of a range [reads_alike_from, reads_alike_to] reads the same index: 128,
 // T5's and MPNet's, is taken when in it, else its smallest.
+constexpr int64_t kT5MaxDistance = 128;  // T5's and MPNet's
 struct RelativeBuckets {
   int64_t buckets = 0, max_distance = 0;
   bool bidirectional = true;

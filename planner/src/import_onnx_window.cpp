@@ -49,10 +49,11 @@ std::optional<RelativeBuckets> relative_buckets_of_index(const std::vector<doubl
   const auto T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
   if (T < 2 || T * T != n || rows < 2) return std::nullopt;
   // The bucket depends on the offset j - i alone: one value a diagonal.
+  // (Offset j >= 0 is row 0's, -i column 0's.)
   std::vector<double> at(static_cast<size_t>(2 * T - 1));
-  for (int64_t e = 0; e < n; ++e) {
-    const auto d = static_cast<size_t>(e % T - e / T + T - 1);
-    if (e / T == 0 || e % T == 0) at[d] = index[static_cast<size_t>(e)];
+  for (int64_t k = 0; k < T; ++k) {
+    at[static_cast<size_t>(T - 1 + k)] = index[static_cast<size_t>(k)];
+    at[static_cast<size_t>(T - 1 - k)] = index[static_cast<size_t>(k * T)];
   }
   for (int64_t e = 0; e < n; ++e)
     if (index[static_cast<size_t>(e)] != at[static_cast<size_t>(e % T - e / T + T - 1)]) return std::nullopt;
@@ -68,7 +69,7 @@ std::optional<RelativeBuckets> relative_buckets_of_index(const std::vector<doubl
     }
     return true;
   };
-  constexpr int64_t kConventional = 128, kLargest = int64_t{1} << 20;
+  constexpr int64_t kLargest = int64_t{1} << 20;
   for (const bool bidirectional : {true, false}) {
     const int64_t exact = (bidirectional ? rows / 2 : rows) / 2;
     if (exact < 1 || !all(kLargest, bidirectional, true)) continue;
@@ -85,7 +86,7 @@ std::optional<RelativeBuckets> relative_buckets_of_index(const std::vector<doubl
       if (all(mid, bidirectional, false)) hi = mid;
       else bottom = mid - 1;
     }
-    const int64_t chosen = lo <= kConventional && kConventional <= hi ? kConventional : lo;
+    const int64_t chosen = lo <= kT5MaxDistance && kT5MaxDistance <= hi ? kT5MaxDistance : lo;
     return RelativeBuckets{rows, chosen, bidirectional, lo, hi};
   }
   return std::nullopt;

@@ -150,7 +150,7 @@ HF_MODELS = {
     # ESM (protein language model): its GELU written in Python (x * 0.5 *
     # (1 + erf(x / sqrt 2))), which PyTorch's eager autograd runs op by op
     "hf-esm": ("EsmForMaskedLM", "EsmConfig",
-               dict(pad_token_id=1, mask_token_id=2, **{k: v for k, v in SMALL.items()})),
+               dict(pad_token_id=1, mask_token_id=2, **SMALL)),
     "hf-mixtral": ("MixtralForCausalLM", "MixtralConfig",
                    dict(num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2, **SMALL)),
 }
