@@ -124,10 +124,14 @@ class Importer {
     std::optional<RelativeBuckets> buckets;
     int64_t positions = 0;
     std::string gather;  // the Gather that read the table (names the IR node)
+    // A causal mask added to the bias before the scores (T5's decoder): the
+    // value added above the diagonal, which the scores then take as the IR's
+    // causal_mask.
+    std::optional<double> causal_fill;
   };
 
  public:
-  Importer(Graph& g, FusionMode fusion) : g_(g), fusion_(fusion) {}
+  Importer(Graph& g, FusionMode fusion, int64_t micro_batch) : g_(g), fusion_(fusion), micro_batch_(micro_batch) {}
 
   const std::map<std::string, WeightRef>& weights() const { return weights_; }
 
@@ -700,9 +704,13 @@ class Importer {
   // (map_arithmetic), and its weights are the initializer's, read in order.
   // The initializer the node's output holds; nothing for any other node.
   std::optional<std::string> param_view_source(const onnx::NodeProto& n) const {
-    static const std::set<std::string> kViews = {"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Transpose"};
+    // (Cast: BART's final_logits_bias.to(logits.dtype), float to float.)
+    static const std::set<std::string> kViews = {"Unsqueeze", "Squeeze", "Reshape", "Flatten",
+                                                 "Identity", "Transpose", "Cast"};
     if (!kViews.count(n.op_type()) || n.input_size() < 1 || n.output_size() < 1) return std::nullopt;
     const std::string& src = n.input(0);
+    if (n.op_type() == "Cast" && (!is_float(g_.dtype(src)) || g_.dtype(src) != g_.dtype(n.output(0))))
+      return std::nullopt;
     std::string root;
     if (g_.is_learned(src)) root = src;
     else if (const auto v = param_views_.find(src); v != param_views_.end()) root = v->second;
@@ -812,6 +820,12 @@ class Importer {
 
   // Identity, Cast
   void map_identity(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    // Positions read from a table and cast to the embeddings' float type
+    // (BART's learned positions, `.to(inputs_embeds.dtype)`): the same read.
+    if (const auto t = pos_tables_.find(n.input(0)); t != pos_tables_.end() && is_float(g_.dtype(n.output(0)))) {
+      pos_tables_.emplace(n.output(0), t->second);
+      return;
+    }
     return alias(n, i, first_data(n, i, data));
   }
 
@@ -1112,14 +1126,14 @@ class Importer {
       if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
         if (const auto idx = g_.values(n.input(1)))
           if (const auto window = window_of_relative_index(*idx, w[0])) {  // Swin's relative position bias
-            window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name()};
+            window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name(), std::nullopt};
             return;
           }
         // T5's relative-position buckets of a [T, T] index (MPNet's, computed in the graph)
         if (const auto idx = g_.values(n.input(1)); idx && g_.shape(n.input(1)) && g_.shape(n.input(1))->size() == 2)
           if (const auto rb = relative_buckets_of_index(*idx, w[0])) {
             window_tables_[n.output(0)] =
-                WindowTable{n.input(0), {0, 0}, w[1], false, *rb, (*g_.shape(n.input(1)))[0], n.name()};
+                WindowTable{n.input(0), {0, 0}, w[1], false, *rb, (*g_.shape(n.input(1)))[0], n.name(), std::nullopt};
             return;
           }
         pos_tables_[n.output(0)] = table_read(n, i, w[0]);
@@ -1185,8 +1199,12 @@ class Importer {
     WindowTable wt = window_tables_.at(from);
     const int64_t T = wt.buckets ? wt.positions : wt.window[0] * wt.window[1], H = wt.heads;
     const auto& op = n.op_type();
-    auto squeezed = [&](const std::string& t) {  // leading 1s dropped
+    // Leading 1s dropped, and the batch axis where a mask broadcast the bias
+    // over it ([b, H, T, T]: imported at micro-batch b, the mask's rows are
+    // alike).
+    auto squeezed = [&](const std::string& t) {
       Dims d = g_.shape(t).value_or(Dims{});
+      if (d.size() > 3 && d.front() == micro_batch_) d.erase(d.begin());
       while (d.size() > 1 && d.front() == 1) d.erase(d.begin());
       return d;
     };
@@ -1211,13 +1229,24 @@ class Importer {
       const std::string& other = n.input(0) == from ? n.input(1) : n.input(0);
       const auto v = g_.values(other);
       const Dims out = squeezed(n.output(0));
-      if (v && std::all_of(v->begin(), v->end(), [](double e) { return e == 0.0; }) &&
+      const bool same_layout =
           Dims(out.end() - std::min<size_t>(out.size(), 3), out.end()) == layout &&
-          std::all_of(out.begin(), out.end() - std::min<size_t>(out.size(), 3), [](int64_t d) { return d == 1; })) {
+          std::all_of(out.begin(), out.end() - std::min<size_t>(out.size(), 3), [](int64_t d) { return d == 1; });
+      if (v && same_layout && std::all_of(v->begin(), v->end(), [](double e) { return e == 0.0; })) {
         constant_elementwise_ += 1;
         window_tables_[n.output(0)] = wt;
         return;
       }
+      // T5's decoder: position_bias + the causal mask (finfo.min above the
+      // diagonal), added to the scores of every layer. (s + (b + m)) is
+      // (s + b) + m: the bias added, then the mask.
+      if (v && same_layout && wt.buckets && wt.heads_first && !wt.causal_fill)
+        if (const auto cm = causal_mask_value(other, *v, n.output(0));
+            cm && cm->query_axis == static_cast<int64_t>(g_.shape(n.output(0))->size()) - 2) {
+          wt.causal_fill = cm->fill;
+          window_tables_[n.output(0)] = wt;
+          return;
+        }
     } else if (op == "Add" && data.size() == 2 && wt.heads_first) {
       const std::string& x = data[0] == from ? data[1] : data[0];
       const Dims px = per_sample(x);
@@ -1278,7 +1307,12 @@ class Importer {
               : ""));
       bias = relative_bias_nodes_.emplace(wt.table, name).first;
     }
-    emit(ir_name_for(n), "add", {ir_of(x, n, i), bias->second}, OJson::object(), n.output(0), n.name());
+    if (!wt.causal_fill)
+      return emit(ir_name_for(n), "add", {ir_of(x, n, i), bias->second}, OJson::object(), n.output(0), n.name());
+    const std::string biased = n.output(0) + "#biased";
+    emit(ir_name_for(n), "add", {ir_of(x, n, i), bias->second}, OJson::object(), biased, n.name());
+    emit(unique_name(normalize(n.name()) + ".causal"), "causal_mask", {ir_[biased]}, OJson{{"value", *wt.causal_fill}},
+         n.output(0), n.name());
   }
 
   // Whether every reader of t takes one part of its first axis at a constant
@@ -1769,6 +1803,20 @@ class Importer {
   // Flatten, Reshape, Squeeze, Unsqueeze
   void map_reshape(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const auto& op = n.op_type();
+    // Positions read from a table as [T, D] and given a leading batch axis of
+    // 1 (Speech2Text2's sinusoids gathered by a flat index): the same read.
+    if (const auto t = pos_tables_.find(n.input(0)); t != pos_tables_.end()) {
+      auto lead_ones_dropped = [&](const std::string& v) {
+        Dims d = g_.shape(v).value_or(Dims{});
+        while (d.size() > 2 && d.front() == 1) d.erase(d.begin());
+        return d;
+      };
+      const Dims in = lead_ones_dropped(n.input(0));
+      if (in.size() == 2 && in == lead_ones_dropped(n.output(0))) {
+        pos_tables_.emplace(n.output(0), t->second);
+        return;
+      }
+    }
     const std::string& x = first_data(n, i, data);
     const auto out = per_sample(n.output(0));
     if (pooled_.count(x) && out.size() <= 1) {  // [C, 1, 1] -> [C]: the IR's global_avgpool is [C] already
@@ -1864,14 +1912,36 @@ class Importer {
                  [&](const std::string& t) { return !empty_.count(t); });
     if (data.size() == 1 && static_cast<size_t>(n.input_size()) == all_data.size() && data.size() < all_data.size())
       return alias(n, i, data[0]);
-    if (n.input_size() == 2 && attr_int(n, "axis", 0) == 1) {
-      int p = g_.producer_of(n.input(0));
-      const bool cls =
-          g_.is_init(n.input(0)) || (p >= 0 && (g_.node(p).op_type() == "Expand" || g_.node(p).op_type() == "Tile") &&
-                                     g_.is_init(g_.node(p).input(0)));
-      if (cls) {
-        emit(ir_name_for(n), "cls_token", {ir_of(n.input(1), n, i)}, OJson::object(), n.output(0), n.name());
-        return weigh("weight", WeightRef{g_.is_init(n.input(0)) ? n.input(0) : g_.node(p).input(0)});
+    // Learned tokens put before the sequence (ViT's class token; DeiT's
+    // class and distillation tokens), each an initializer or one broadcast
+    // over the batch, then one activation: a cls_token each, the last token
+    // first, so that the first ends up in front.
+    if (n.input_size() >= 2 && attr_int(n, "axis", 0) == 1) {
+      auto learned_token = [&](const std::string& t) -> std::optional<std::string> {
+        const int p = g_.producer_of(t);
+        if (g_.is_init(t)) return t;
+        if (p >= 0 && (g_.node(p).op_type() == "Expand" || g_.node(p).op_type() == "Tile") &&
+            g_.is_init(g_.node(p).input(0)))
+          return g_.node(p).input(0);
+        return std::nullopt;
+      };
+      const std::string& x = n.input(n.input_size() - 1);
+      const auto xs = g_.shape(x);
+      std::vector<std::string> tokens;
+      for (int k = 0; k + 1 < n.input_size(); ++k)
+        if (const auto t = learned_token(n.input(k)); t && xs && !xs->empty() && g_.shape(*t) &&
+                                                      numel(*g_.shape(*t)) == xs->back())
+          tokens.push_back(*t);
+      if (!learned_token(x) && tokens.size() + 1 == static_cast<size_t>(n.input_size())) {
+        std::string in = ir_of(x, n, i);
+        for (size_t k = tokens.size(); k-- > 0;) {
+          const std::string out = k == 0 ? n.output(0) : fmt::format("{}#token{}", n.output(0), k);
+          emit(k == 0 ? ir_name_for(n) : unique_name(fmt::format("{}.token{}", normalize(n.name()), k)), "cls_token",
+               {in}, OJson::object(), out, n.name());
+          weigh("weight", WeightRef{tokens[k]});
+          in = ir_[out];
+        }
+        return;
       }
     }
     if (!data.empty() && all_data.size() == static_cast<size_t>(n.input_size())) {
@@ -2124,6 +2194,7 @@ class Importer {
   int bn_layers_ = 0;
   int constant_elementwise_ = 0;
   FusionMode fusion_ = FusionMode::engine;
+  int64_t micro_batch_ = 1;  // the batch the graph's inputs were bound to (bind_symbolic_dims)
   bool loss_emitted_ = false;
 
  public:
@@ -2340,7 +2411,7 @@ Model import_file(const std::string& path, const ImportOptions& opt, std::vector
 
   Graph g(model, path);
   g.index();
-  Importer imp(g, opt.fusion);
+  Importer imp(g, opt.fusion, opt.micro_batch);
   if (opt.fusion == FusionMode::eager)
     imp.pre_note("--fusion eager: math written out in Python (gelu_new's tanh form, RMSNorm) planned op by op, as "
                  "PyTorch's eager autograd runs it; slices and reshapes are views, an op keeping one keeps the tensor "

@@ -27,8 +27,10 @@
 #include <climits>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 namespace dlplan::onnx_import {
 namespace {
@@ -364,7 +366,8 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
       {"Identity", 1}, {"Cast", 1}, {"Unsqueeze", 1}, {"Squeeze", 1}, {"Concat", 1}, {"Gather", 2}, {"Slice", 1},
       {"Reshape", 2}, {"Range", 3}, {"ConstantOfShape", 1}, {"Expand", 2}, {"Where", 3}, {"Not", 1}, {"Neg", 1},
       {"Abs", 1}, {"Floor", 1}, {"Ceil", 1}, {"Sqrt", 1}, {"Trilu", 1}, {"Tile", 2}, {"Cos", 1}, {"Sin", 1}, {"Log", 1},
-      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}, {"ReduceSum", 1}};
+      {"Transpose", 1}, {"MatMul", 2}, {"CumSum", 2}, {"ScatterND", 3}, {"GatherElements", 2}, {"ReduceSum", 1},
+      {"Clip", 1}};
   const auto arity = kArity.find(op);
   const size_t needed = arity != kArity.end() ? arity->second : 2;  // the binary ops
   if (in.size() < needed || (arity == kArity.end() && in.size() != 2)) return std::nullopt;
@@ -642,6 +645,17 @@ std::optional<Const> evaluate(const onnx::NodeProto& n, const std::vector<const 
     return binary([fmod](double a, double b) { return fmod ? std::fmod(a, b) : a - std::floor(a / b) * b; }, t0);
   }
   if (op == "Pow") return binary([](double a, double b) { return std::pow(a, b); }, t0);
+  if (op == "Clip") {  // min and max optional, scalars (ProphetNet's positions clamped to its table)
+    double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
+    for (size_t k = 1; k < 3 && k < in.size(); ++k) {
+      if (!in[k]) continue;
+      if (in[k]->v.size() != 1) return std::nullopt;
+      (k == 1 ? lo : hi) = in[k]->v[0];
+    }
+    return elementwise({in[0]}, in[0]->type, [lo, hi](const std::vector<double>& a) {
+      return std::min(std::max(a[0], lo), hi);
+    });
+  }
   if (op == "Max") return binary([](double a, double b) { return std::max(a, b); }, t0);
   if (op == "Min") return binary([](double a, double b) { return std::min(a, b); }, t0);
   if (op == "Equal") return binary([](double a, double b) { return a == b ? 1.0 : 0.0; }, TP::BOOL);
@@ -861,9 +875,10 @@ class Folder {
   std::optional<Const> no_padding(const Graph& g, const onnx::NodeProto& n) {
     if (n.op_type() != "Equal" || n.input_size() != 2) return std::nullopt;
     for (int side = 0; side < 2; ++side) {
-      const std::string& ids = n.input(side);
-      if (std::find(g.inputs.begin(), g.inputs.end(), ids) == g.inputs.end() || !is_integral(g.dtype(ids))) continue;
-      const auto shape = g.shape(ids);
+      const std::string& operand = n.input(side);
+      const std::string ids = graph_input_through_views(g, operand);
+      if (ids.empty() || !is_integral(g.dtype(operand))) continue;
+      const auto shape = g.shape(operand);
       const Const* pad = lookup(g, n.input(1 - side));
       if (!shape || count(*shape) <= 0 || !pad || pad->v.size() != 1 || !is_integral(pad->type)) continue;
       const auto& readers = g.consumers_of(n.output(0));
@@ -883,6 +898,20 @@ class Folder {
       return Const{*shape, std::vector<double>(static_cast<size_t>(count(*shape)), 0.0), TP::BOOL};
     }
     return std::nullopt;
+  }
+
+  // The graph input t is, or that t reshapes (Speech2Text2's ids.view(-1, T)
+  // before its positions): the same elements. "" for anything else.
+  static std::string graph_input_through_views(const Graph& g, std::string t) {
+    for (int depth = 0; depth < 4; ++depth) {
+      if (std::find(g.inputs.begin(), g.inputs.end(), t) != g.inputs.end()) return t;
+      const int p = g.producer_of(t);
+      if (p < 0) return "";
+      const auto& op = g.node(p).op_type();
+      if (op != "Reshape" && op != "Flatten" && op != "Identity" && op != "Unsqueeze" && op != "Squeeze") return "";
+      t = g.node(p).input(0);
+    }
+    return "";
   }
 
   // t's only reader is a Not, whose readers (through Casts) are a CumSum and
@@ -1005,9 +1034,13 @@ class Folder {
       };
       const auto row0 = D >= 4 && P >= 2 ? tensor_elements(tp, {0, 1, D / 2}) : std::nullopt;
       std::optional<SinusoidalPositions> sp;
+      std::optional<int64_t> padding_row;
       if (row0 && (*row0)[0] == 0.0 && ((*row0)[1] == 1.0 || (*row0)[2] == 1.0)) {
         const int64_t head = std::min<int64_t>(P, 64);
-        if (const auto v = rows(0, head)) sp = match_sinusoidal_positions(*v, head, D);
+        if (const auto v = rows(0, head)) {
+          sp = match_sinusoidal_positions(*v, head, D);
+          if (!sp) std::tie(sp, padding_row) = sinusoids_around_a_zero_row(*v, head, D);
+        }
       }
       fixed = sp && sp->offset == 0;
       const int64_t block = std::max<int64_t>(1, kMaxFoldedElements / D);
@@ -1017,11 +1050,40 @@ class Folder {
       }
       if (fixed)
         assumptions_.push_back(fmt::format(
-            "'{}' holds fixed sinusoidal positions ({} x {}, {}; every value checked): read as constants, not a "
+            "'{}' holds fixed sinusoidal positions ({} x {}, {}{}; every value checked): read as constants, not a "
             "parameter (PyTorch counts it, {} values, where it is an nn.Parameter, as RoFormer's frozen table)",
-            t, P, D, sp->interleaved ? "interleaved" : "sines then cosines", P * D));
+            t, P, D, sp->interleaved ? "interleaved" : "sines then cosines",
+            padding_row ? fmt::format(", row {} zero: the padding position's", *padding_row) : "", P * D));
     }
     return fixed_[t] = fixed;
+  }
+
+  // fairseq's sinusoidal table (Speech2Text2's) zeroes the row of its
+  // padding index: the first `head` rows [head, D] in `v` are sinusoids of
+  // positions 0, 1, ... but for one row of zeros, row z >= 1. The layout and
+  // z, or nothing. The rows before z fix the layout where there are two of
+  // them (the step is read at position 1), else the rows after it (their
+  // first position is z + 1 = 2); the other side must follow it.
+  static std::pair<std::optional<SinusoidalPositions>, std::optional<int64_t>> sinusoids_around_a_zero_row(
+      const std::vector<double>& v, int64_t head, int64_t D) {
+    auto zero = [&](int64_t r) {
+      return std::all_of(v.begin() + r * D, v.begin() + (r + 1) * D, [](double e) { return e == 0.0; });
+    };
+    int64_t z = 1;
+    while (z < head && !zero(z)) ++z;
+    if (z >= head) return {std::nullopt, std::nullopt};
+    const std::vector<double> before(v.begin(), v.begin() + z * D), after(v.begin() + (z + 1) * D, v.begin() + head * D);
+    std::optional<SinusoidalPositions> sp;
+    if (z >= 2) {
+      sp = match_sinusoidal_positions(before, z, D);
+      if (!sp || sp->offset != 0 || !holds_sinusoidal_positions(after, z + 1, D, *sp)) return {std::nullopt, std::nullopt};
+    } else {
+      const auto later = head > z + 1 ? match_sinusoidal_positions(after, head - z - 1, D) : std::nullopt;
+      if (!later || later->offset != z + 1) return {std::nullopt, std::nullopt};
+      sp = SinusoidalPositions{later->interleaved, 0, later->step};
+      if (!holds_sinusoidal_positions(before, 0, D, *sp)) return {std::nullopt, std::nullopt};
+    }
+    return {sp, z};
   }
 
   const std::string& src_;

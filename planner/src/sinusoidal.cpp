@@ -5,6 +5,7 @@
 #include "dlplan/ops.hpp"
 
 #include <cmath>
+#include <vector>
 
 namespace dlplan {
 
@@ -56,12 +57,21 @@ std::optional<SinusoidalPositions> match_sinusoidal_positions(const std::vector<
         continue;
       // Pair 1 at the first position past 0, where its angle is below 1
       // radian per position and so has not wrapped for positions up to 3.
+      // Past that (a fairseq table read from its padding id + 1, 61 where
+      // the padding id is 60) the angle may have wrapped: the two published
+      // steps are tried.
       const int64_t row = offset == 0 ? 1 : 0;
-      if (row >= T || offset + row > 3) continue;
-      const auto step = step_of(at(row, sin1), at(row, cos1), offset + row, half);
-      if (!step) continue;
-      const SinusoidalPositions sp{interleaved, offset, *step};
-      if (holds_sinusoidal_positions(values, 0, D, sp)) return sp;
+      if (row >= T) continue;
+      std::vector<double> steps;
+      if (offset + row <= 3) {
+        if (const auto step = step_of(at(row, sin1), at(row, cos1), offset + row, half)) steps.push_back(*step);
+      } else {
+        steps = {std::log(10000.0) / static_cast<double>(half), std::log(10000.0) / static_cast<double>(half - 1)};
+      }
+      for (const double step : steps) {
+        const SinusoidalPositions sp{interleaved, offset, step};
+        if (holds_sinusoidal_positions(values, 0, D, sp)) return sp;
+      }
     }
   }
   return std::nullopt;

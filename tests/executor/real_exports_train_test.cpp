@@ -149,7 +149,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            "weights/tiny-upsample-opset17.onnx", "tiny-upsample-repeat-opset17.onnx",
                            "weights/tiny-deberta-opset17.onnx", "weights/tiny-mpnet-opset17.onnx",
                            "tiny-relative-bias-opset17.onnx", "weights/tiny-t5-encoder-opset17.onnx",
-                           "weights/tiny-esm-opset17.onnx"),
+                           "weights/tiny-esm-opset17.onnx", "weights/tiny-t5-opset17.onnx",
+                           "weights/tiny-bart-opset17.onnx", "weights/tiny-speech2text2-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -191,7 +192,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // masked softmax's fills that fill nothing (tiny-deberta), and T5's relative
 // position bias computed in the graph (tiny-mpnet, tiny-relative-bias,
 // tiny-t5-encoder: T5LayerNorm written out, a ReLU feed-forward), and a
-// GELU written in Python, op by op through the IR's erf (tiny-esm).
+// GELU written in Python, op by op through the IR's erf (tiny-esm), and T5
+// whole, two token inputs and the decoder's bias through the causal mask
+// (tiny-t5), and decoders' positions cast or reshaped before their Add
+// (tiny-bart, tiny-speech2text2).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -215,7 +219,9 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-ibert-opset17.onnx", "weights/tiny-gpt-neox-japanese-opset17.onnx",
                            "weights/tiny-upsample-opset17.onnx", "weights/tiny-deberta-opset17.onnx",
                            "weights/tiny-mpnet-opset17.onnx", "tiny-relative-bias-opset17.onnx",
-                           "weights/tiny-t5-encoder-opset17.onnx", "weights/tiny-esm-opset17.onnx"}) {
+                           "weights/tiny-t5-encoder-opset17.onnx", "weights/tiny-esm-opset17.onnx",
+                           "weights/tiny-t5-opset17.onnx", "weights/tiny-bart-opset17.onnx",
+                           "weights/tiny-speech2text2-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -174,6 +174,18 @@ TEST(ImportOnnx, PositionsTheImporterCannotEvaluateAreRefusedNotGuessed) {
   EXPECT_NO_THROW(load_model(fx("tiny_decoder_train.onnx")));
 }
 
+// Positions clamped to the table (ProphetNet's Clip) are evaluated at import:
+// 0..T-1 within [0, T-1], the same rows as the plain decoder's.
+TEST(ImportOnnx, PositionsClampedToTheTableAreEvaluated) {
+  REQUIRE_ONNX();
+  const Model clipped = load_model(fx("tiny_decoder_clipped_positions.onnx"));
+  const Model plain = load_model(fx("tiny_decoder_train.onnx"));
+  EXPECT_EQ(clipped.parameter_count(), plain.parameter_count());
+  ASSERT_NE(find_op(clipped, OpKind::pos_embedding), nullptr) << notes_of(clipped);
+  EXPECT_EQ(find_op(clipped, OpKind::pos_embedding)->attrs.values, find_op(plain, OpKind::pos_embedding)->attrs.values);
+  EXPECT_EQ(clipped.nodes.size(), plain.nodes.size());
+}
+
 TEST(ImportOnnx, DecoderFusedQkvCausalTanhGelu) {
   REQUIRE_ONNX();
   Model m = load_model(fx("tiny_decoder_train.onnx"));

@@ -885,6 +885,88 @@ TEST(RealExports, RelativePositionBucketsComputedInTheGraphAreT5sBias) {
   }
 }
 
+// T5 whole (T5ForConditionalGeneration): two token inputs, the source's and
+// the decoder's. The decoder's relative position bias (its own table, 32
+// buckets on earlier keys only) reaches the scores through T5's causal mask,
+// position_bias + finfo.min above the diagonal: each decoder layer adds the
+// bias, then the IR's causal_mask. The encoder's bias is as T5's encoder's.
+// Imported at micro-batch 2 the mask rows are the batch's, alike, and the IR
+// is the same. PyTorch's step on these weights: onnx_parity.py --model tiny-t5.
+TEST(RealExports, T5WholeAddsItsDecodersBiasThroughTheCausalMask) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  auto ops = [](const Model& m) {
+    std::vector<OpKind> v;
+    for (const Node& n : m.nodes) v.push_back(n.op);
+    return v;
+  };
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model m = import_onnx(exports_dir() + "weights/tiny-t5-opset17.onnx", o);
+  EXPECT_EQ(m.parameter_count(), 44672);  // PyTorch's, the tied embedding once
+  int tokens = 0;
+  for (int id : m.inputs) tokens += m.tensor(id).dtype == DType::i32 && m.tensor(id).shape == Shape{16};
+  EXPECT_EQ(tokens, 3);  // input_ids, decoder_input_ids and the targets
+  std::vector<const Node*> biases;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    if (n.op == OpKind::relative_position_bias) biases.push_back(&n);
+  }
+  ASSERT_EQ(biases.size(), 2u);
+  const Node& decoder = biases[0]->attrs.flag("bidirectional") ? *biases[1] : *biases[0];
+  EXPECT_FALSE(decoder.attrs.flag("bidirectional"));
+  EXPECT_EQ(decoder.attrs.integer("buckets"), 32);
+  int masked = 0;
+  for (const Node& n : m.nodes) {
+    if (n.op != OpKind::causal_mask) continue;
+    const Node& add = m.nodes[static_cast<size_t>(m.tensor(n.inputs[0]).producer)];
+    EXPECT_EQ(add.op, OpKind::add) << n.name;
+    EXPECT_NE(std::find(add.inputs.begin(), add.inputs.end(), decoder.output), add.inputs.end()) << n.name;
+    EXPECT_LT(n.attrs.number("value"), -1e38) << n.name;  // finfo(float32).min
+    ++masked;
+  }
+  EXPECT_EQ(masked, 2);  // the decoder's two self-attentions
+  o.micro_batch = 2;
+  EXPECT_EQ(ops(import_onnx(exports_dir() + "weights/tiny-t5-opset17.onnx", o)), ops(m));
+}
+
+// A decoder's positions read from their table by another path than the
+// token embedding's Add: BART's learned rows from 2, cast to the embeddings'
+// type (`.to(dtype)`), and Speech2Text2's fairseq sinusoids, whose padding
+// row (60) is zero, gathered at the positions computed from the ids by a
+// flat index and reshaped to [b, T, D]. Each is one pos_embedding; the
+// sinusoidal table is read as constants, so the plan counts PyTorch's
+// parameters less that frozen table. PyTorch's step on these weights:
+// onnx_parity.py --model tiny-bart --model tiny-speech2text2.
+TEST(RealExports, DecoderPositionsCastOrReshapedAreOnePositionEmbedding) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  auto positions = [](const Model& m) {
+    std::vector<const Node*> v;
+    for (const Node& n : m.nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << n.name;
+      if (n.op == OpKind::pos_embedding) v.push_back(&n);
+    }
+    return v;
+  };
+  const Model bart = import_onnx(exports_dir() + "weights/tiny-bart-opset17.onnx", o);
+  EXPECT_EQ(bart.parameter_count(), 22336);
+  const auto b = positions(bart);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0]->attrs.integer("offset"), 2);
+  EXPECT_FALSE(b[0]->attrs.has("sinusoidal"));
+  const Model s2t = import_onnx(exports_dir() + "weights/tiny-speech2text2-opset17.onnx", o);
+  EXPECT_EQ(s2t.parameter_count(), 24320 - 130 * 32);
+  const auto s = positions(s2t);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]->attrs.integer("offset"), 61);
+  EXPECT_EQ(s[0]->attrs.text("sinusoidal"), "halves");
+  EXPECT_NEAR(s[0]->attrs.number("frequency_step"), std::log(10000.0) / 15, 1e-12);  // fairseq's
+  EXPECT_NE(std::find_if(s2t.notes.begin(), s2t.notes.end(),
+                         [](const std::string& n) { return n.find("row 60 zero: the padding position's") != std::string::npos; }),
+            s2t.notes.end());
+}
+
 // A GELU written in Python (ESM's x * 0.5 * (1 + erf(x / sqrt 2)): 0.5 x is
 // its own node) is planned op by op under --fusion eager, the IR's erf
 // among them, as PyTorch's eager autograd runs it (erf keeps x / sqrt 2, the

@@ -17,14 +17,15 @@ namespace {
 
 // XGLMSinusoidalPositionalEmbedding.get_embedding (transformers 4.36): pair
 // i's frequency exp(-i ln(10000) / (half - 1)), [sin | cos], rows from
-// padding_idx + 1 = 2 (the first two rows are never read).
-std::vector<double> xglm_table(int64_t T, int64_t D) {
+// padding_idx + 1 = 2 (the first two rows are never read); `first` for
+// another padding id.
+std::vector<double> xglm_table(int64_t T, int64_t D, int64_t first = 2) {
   const int64_t half = D / 2;
   const float emb = static_cast<float>(std::log(10000.0) / static_cast<double>(half - 1));
   std::vector<double> v(static_cast<size_t>(T * D));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(t + 2) * std::exp(static_cast<float>(i) * -emb);
+      const float angle = static_cast<float>(t + first) * std::exp(static_cast<float>(i) * -emb);
       v[static_cast<size_t>(t * D + i)] = std::sin(angle);
       v[static_cast<size_t>(t * D + half + i)] = std::cos(angle);
     }
@@ -96,6 +97,38 @@ TEST(SinusoidalPositions, XglmsTheTutorialsAndRoformersTablesAreRecognised) {
   std::vector<double> off = roformer_table(128, 32);
   off[5 * 32 + 3] += 1e-3;  // one value of one row: a table that was trained
   EXPECT_FALSE(match_sinusoidal_positions(off, 128, 32).has_value());
+}
+
+// Speech2Text2's positions with its padding id at 60 are the fairseq table's
+// rows from 61, where pair 1's angle (61 radians at frequency 0.74) has
+// wrapped and cannot give the step: the two published steps are tried, and
+// Vaswani's holds as well as fairseq's. Another step so far in is not
+// recognised.
+TEST(SinusoidalPositions, RowsReadFarIntoTheTableAreRecognisedByThePublishedSteps) {
+  const auto fairseq = match_sinusoidal_positions(xglm_table(16, 32, 61), 16, 32);
+  ASSERT_TRUE(fairseq.has_value());
+  EXPECT_EQ(fairseq->offset, 61);
+  EXPECT_FALSE(fairseq->interleaved);
+  EXPECT_DOUBLE_EQ(fairseq->step, std::log(10000.0) / 15);
+  std::vector<double> vaswani(16 * 32);
+  const SinusoidalPositions v{true, 40, std::log(10000.0) / 16};
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t c = 0; c < 32; ++c) vaswani[static_cast<size_t>(t * 32 + c)] = sinusoidal_position(true, v.step, 40 + t, c, 32);
+  const auto found = match_sinusoidal_positions(vaswani, 16, 32);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->offset, 40);
+  EXPECT_TRUE(found->interleaved);
+  EXPECT_DOUBLE_EQ(found->step, v.step);
+  std::vector<double> other(16 * 32);
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t c = 0; c < 32; ++c) other[static_cast<size_t>(t * 32 + c)] = sinusoidal_position(false, 0.5, 40 + t, c, 32);
+  EXPECT_FALSE(match_sinusoidal_positions(other, 16, 32).has_value());
+  // ... while from position 1 any step is read off the table
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t c = 0; c < 32; ++c) other[static_cast<size_t>(t * 32 + c)] = sinusoidal_position(false, 0.5, 1 + t, c, 32);
+  const auto near = match_sinusoidal_positions(other, 16, 32);
+  ASSERT_TRUE(near.has_value());
+  EXPECT_NEAR(near->step, 0.5, 1e-6);
 }
 
 TEST(SinusoidalPositions, AnyOtherTableIsNot) {

@@ -72,7 +72,7 @@ def dump(args, name, lr, d):
     path = os.path.join(args.source_dir, "tests/fixtures/exports/weights", f"{name}-opset17.onnx")
     cmd = [args.dump_step, path, d, "--micro-batch", str(BATCH), "--lr", repr(lr), "--init", path,
            "--fusion", args.fusion]
-    if args.models[name][1] == "tokens":
+    if args.models[name][1] in ("tokens", "seq2seq"):
         cmd += ["--seq-len", str(args.wm.SEQ)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
     if r.returncode != 0:
@@ -172,12 +172,13 @@ def torch_step(model, inputs, kind, lr, perturb=None, pad=None):
             dict(model.named_parameters())[perturb].mul_(1.01)
     model.train()
     model.zero_grad()
-    x = inputs["input_ids"] if kind == "tokens" else inputs["input"]
-    if pad is not None and bool((x == pad).any()):
+    xs = [inputs["input_ids"], inputs["decoder_input_ids"]] if kind == "seq2seq" else \
+        [inputs["input_ids"] if kind == "tokens" else inputs["input"]]
+    if pad is not None and any(bool((x == pad).any()) for x in xs):
         raise RuntimeError(f"dlplan's batch holds the padding id {pad}, which the import assumes no token is; "
                            f"give the model another padding id")
-    logits = model(x)
-    target = inputs["targets"] if kind == "tokens" else inputs["label"]
+    logits = model(*xs)
+    target = inputs["targets"] if kind in ("tokens", "seq2seq") else inputs["label"]
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     loss.backward()
     grads = {n: p.grad.detach().double().clone() for n, p in trained(model)}
