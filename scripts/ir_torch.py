@@ -37,7 +37,7 @@ and gradients:
     RoPE in the rotate-half form (HF Llama: pairs (i, i + hd/2), angle
     pos * theta^(-2i/hd)), applied to q and k after the projections; dropout on
     the probabilities;
-  * avgpool2d counts padding (count_include_pad); maxpool2d pads with -inf;
+  * avgpool2d counts padding (count_include_pad) unless told not to; maxpool2d pads with -inf;
   * batchnorm normalises with the batch statistics in training mode and
     updates the running statistics with the unbiased variance (PyTorch's);
   * cross_entropy is the mean over every label position of the micro-batch,
@@ -128,13 +128,15 @@ OPS = {
                        "capacity": _DERIVED}),
     "moe_combine": (-1, {"top_k": 2, "capacity_factor": 1.25, "capacity": _DERIVED, "normalize": True}),
     "maxpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "ceil_mode": _NULL, "eager": _NULL}),
-    "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0}),
+    "avgpool2d": (1, {"kernel": _REQUIRED, "stride": _DERIVED, "padding": 0, "count_include_pad": _NULL,
+                      "eager": _NULL}),
     "global_avgpool": (1, {"keepdims": _NULL}),
     "upsample": (1, {"scale": _REQUIRED, "mode": "nearest", "align_corners": False}),
     "flatten": (1, {"view": _NULL}),
     "tokens": (1, {}),
     "select": (1, {"index": 0}),
     "dropout": (1, {"p": _REQUIRED}),
+    "drop_path": (1, {"p": _REQUIRED}),
     "cross_entropy": (2, {"fused": False}),
 }
 
@@ -826,13 +828,13 @@ class IRModule(nn.Module):
             k, st, p = _window_1d(a, "kernel"), _window_1d(a, "stride"), _window_1d(a, "padding")
             if op == "maxpool2d":
                 return F.max_pool1d(x, k, st, p, ceil_mode=bool(a.get("ceil_mode")))
-            return F.avg_pool1d(x, k, st, p, ceil_mode=False, count_include_pad=True)
+            return F.avg_pool1d(x, k, st, p, ceil_mode=False, count_include_pad=a.get("count_include_pad") is not False)
         if op == "maxpool2d":
             return F.max_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
                                 ceil_mode=bool(a.get("ceil_mode")))
         if op == "avgpool2d":
             return F.avg_pool2d(x, _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]),
-                                ceil_mode=False, count_include_pad=True)
+                                ceil_mode=False, count_include_pad=a.get("count_include_pad") is not False)
         if op == "upsample":
             s = _window_1d(a, "scale") if x.dim() == 3 else tuple(_pair(a["scale"]))
             if a["mode"] == "linear":  # upsample_linear1d over [C, L], upsample_bilinear2d over [C, H, W]
@@ -849,6 +851,13 @@ class IRModule(nn.Module):
             return x[:, int(a["index"])]
         if op == "dropout":
             return F.dropout(x, float(a["p"]), self.training)
+        if op == "drop_path":  # Hugging Face's drop_path: whole samples kept with probability 1 - p
+            p = float(a["p"])
+            if not self.training or p == 0.0:
+                return x
+            keep = 1.0 - p
+            shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+            return x.div(keep) * (keep + torch.rand(shape, dtype=x.dtype, device=x.device)).floor_()
         if op == "cross_entropy":
             K = x.shape[-1]
             return F.cross_entropy(x.float().reshape(-1, K), xs[1].reshape(-1).long())
@@ -1180,6 +1189,8 @@ def _node_flops(n):
         return 0.0, float(out)
     if op == "dropout":
         return 2.0 * out, out
+    if op == "drop_path":
+        return float(out), float(out)
     if op == "cross_entropy":
         if n.a.get("fused"):
             return 4.0 * _numel(x), 3.0 * _numel(x)

@@ -155,6 +155,7 @@ class CpuBackend final : public Backend {
       case OpKind::tokens: return tokens_forward(c);
       case OpKind::select: return select_forward(c);
       case OpKind::dropout: return dropout_forward(c);
+      case OpKind::drop_path: return drop_path_forward(c);
       case OpKind::cross_entropy: return cross_entropy_forward(c);
       case OpKind::opaque: break;  // the Trainer refuses such a plan first (engine_cannot_train)
     }
@@ -223,6 +224,7 @@ class CpuBackend final : public Backend {
       case OpKind::tokens: return tokens_backward(c);
       case OpKind::select: return select_backward(c);
       case OpKind::dropout: return dropout_backward(c);
+      case OpKind::drop_path: return drop_path_backward(c);
       case OpKind::cross_entropy: return cross_entropy_backward(c);
       case OpKind::opaque: break;  // the Trainer refuses such a plan first (engine_cannot_train)
     }

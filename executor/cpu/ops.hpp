@@ -183,6 +183,8 @@ void scale_forward(OpContext& c);
 void scale_backward(OpContext& c);
 void dropout_forward(OpContext& c);
 void dropout_backward(OpContext& c);
+void drop_path_forward(OpContext& c);
+void drop_path_backward(OpContext& c);
 
 // ---- ops_math.cpp: written-out elementwise math (--fusion eager) ---------------
 void affine_forward(OpContext& c);

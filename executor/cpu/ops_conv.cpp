@@ -380,9 +380,28 @@ void maxpool2d_backward(OpContext& c) {
 // count_include_pad = true: every window divides by kh kw (floor mode keeps
 // each window inside the padded input, so this equals PyTorch's divisor).
 
+// What output (oh, ow) is multiplied by: 1 / the window's size, or with
+// count_include_pad false (PyTorch's nn.AvgPool2d(count_include_pad=False),
+// PoolFormer's) 1 / the number of its elements inside the input.
+struct AvgpoolScale {
+  AvgpoolScale(const OpContext& c, const ConvGeom& g)
+      : g_(g),
+        include_pad_(!c.node->attrs.has("count_include_pad") || c.node->attrs.flag("count_include_pad")),
+        full_(1.0f / static_cast<float>(g.kh * g.kw)) {}
+  float operator()(int64_t oh, int64_t ow) const {
+    if (include_pad_) return full_;
+    const int64_t h0 = std::max<int64_t>(oh * g_.sh - g_.ph, 0), h1 = std::min(oh * g_.sh - g_.ph + g_.kh, g_.H);
+    const int64_t w0 = std::max<int64_t>(ow * g_.sw - g_.pw, 0), w1 = std::min(ow * g_.sw - g_.pw + g_.kw, g_.W);
+    return 1.0f / static_cast<float>(std::max<int64_t>(h1 - h0, 1) * std::max<int64_t>(w1 - w0, 1));
+  }
+  const ConvGeom& g_;
+  bool include_pad_;
+  float full_;
+};
+
 void avgpool2d_forward(OpContext& c) {
   const ConvGeom g = geometry(c);
-  const float inv = 1.0f / static_cast<float>(g.kh * g.kw);
+  const AvgpoolScale scale(c, g);
   const int64_t planes = c.batch * g.C;
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float* x = c.in[0].f() + pl * g.H * g.W;
@@ -398,7 +417,7 @@ void avgpool2d_forward(OpContext& c) {
             if (iw >= 0 && iw < g.W) acc += x[ih * g.W + iw];
           }
         }
-        y[oh * g.OW + ow] = acc * inv;
+        y[oh * g.OW + ow] = acc * scale(oh, ow);
       }
   }
 }
@@ -406,14 +425,14 @@ void avgpool2d_forward(OpContext& c) {
 void avgpool2d_backward(OpContext& c) {
   if (!c.din[0].defined()) return;
   const ConvGeom g = geometry(c);
-  const float inv = 1.0f / static_cast<float>(g.kh * g.kw);
+  const AvgpoolScale scale(c, g);
   const int64_t planes = c.batch * g.C;
   for (int64_t pl = 0; pl < planes; ++pl) {
     float* dx = c.din[0].f() + pl * g.H * g.W;
     const float* dy = c.dout.f() + pl * g.P();
     for (int64_t oh = 0; oh < g.OH; ++oh)
       for (int64_t ow = 0; ow < g.OW; ++ow) {
-        const float d = dy[oh * g.OW + ow] * inv;
+        const float d = dy[oh * g.OW + ow] * scale(oh, ow);
         for (int64_t ki = 0; ki < g.kh; ++ki) {
           const int64_t ih = oh * g.sh - g.ph + ki;
           if (ih < 0 || ih >= g.H) continue;

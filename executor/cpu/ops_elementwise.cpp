@@ -551,4 +551,46 @@ void dropout_backward(OpContext& c) {
     if (m[i]) dx[i] += dy[i] * scale;
 }
 
+// Stochastic depth: sample s's factor f_s = floor(1 - p + u_s) / (1 - p),
+// u_s its own uniform (keyed as dropout's, element 0 of the sample), so a
+// whole sample is kept, scaled, or dropped; y = f_s x. The factors are kept
+// (one float a sample). Out of training, or at p = 0, y = x.
+void drop_path_forward(OpContext& c) {
+  const double p = c.node->attrs.number("p");
+  const int64_t per = numel(in_shape(c, 0));
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  if (p <= 0.0) {
+    std::memcpy(y, x, static_cast<size_t>(c.batch * per) * sizeof(float));
+    return;
+  }
+  Tensor factors = alloc_saved(c, Shape{c.batch, 1}, DType::f32, "mask");
+  float* f = factors.f();
+  const float keep = static_cast<float>(1.0 - p);
+  for (int64_t s = 0; s < c.batch; ++s) {
+    float u = 0.0f;
+    dropout_uniforms(c.seed, c.node_index, c.first_sample + s, 0, 1, &u);
+    f[s] = c.training ? std::floor(keep + u) / keep : 1.0f;
+  }
+  parallel_for(c.batch * per, grain_elements(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = x[i] * f[i / per];
+  });
+  c.saved.push_back(std::move(factors));
+}
+
+// dx += f_s dy.
+void drop_path_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const double p = c.node->attrs.number("p");
+  const int64_t per = numel(in_shape(c, 0)), n = total(c);
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  if (p <= 0.0) {
+    for (int64_t i = 0; i < n; ++i) dx[i] += dy[i];
+    return;
+  }
+  const float* f = c.saved[0].f();
+  for (int64_t i = 0; i < n; ++i) dx[i] += dy[i] * f[i / per];
+}
+
 }  // namespace dlplan::exec::cpu

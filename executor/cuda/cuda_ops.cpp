@@ -827,6 +827,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::erf:
+    case OpKind::drop_path:
     case OpKind::reduce_mean:
     case OpKind::matmul:
     case OpKind::softmax:
@@ -895,6 +896,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::erf:
+    case OpKind::drop_path:
     case OpKind::reduce_mean:
     case OpKind::matmul:
     case OpKind::softmax:

@@ -113,6 +113,11 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
     if (n.op == OpKind::clip)
       return fmt::format("node '{}' is a clip (ReLU6, Hardtanh), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);
+    if (n.op == OpKind::avgpool2d && ((n.attrs.has("eager") && n.attrs.flag("eager")) ||
+                                      (n.attrs.has("count_include_pad") && !n.attrs.flag("count_include_pad"))))
+      return fmt::format("node '{}' average-pools keeping its input (--fusion eager) or without counting the padding "
+                         "(count_include_pad false, PoolFormer's), which the CPU engine trains and the CUDA engine "
+                         "does not yet", n.name);
     if (n.op == OpKind::maxpool2d && n.attrs.has("eager") && n.attrs.flag("eager"))
       return fmt::format("node '{}' max-pools keeping PyTorch's int64 indices and its input (--fusion eager), which the "
                          "CPU engine trains and the CUDA engine does not yet", n.name);
@@ -130,6 +135,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
         n.op == OpKind::reduce_mean)
       return fmt::format("node '{}' is a {} (written-out math, imported with --fusion eager), which the CPU engine "
                          "trains and the CUDA engine does not yet", n.name, to_string(n.op));
+    if (n.op == OpKind::drop_path)
+      return fmt::format("node '{}' is a drop_path (stochastic depth: Swin's, SegFormer's), which the CPU engine "
+                         "trains and the CUDA engine does not yet", n.name);
     if (n.op == OpKind::matmul || n.op == OpKind::softmax || n.op == OpKind::causal_mask || n.op == OpKind::alibi ||
         n.op == OpKind::rope)
       return fmt::format("node '{}' is a {} outside an attention pattern (an imported graph's own), which the CPU "

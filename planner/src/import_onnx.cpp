@@ -1715,10 +1715,12 @@ class Importer {
       a["padding"] = pair(padded->second.first, padded->second.second);
     }
     if (ceil) a["ceil_mode"] = true;
-    if (op == "MaxPool" && fusion_ == FusionMode::eager) a["eager"] = true;  // PyTorch's saved tensors
+    if (fusion_ == FusionMode::eager) a["eager"] = true;  // PyTorch's saved tensors
+    // ONNX's default is 0, nn.AvgPool2d's True (which torch writes as 1);
+    // without padding, or with the zeros of a Pad before, the two agree.
     if (op == "AveragePool" && attr_int(n, "count_include_pad", 0) == 0 && a["padding"] != OJson(0) &&
         padded == padded_for_pool_.end())
-      notes_.push_back(fmt::format("{}: count_include_pad 0 planned as 1 (same memory and cost)", label(n, i)));
+      a["count_include_pad"] = false;
     return emit(ir_name_for(n), op == "MaxPool" ? "maxpool2d" : "avgpool2d", {ir_of(first_data(n, i, data), n, i)}, a,
                 n.output(0), n.name());
   }
@@ -1986,7 +1988,7 @@ class Importer {
   void map_fusion(const Fusion& f) {
     OJson a = f.attrs;
     static const std::set<std::string> kinds = {"attention", "silu", "hardswish", "gelu", "layernorm", "rmsnorm",
-                                                "rope", "mish", "groupnorm", "lstm", "gru", "rnn"};
+                                                "rope", "mish", "groupnorm", "lstm", "gru", "rnn", "drop_path"};
     if (!kinds.count(f.kind)) fail(fmt::format("internal: a fused pattern of unknown kind '{}'", f.kind));
     const char* op = kinds.find(f.kind)->c_str();
     auto it = ir_.find(f.x);

@@ -1025,6 +1025,45 @@ std::optional<Fusion> match_mish(const Graph& g, int softplus) {
   return f;
 }
 
+// Stochastic depth as Hugging Face writes it (drop_path: random_tensor =
+// floor(keep + torch.rand([b, 1, ...])), x.div(keep) * random_tensor),
+// anchored at the RandomUniformLike: Div(x, keep) * Floor(Add(u, keep)),
+// the random tensor one value a sample. The IR's drop_path with p = 1 - keep
+// under both fusions: PyTorch's div keeps nothing, and its mul keeps only
+// the random tensor (x does not need the other's gradient), one float a
+// sample, which drop_path keeps too.
+std::optional<Fusion> match_drop_path(const Graph& g, int rand) {
+  const auto& r = g.node(rand);
+  const auto rs = g.shape(r.output(0));
+  if (!rs || rs->empty() || std::any_of(rs->begin() + 1, rs->end(), [](int64_t d) { return d != 1; }))
+    return std::nullopt;
+  const auto add = sole_consumer(g, r.output(0), "Add");
+  if (!add) return std::nullopt;
+  const auto keep = g.scalar(other_operand(g.node(*add), r.output(0)));
+  if (!keep || !(*keep > 0.0 && *keep <= 1.0)) return std::nullopt;
+  const auto floor = sole_consumer(g, g.node(*add).output(0), "Floor");
+  if (!floor) return std::nullopt;
+  const auto mul = sole_consumer(g, g.node(*floor).output(0), "Mul");
+  if (!mul) return std::nullopt;
+  const std::string scaled = other_operand(g.node(*mul), g.node(*floor).output(0));
+  const int div = g.producer_of(scaled);
+  if (div < 0 || g.node(div).op_type() != "Div" || g.node(div).input_size() != 2 ||
+      g.node(div).input(0) == scaled || g.consumers_of(scaled).size() != 1)
+    return std::nullopt;
+  const auto by = g.scalar(g.node(div).input(1));
+  if (!by || std::fabs(*by - *keep) > 1e-6 * *keep) return std::nullopt;
+  Fusion f;
+  f.kind = "drop_path";
+  f.x = g.node(div).input(0);
+  f.out = g.node(*mul).output(0);
+  f.nodes = {rand, *add, *floor, div, *mul};
+  f.unit_source = g.node(*mul).name();
+  const std::string& n = g.node(*mul).name();
+  f.name = n.empty() ? "drop_path" : normalize_name(n);
+  f.attrs["p"] = std::round((1.0 - *keep) * 1e6) / 1e6;  // a float32 in the file: 0.9f -> p 0.1
+  return f;
+}
+
 // LayerNorm over the last axis as torch exports it below opset 17, which has
 // no LayerNormalization op (anchored at the Sqrt):
 //   d = x - ReduceMean(x); Div(d, Sqrt(ReduceMean(Pow(d, 2)) + eps)) * w [+ b]
@@ -1294,6 +1333,7 @@ std::vector<Fusion> find_fusions(const Graph& g, dlplan::FusionMode mode, std::m
     else if (op == "Sigmoid") take(match_silu(g, i));
     else if (op == "HardSigmoid") take(match_hardswish(g, i));
     else if (op == "Softplus") take(match_mish(g, i));
+    else if (op == "RandomUniformLike") take(match_drop_path(g, i));
     else if (op == "InstanceNormalization") take(match_groupnorm(g, i));
     else if (op == "LSTM" || op == "GRU" || op == "RNN") {
       std::string why;  // the importer asks again for it when the node is on the data path

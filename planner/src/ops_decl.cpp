@@ -663,6 +663,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
     case OpKind::avgpool2d: {
       const ConvWindow w = conv_window(in_shape(0), n.attrs);
       const std::array<int64_t, 2> k = {w.kh, w.kw};
+      if (n.attrs.has("eager") && n.attrs.flag("eager")) d.saved = {keep_input(0)};
       d.fwd_flops = static_cast<double>(out_elems) * k[0] * k[1];
       d.bwd_flops = d.fwd_flops;
       break;
@@ -687,6 +688,11 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // direction, a nominal cost the notes of the import name.
       if (!n.attrs.has("keep_inputs") || n.attrs.flag("keep_inputs"))
         for (int k = 0; k < static_cast<int>(n.inputs.size()); ++k) d.saved.push_back(keep_input(k));
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    case OpKind::drop_path:  // the sample's factor, 0 or 1 / (1 - p)
+      if (n.attrs.number("p") > 0) d.saved = {keep_own("mask", 1, Elem::f32)};
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = static_cast<double>(out_elems);
       break;

@@ -252,8 +252,15 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::maxpool2d, "maxpool2d", 1,
        {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0},
         {"ceil_mode", T::boolean, kDerived}, {"eager", T::boolean, kDerived}}},
+      // count_include_pad (absent: true): divide by the whole window, zeros
+      // of the padding included, as nn.AvgPool2d's default; false: by the
+      // elements inside the input (PoolFormer's). eager (absent: false): keep
+      // the input, as PyTorch's avg_pool2d does (derivatives.yaml:
+      // avg_pool2d_backward(grad, self, ...)); dlplan's engines need only
+      // the sizes.
       {OpKind::avgpool2d, "avgpool2d", 1,
-       {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0}}},
+       {{"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, kDerived}, {"padding", T::int_or_pair, 0},
+        {"count_include_pad", T::boolean, kDerived}, {"eager", T::boolean, kDerived}}},
       // keepdims (absent: false): [C, 1, 1] instead of [C], as a squeeze-and-
       // excitation block's 1x1 convolutions read it (ONNX GlobalAveragePool).
       {OpKind::global_avgpool, "global_avgpool", 1, {{"keepdims", T::boolean, kDerived}}},
@@ -263,6 +270,12 @@ const std::vector<OpSpec>& op_table() {
       // PyTorch's view of its input, as slice's (an LSTM's output[:, -1]).
       {OpKind::select, "select", 1, {{"index", T::integer, 0}, {"view", T::boolean, kDerived}}},
       {OpKind::dropout, "dropout", 1, {{"p", T::number, nullptr}}},
+      // Stochastic depth (Huang et al. 2016, "Deep Networks with Stochastic
+      // Depth"; timm's and Hugging Face's drop_path): each sample is kept
+      // with probability 1 - p, as a whole, and scaled by 1 / (1 - p):
+      // y = x floor(1 - p + u) / (1 - p), u uniform per sample. Keeps that
+      // factor, one float a sample (PyTorch's mul keeps its random tensor).
+      {OpKind::drop_path, "drop_path", 1, {{"p", T::number, nullptr}}},
       {OpKind::cross_entropy, "cross_entropy", 2, {{"fused", T::boolean, false}}},
       // An op of an imported graph that dlplan does not know (`source`: the
       // ONNX op type): planned with its output (per-sample `shape`) and every
@@ -723,6 +736,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::reciprocal:
     case OpKind::erf:
     case OpKind::softmax:
+    case OpKind::drop_path:
     case OpKind::dropout: {
       const auto& x = expect_rank(m, n, 0, 1, any_rank, "at least one dimension", fail);
       expect_float(x, fail);

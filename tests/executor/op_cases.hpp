@@ -170,6 +170,10 @@ inline std::vector<OpCase> op_cases() {
                     Gen::distinct));
   v.push_back(unary("avgpool2d_pad", arr({2, 6, 5}),
                     Json{{"op", "avgpool2d"}, {"kernel", arr({3, 2})}, {"stride", arr({2, 1})}, {"padding", 1}}));
+  // PoolFormer's: border windows divided by the elements inside (3 x 3, stride 1, padding 1)
+  v.push_back(unary("avgpool2d_exclude_pad", arr({2, 5, 4}),
+                    Json{{"op", "avgpool2d"}, {"kernel", 3}, {"stride", 1}, {"padding", 1},
+                         {"count_include_pad", false}, {"eager", true}}));
   v.push_back(unary("global_avgpool", arr({3, 4, 5}), Json{{"op", "global_avgpool"}}));
   v.push_back(unary("global_avgpool_1d", arr({3, 5}), Json{{"op", "global_avgpool"}, {"keepdims", true}}));
   // MaxPool1d and AvgPool1d over [C, L]: padded and strided, ceil_mode, eager.
@@ -379,6 +383,8 @@ inline std::vector<OpCase> op_cases() {
   }
   v.push_back(unary("dropout", arr({4, 5}), Json{{"op", "dropout"}, {"p", 0.3}}));
   v.push_back(unary("dropout_p0", arr({4, 5}), Json{{"op", "dropout"}, {"p", 0.0}}));
+  v.push_back(unary("drop_path", arr({4, 5}), Json{{"op", "drop_path"}, {"p", 0.5}}));
+  v.push_back(unary("drop_path_p0", arr({4, 5}), Json{{"op", "drop_path"}, {"p", 0.0}}));
 
   // Attention: x [5, 8].
   v.push_back(attention_case("attention", Json{{"heads", 2}}));

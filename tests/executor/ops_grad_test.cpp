@@ -208,6 +208,42 @@ TEST(OpDropout, MaskKeyedBySeedAndGlobalSample) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a.ctx.out.f()[i], a.ctx.in[0].f()[i]);
 }
 
+// Stochastic depth (Hugging Face's drop_path): each sample is kept whole, scaled
+// by 1 / (1 - p), or dropped whole, as floor(1 - p + u) / (1 - p) of its own
+// uniform says; the gradient is that factor; out of training, the identity.
+TEST(OpDropPath, WholeSamplesKeptOrDropped) {
+  OpCase c = unary("drop_path_big", Json::array({6, 8}), Json{{"op", "drop_path"}, {"p", 0.25}});
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  const int64_t B = 200;
+  OpRun a = make_run(c, alloc, B);
+  forward(*be, a);
+  const int64_t per = 48;
+  const float* f = a.ctx.saved[0].f();
+  int64_t kept = 0;
+  for (int64_t s = 0; s < B; ++s) {
+    float u = 0.0f;
+    dropout_uniforms(a.ctx.seed, a.ctx.node_index, a.ctx.first_sample + s, 0, 1, &u);
+    const float want = std::floor(0.75f + u) / 0.75f;
+    ASSERT_EQ(f[s], want) << "sample " << s;
+    kept += f[s] != 0.0f;
+    for (int64_t e = 0; e < per; ++e)
+      ASSERT_EQ(a.ctx.out.f()[s * per + e], a.ctx.in[0].f()[s * per + e] * want) << "sample " << s;
+  }
+  EXPECT_GT(kept, 0.6 * B);  // about 0.75 B: some dropped, most kept
+  EXPECT_LT(kept, 0.9 * B);
+
+  Tensor dout = alloc.empty(a.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  for (int64_t i = 0; i < B * per; ++i) dout.f()[i] = 1.0f;
+  prepare_backward(a, dout);
+  be->backward(a.ctx);
+  for (int64_t i = 0; i < B * per; ++i) ASSERT_EQ(a.ctx.din[0].f()[i], f[i / per]);
+
+  a.ctx.training = false;
+  forward(*be, a);
+  for (int64_t i = 0; i < B * per; ++i) ASSERT_EQ(a.ctx.out.f()[i], a.ctx.in[0].f()[i]);
+}
+
 // ---- attention: flash == math ------------------------------------------------------
 
 // Math and flash forms of the same attention, same parameters: the same output

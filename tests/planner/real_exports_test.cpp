@@ -103,6 +103,10 @@ const std::map<std::string, std::string> kToday = {
     // T5's relative position bias written by a user: 16 unidirectional
     // buckets computed in the graph (a log, truncated), the table read at them
     {"tiny-relative-bias-opset17.onnx", "imports"},
+    // Hugging Face's Swin with its stochastic depth (drop_path: a
+    // RandomUniformLike a block), and DeiT's two learned tokens
+    {"tiny-hf-swin-opset17.onnx", "imports"},
+    {"tiny-hf-deit-opset17.onnx", "imports"},
     {"vgg11_bn-opset17.onnx", "imports"},
     {"vit_b_16-opset13.onnx", "imports"},
     {"vit_b_16-opset17.onnx", "imports"},
@@ -291,7 +295,7 @@ TEST(RealExports, EagerFusionPlansWhatPyTorchEagerModeKeeps) {
   const std::set<std::string> pool_gap = {"vgg11_bn-opset17.onnx", "squeezenet1_1-opset17.onnx"};
   // Whose head keeps a select's view (the class token) under eager.
   const std::set<std::string> select_view = {"vit_b_16-opset17.onnx", "vit_b_16-opset13.onnx",
-                                             "tiny-hf-vit-opset17.onnx"};
+                                             "tiny-hf-vit-opset17.onnx", "tiny-hf-deit-opset17.onnx"};
   std::string table = fmt::format("{:36s} {:>12s} {:>12s} {:>9s} {:>9s}\n", "file", "eager", "PyTorch", "eager",
                                   "engine");
   for (const auto& [file, ref] : reference()["files"].items()) {
@@ -965,6 +969,31 @@ TEST(RealExports, DecoderPositionsCastOrReshapedAreOnePositionEmbedding) {
   EXPECT_NE(std::find_if(s2t.notes.begin(), s2t.notes.end(),
                          [](const std::string& n) { return n.find("row 60 zero: the padding position's") != std::string::npos; }),
             s2t.notes.end());
+}
+
+// Hugging Face's stochastic depth (Swin's drop_path, rate 0.1): x.div(keep) *
+// floor(keep + torch.rand([b, 1, 1])), a RandomUniformLike in the file, is the
+// IR's drop_path with p = 1 - keep, under both fusions (PyTorch's div keeps
+// nothing and its mul only the random tensor, one float a sample, as
+// drop_path keeps). Every RandomUniformLike of the file is one, and nothing
+// is opaque; the plan is within 0.1 % of PyTorch's saved bytes (the table of
+// ImportOutcomesAreTheRecordedOnesAndCountsExact).
+TEST(RealExports, StochasticDepthIsOneDropPathABlock) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    ImportOptions o;
+    o.fusion = fusion;
+    const Model m = import_onnx(exports_dir() + "tiny-hf-swin-opset17.onnx", o);
+    int paths = 0;
+    for (const Node& n : m.nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << n.name;
+      if (n.op != OpKind::drop_path) continue;
+      ++paths;
+      EXPECT_DOUBLE_EQ(n.attrs.number("p"), 0.1) << n.name;
+      EXPECT_EQ(m.tensor(n.output).shape, m.tensor(n.inputs[0]).shape) << n.name;
+    }
+    EXPECT_EQ(paths, 4);  // the file's four RandomUniformLike, one a block
+  }
 }
 
 // A GELU written in Python (ESM's x * 0.5 * (1 + erf(x / sqrt 2)): 0.5 x is

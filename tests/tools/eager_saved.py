@@ -32,9 +32,15 @@ CASES = {
     "sqrt": (lambda x: torch.sqrt(x), "output"),
     "reciprocal": (lambda x: torch.reciprocal(x), "output"),
     "erf": (lambda x: torch.erf(x), "input"),
+    # drop_path: Hugging Face's stochastic depth (x.div(keep) * floor(keep +
+    # rand([b, 1]))) keeps its random tensor, one float a sample (4 here)
+    "drop_path": (lambda x: x.div(0.9) * (0.9 + torch.rand(x.shape[0], 1)).floor_(), "float32 [4]"),
     "reduce_mean (keepdims)": (lambda x: x.mean(-1, keepdim=True), "input"),
     "reduce_mean": (lambda x: x.mean(-1), "input"),
     "tanh": (lambda x: torch.tanh(x), "output"),
+    # avgpool2d {eager: true}; the engines' own rule keeps nothing
+    "avgpool2d (eager)": (lambda x: torch.nn.functional.avg_pool2d(x, 3, 1, 1, count_include_pad=False), "input",
+                          (1, 2, 7, 7)),
     # maxpool2d {eager: true}; the engines' own rule keeps int32 indices only
     "maxpool2d (eager)": (lambda x: torch.nn.functional.max_pool2d(x, 3, 2, ceil_mode=True),
                           "input+int64 [out]", (1, 2, 7, 7)),
