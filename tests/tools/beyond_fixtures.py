@@ -7,8 +7,10 @@ This check exports other torchvision classifiers with the same exporter
 counts what PyTorch's autograd saves for each (make_exports.saved_bytes), and
 plans each file with `dlplan plan --fusion eager`: the parameter count must
 be PyTorch's exactly and the planned activations (memory_max, fp32, batch 1)
-within 5 % of PyTorch's saved bytes. A file the importer refuses must be one
-listed in REFUSED, with the start of its message. The default fusion's
+within 5 % of PyTorch's saved bytes. Each Hugging Face and user model then
+trains one step on the CPU engine from its plan (micro-batch 2, --fusion
+eager): a finite loss, and the measured peak the plan's. A file the
+importer refuses must be one listed in REFUSED, with the start of its message. The default fusion's
 figure is printed beside it. The Hugging Face families (small configs,
 sequence 64, as make_exports.py's) need transformers on the path; the
 ctest puts <build>/pydeps there (4.38.2, scripts/setup), and without it
@@ -25,6 +27,7 @@ Exit 77 (skip) without torch or torchvision.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -73,6 +76,9 @@ MODELS = [
 # configs; none of these families is a fixture.
 SMALL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=1000,
              max_position_embeddings=128)
+# An encoder-decoder family's sizes (SMALL's).
+DECODER = dict(d_model=128, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=512, encoder_layers=2,
+               encoder_attention_heads=4, encoder_ffn_dim=512, vocab_size=1000, max_position_embeddings=128)
 HF_MODELS = {
     "hf-distilbert": ("DistilBertForMaskedLM", "DistilBertConfig",
                       dict(dim=128, n_layers=2, n_heads=4, hidden_dim=512, vocab_size=1000,
@@ -151,8 +157,90 @@ HF_MODELS = {
     # (1 + erf(x / sqrt 2))), which PyTorch's eager autograd runs op by op
     "hf-esm": ("EsmForMaskedLM", "EsmConfig",
                dict(pad_token_id=1, mask_token_id=2, **SMALL)),
+    # More families a new user would try, first tried on 2026-12-07 (each
+    # plans as it is: the BERT and GPT variants of the patterns above)
+    "hf-ctrl": ("CTRLLMHeadModel", "CTRLConfig",
+                dict(n_embd=128, n_layer=2, n_head=4, dff=512, vocab_size=1000, n_positions=128)),
+    "hf-openai-gpt": ("OpenAIGPTLMHeadModel", "OpenAIGPTConfig",
+                      dict(n_embd=128, n_layer=2, n_head=4, vocab_size=1000, n_positions=128)),
+    "hf-biogpt": ("BioGptForCausalLM", "BioGptConfig", dict(**SMALL)),
+    "hf-squeezebert": ("SqueezeBertForMaskedLM", "SqueezeBertConfig", dict(embedding_size=128, **SMALL)),
+    "hf-rembert": ("RemBertForMaskedLM", "RemBertConfig",
+                   dict(input_embedding_size=64, output_embedding_size=64, **SMALL)),
+    "hf-ernie": ("ErnieForMaskedLM", "ErnieConfig", dict(**SMALL)),
+    "hf-data2vec-text": ("Data2VecTextForMaskedLM", "Data2VecTextConfig", dict(pad_token_id=1, **SMALL)),
+    "hf-camembert": ("CamembertForMaskedLM", "CamembertConfig", dict(pad_token_id=1, **SMALL)),
+    "hf-bigbird": ("BigBirdForMaskedLM", "BigBirdConfig", dict(attention_type="original_full", **SMALL)),
+    # LUKE without entity inputs: its word-only path is BERT's
+    # (UNREAD_MODULES: the entity side)
+    "hf-luke": ("LukeForMaskedLM", "LukeConfig", dict(entity_vocab_size=10, entity_emb_size=32, **SMALL)),
     "hf-mixtral": ("MixtralForCausalLM", "MixtralConfig",
                    dict(num_local_experts=4, num_experts_per_tok=2, num_key_value_heads=2, **SMALL)),
+    # The decoders of the encoder-decoder families as causal language models
+    # (their *ForCausalLM): BART's learned positions from row 2, cast to the
+    # embeddings' type; Marian's and Pegasus' fixed sinusoids (frozen
+    # tables); Speech2Text2's fairseq sinusoids, padding row zero, gathered at
+    # positions computed from the ids and reshaped; BigBird-Pegasus with full
+    # attention. Their cross-attention is not read without an encoder
+    # (UNREAD_MODULES).
+    "hf-bart": ("BartForCausalLM", "BartConfig", DECODER),
+    "hf-mbart": ("MBartForCausalLM", "MBartConfig", DECODER),
+    "hf-plbart": ("PLBartForCausalLM", "PLBartConfig", DECODER),
+    "hf-blenderbot": ("BlenderbotForCausalLM", "BlenderbotConfig", DECODER),
+    "hf-blenderbot-small": ("BlenderbotSmallForCausalLM", "BlenderbotSmallConfig", DECODER),
+    "hf-marian": ("MarianForCausalLM", "MarianConfig", dict(pad_token_id=1, decoder_start_token_id=1, **DECODER)),
+    "hf-pegasus": ("PegasusForCausalLM", "PegasusConfig", DECODER),
+    "hf-bigbird-pegasus": ("BigBirdPegasusForCausalLM", "BigBirdPegasusConfig",
+                           dict(attention_type="original_full", **DECODER)),
+    "hf-trocr": ("TrOCRForCausalLM", "TrOCRConfig",
+                 dict(d_model=128, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=512, vocab_size=1000,
+                      max_position_embeddings=128)),
+    "hf-speech2text2": ("Speech2Text2ForCausalLM", "Speech2Text2Config",
+                        dict(d_model=128, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=512,
+                             vocab_size=1000, max_target_positions=128)),
+}
+
+# Hugging Face's vision models (image 64 x 64, ten classes), first tried on
+# 2026-12-07: DeiT's class and distillation tokens; Swin's, SegFormer's and
+# FocalNet's stochastic depth (drop_path, a RandomUniformLike a block, at
+# their default rate 0.1); DINOv2's LayerScale; ResNet, RegNet and
+# PoolFormer as Hugging Face writes them.
+VIT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, image_size=64,
+           patch_size=8, num_labels=10)
+HF_VISION = {
+    "hf-deit": ("DeiTForImageClassification", "DeiTConfig", VIT),
+    "hf-vit-msn": ("ViTMSNForImageClassification", "ViTMSNConfig", VIT),
+    "hf-dinov2": ("Dinov2ForImageClassification", "Dinov2Config",
+                  dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=64, patch_size=8,
+                       num_labels=10)),
+    "hf-swin": ("SwinForImageClassification", "SwinConfig",
+                dict(image_size=64, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4,
+                     num_labels=10)),
+    "hf-segformer": ("SegformerForImageClassification", "SegformerConfig",
+                     dict(num_encoder_blocks=2, depths=[2, 2], sr_ratios=[2, 1], hidden_sizes=[32, 64],
+                          patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[4, 4],
+                          num_labels=10)),
+    "hf-focalnet": ("FocalNetForImageClassification", "FocalNetConfig",
+                    dict(image_size=64, patch_size=4, embed_dim=32, depths=[2, 2], num_labels=10)),
+    "hf-resnet": ("ResNetForImageClassification", "ResNetConfig",
+                  dict(embedding_size=32, hidden_sizes=[32, 64], depths=[1, 1], num_labels=10)),
+    "hf-regnet": ("RegNetForImageClassification", "RegNetConfig",
+                  dict(embedding_size=32, hidden_sizes=[32, 64], depths=[1, 1], groups_width=16, num_labels=10)),
+    "hf-poolformer": ("PoolFormerForImageClassification", "PoolFormerConfig",
+                      dict(depths=[2, 2], hidden_sizes=[32, 64], num_encoder_blocks=2, patch_sizes=[7, 3],
+                           strides=[4, 2], padding=[2, 1], num_labels=10)),
+}
+
+# Encoder-decoders whole: two token inputs (input_ids, decoder_input_ids),
+# the loss on the decoder's. T5's decoder adds its relative position bias
+# through the causal mask; BART's, Marian's and Pegasus' logits add
+# final_logits_bias (BUFFERS_PLANNED).
+SEQ2SEQ_MODELS = {
+    "hf-bart-seq2seq": ("BartForConditionalGeneration", "BartConfig", DECODER),
+    "hf-marian-seq2seq": ("MarianMTModel", "MarianConfig", dict(pad_token_id=1, decoder_start_token_id=1, **DECODER)),
+    "hf-pegasus-seq2seq": ("PegasusForConditionalGeneration", "PegasusConfig", DECODER),
+    "hf-t5-seq2seq": ("T5ForConditionalGeneration", "T5Config",
+                      dict(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4)),
 }
 
 
@@ -377,14 +465,38 @@ PARAMS_LEFT_OUT = {}
 
 # Modules whose parameters the exported forward never reads, so the file
 # does not hold them: ESM's contact-prediction head (EsmForMaskedLM builds it,
-# its logits do not use it). Their parameters are left out of PyTorch's count.
-UNREAD_MODULES = {"hf-esm": ["inner.esm.contact_head."]}
+# its logits do not use it), and the cross-attention of a decoder run as a
+# causal language model (no encoder states to attend to). Their parameters
+# (names holding one of these) are left out of PyTorch's count.
+CROSS_ATTENTION = [".encoder_attn.", ".encoder_attn_layer_norm."]
+# LUKE's entity side (entity embeddings, the entity-aware queries w2e, e2w
+# and e2e of every layer, the entity head) is read only with entity inputs,
+# and its pooler not by the logits.
+UNREAD_MODULES = {"hf-esm": ["inner.esm.contact_head."],
+                  "hf-luke": ["inner.luke.entity_embeddings.", ".w2e_query.", ".e2w_query.", ".e2e_query.",
+                              "inner.luke.pooler.", "inner.entity_predictions."],
+                  # DINOv2's mask token, read only with bool_masked_pos
+                  "hf-dinov2": ["inner.dinov2.embeddings.mask_token"],
+                  # a pooler the masked-LM logits do not read
+                  "hf-squeezebert": ["inner.transformer.pooler."], "hf-bigbird": ["inner.bert.pooler."],
+                  **{name: CROSS_ATTENTION for name in
+                     ["hf-bart", "hf-mbart", "hf-plbart", "hf-blenderbot", "hf-blenderbot-small", "hf-marian",
+                      "hf-pegasus", "hf-bigbird-pegasus", "hf-trocr", "hf-speech2text2"]}}
+
+# Buffers the plan counts as parameters: ONNX holds a buffer as any other
+# initializer, and one the graph adds to an activation is planned as a
+# trained bias (the IR's shift). BART's, Marian's and Pegasus'
+# final_logits_bias, added to the logits, is a buffer of zeros in
+# transformers; the plan counts (and trains) its vocabulary-sized values.
+BUFFERS_PLANNED = {name: ["inner.final_logits_bias"]
+                   for name in ["hf-bart-seq2seq", "hf-marian-seq2seq", "hf-pegasus-seq2seq"]}
 
 # Frozen parameters (requires_grad False) whose values are fixed sinusoidal
 # positions: the importer reads them as constants (the note names each), so
 # the plan counts PyTorch's trained parameters. RoFormer's position table
 # (make_exports.py keeps frozen parameters' data).
-FIXED_TABLES = {"hf-roformer"}
+FIXED_TABLES = {"hf-roformer", "hf-marian", "hf-pegasus", "hf-speech2text2", "hf-marian-seq2seq",
+                "hf-pegasus-seq2seq"}
 
 
 def record(name, model, inputs, names, axes, loss, work):
@@ -436,9 +548,66 @@ def export_hf(name, work):
     path, (params, frozen), saved = record(
         name, model, [ids], ["input_ids"], {"input_ids": {0: "batch", 1: "sequence"}, "output": {0: "batch", 1: "sequence"}},
         lambda y: F.cross_entropy(y.reshape(-1, y.shape[-1]), ids.reshape(-1)), work)
-    unread = sum(p.numel() for n, p in model.named_parameters()
-                 if any(n.startswith(prefix) for prefix in UNREAD_MODULES.get(name, [])))
-    return path, (params - unread, frozen), saved
+    return path, (params - unread_parameters(name, model), frozen), saved
+
+
+def unread_parameters(name, model):
+    """The parameters of `name`'s UNREAD_MODULES: not in the file."""
+    return sum(p.numel() for n, p in model.named_parameters()
+               if any(part in n for part in UNREAD_MODULES.get(name, [])))
+
+
+class Seq2Seq(torch.nn.Module):
+    """An encoder-decoder's logits from the source's and the decoder's tokens."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, y):
+        return self.inner(input_ids=x, decoder_input_ids=y, return_dict=False)[0]
+
+
+def export_seq2seq(name, work):
+    import transformers
+    model_class, config_class, kwargs = SEQ2SEQ_MODELS[name]
+    torch.manual_seed(0)
+    model = Seq2Seq(getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)))
+    x, y = torch.randint(2, 1000, (1, 64)), torch.randint(2, 1000, (1, 64))
+    axes = {n: {0: "batch", 1: "sequence"} for n in ["input_ids", "decoder_input_ids", "output"]}
+    path, (params, frozen), saved = record(
+        name, model, [x, y], ["input_ids", "decoder_input_ids"], axes,
+        lambda o: F.cross_entropy(o.reshape(-1, o.shape[-1]), y.reshape(-1)), work)
+    buffers = dict(model.named_buffers())
+    planned = sum(buffers[b].numel() for b in BUFFERS_PLANNED.get(name, []))
+    buffers_planned[name] = planned
+    return path, (params + planned, frozen), saved
+
+
+buffers_planned = {}  # name -> the values of its BUFFERS_PLANNED, once exported
+
+
+class ImageLogits(torch.nn.Module):
+    """A Hugging Face vision model's logits from its pixels."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(pixel_values=x, return_dict=False)[0]
+
+
+def export_vision(name, work):
+    import transformers
+    model_class, config_class, kwargs = HF_VISION[name]
+    torch.manual_seed(0)
+    model = ImageLogits(getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)))
+    target = torch.tensor([3])
+    path, (params, frozen), saved = record(name, model, [torch.randn(1, 3, 64, 64)], ["input"],
+                                           {"input": {0: "batch"}, "output": {0: "batch"}},
+                                           lambda y: F.cross_entropy(y, target), work)
+    return path, (params - unread_parameters(name, model), frozen), saved
 
 
 def export_user(name, work):
@@ -466,6 +635,33 @@ def plan(dlplan, path, fusion, tokens):
     return (j["model"]["params"], j["strategies"][0]["memory_max"]["activations"], opaque), None
 
 
+MODELS_BY_NAME = {name for name, _, _ in MODELS}
+
+
+def train_step(dlplan, path, tokens, work):
+    """One step of `dlplan train` on the CPU engine from the file's plan
+    (fp32, micro-batch 2, --fusion eager): None when it ran, its loss was
+    finite and its peak was the plan's, else what went wrong."""
+    dlplan, path = os.path.abspath(dlplan), os.path.abspath(path)
+    plan_path = path + ".cpu-plan.json"
+    p = subprocess.run([dlplan, "plan", "--model", path, "--gpus", "1", "--gpu", "cpu", "--precision", "fp32",
+                        "--strategy", "ddp", "--micro-batch", "2", "--fusion", "eager", "--out", plan_path] +
+                       (["--seq-len", "64"] if tokens else []), capture_output=True, text=True)
+    if p.returncode != 0:
+        return "plan for the CPU: " + p.stderr.strip()[-300:]
+    t = subprocess.run([dlplan, "train", "--plan", plan_path, "--steps", "1"], capture_output=True, text=True,
+                       cwd=work)
+    if t.returncode != 0:
+        return "train: " + (t.stderr.strip() or t.stdout.strip())[-300:]
+    loss = [line.split("loss", 1)[1].split()[0] for line in t.stdout.splitlines() if line.startswith("step ")]
+    if not loss or not math.isfinite(float(loss[0])):
+        return f"train: no finite loss in {t.stdout[-300:]}"
+    peak = [line.split() for line in t.stdout.splitlines() if line.strip().startswith("peak ")]
+    if not peak or peak[0][-1] != "+0.0%":
+        return f"train: measured peak is not the plan's: {peak}"
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dlplan", required=True)
@@ -480,7 +676,7 @@ def main():
     try:
         import transformers
         print(f"transformers {transformers.__version__}")
-        hf = [(name, None, None) for name in HF_MODELS]
+        hf = [(name, None, None) for name in list(HF_MODELS) + list(SEQ2SEQ_MODELS) + list(HF_VISION)]
     except ImportError as e:
         print(f"SKIP the Hugging Face families: transformers is not importable ({e}); PYTHONPATH=<build>/pydeps")
         hf = []
@@ -488,9 +684,13 @@ def main():
     for name, kwargs, side in MODELS + hf + user:
         if args.names and name not in args.names:
             continue
-        tokens = name in HF_MODELS or (name in USER_MODELS and USER_MODELS[name][2])
+        tokens = name in HF_MODELS or name in SEQ2SEQ_MODELS or (name in USER_MODELS and USER_MODELS[name][2])
         if name in USER_MODELS:
             path, counts, torch_saved = export_user(name, work)
+        elif name in SEQ2SEQ_MODELS:
+            path, counts, torch_saved = export_seq2seq(name, work)
+        elif name in HF_VISION:
+            path, counts, torch_saved = export_vision(name, work)
         else:
             path, counts, torch_saved = export_hf(name, work) if name in HF_MODELS else export(name, kwargs, side, work)
         eager, error = plan(args.dlplan, path, "eager", tokens)
@@ -516,7 +716,10 @@ def main():
             failures.append(f"{name}: {eager[0]} parameters planned, PyTorch has {params} ({frozen} frozen)")
             line += f"  PARAMETERS: PyTorch has {params:,d}"
         elif name in FIXED_TABLES:
-            line += f"  (PyTorch {params:,d}: its frozen table of {frozen:,d} read as constants)"
+            line += (f"  (PyTorch {params - buffers_planned.get(name, 0):,d}: its frozen table of {frozen:,d} read "
+                     f"as constants)")
+        if buffers_planned.get(name):
+            line += f"  (with a buffer of {buffers_planned[name]:,d} planned as a bias: final_logits_bias)"
         low, high = OPAQUE_BAND.get(name, (-0.05, 0.05))
         if eager[2] != (name in OPAQUE_BAND):
             failures.append(f"{name}: {'plans' if eager[2] else 'no longer plans'} opaque ops; update OPAQUE_BAND")
@@ -525,7 +728,14 @@ def main():
             line += f"  OUTSIDE [{100 * low:+.0f} %, {100 * high:+.0f} %]"
         elif eager[2]:
             line += "  (opaque ops: not trainable)"
-        print(line)
+        elif name not in MODELS_BY_NAME:  # the torchvision models are trained by the fixtures' tests
+            trained = train_step(args.dlplan, path, tokens, work)
+            if trained:
+                failures.append(f"{name}: {trained}")
+                line += "  TRAINING FAILED"
+            else:
+                line += "  (trains)"
+        print(line, flush=True)
     for f in failures:
         print("FAIL:", f)
     print("all hold" if not failures else f"{len(failures)} failures")
