@@ -14,13 +14,17 @@
 namespace dlplan::exec::cpu {
 namespace {
 
-// The table row each (p, q) of a window reads, row-major over [T, T].
+// The table row each (p, q) of a window reads, row-major over [T, T]
+// (with a class token at 0: BEiT's).
 std::vector<int64_t> relative_rows(const OpContext& c) {
   const auto [wh, ww] = c.node->attrs.pair("window");
-  const int64_t T = wh * ww;
+  const bool cls = c.node->attrs.has("cls") && c.node->attrs.flag("cls");
+  const int64_t T = wh * ww + (cls ? 1 : 0);
   std::vector<int64_t> row(static_cast<size_t>(T * T));
   for (int64_t p = 0; p < T; ++p)
-    for (int64_t q = 0; q < T; ++q) row[static_cast<size_t>(p * T + q)] = window_relative_index(p, q, wh, ww);
+    for (int64_t q = 0; q < T; ++q)
+      row[static_cast<size_t>(p * T + q)] =
+          cls ? window_relative_index_with_cls(p, q, wh, ww) : window_relative_index(p, q, wh, ww);
   return row;
 }
 

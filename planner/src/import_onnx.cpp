@@ -128,6 +128,7 @@ class Importer {
     // value added above the diagonal, which the scores then take as the IR's
     // causal_mask.
     std::optional<double> causal_fill;
+    bool cls = false;  // a class token at position 0 besides the window (BEiT's)
   };
 
  public:
@@ -1129,6 +1130,12 @@ class Importer {
             window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name(), std::nullopt};
             return;
           }
+        if (const auto idx = g_.values(n.input(1)))
+          if (const auto window = window_of_relative_index_with_cls(*idx, w[0])) {  // BEiT's, with a class token
+            window_tables_[n.output(0)] =
+                WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name(), std::nullopt, true};
+            return;
+          }
         // T5's relative-position buckets of a [T, T] index (MPNet's, computed in the graph)
         if (const auto idx = g_.values(n.input(1)); idx && g_.shape(n.input(1)) && g_.shape(n.input(1))->size() == 2)
           if (const auto rb = relative_buckets_of_index(*idx, w[0])) {
@@ -1197,7 +1204,7 @@ class Importer {
   void map_window_table(const onnx::NodeProto& n, int i, const std::vector<std::string>& data,
                         const std::string& from) {
     WindowTable wt = window_tables_.at(from);
-    const int64_t T = wt.buckets ? wt.positions : wt.window[0] * wt.window[1], H = wt.heads;
+    const int64_t T = wt.buckets ? wt.positions : wt.window[0] * wt.window[1] + (wt.cls ? 1 : 0), H = wt.heads;
     const auto& op = n.op_type();
     // Leading 1s dropped, and the batch axis where a mask broadcast the bias
     // over it ([b, H, T, T]: imported at micro-batch b, the mask's rows are
@@ -1253,8 +1260,9 @@ class Importer {
       if (!window_tables_.count(x) && px.size() >= 3 && Dims(px.end() - 3, px.end()) == layout && wt.buckets)
         return map_relative_bucket_bias(n, i, x, wt);
       if (!window_tables_.count(x) && px.size() >= 3 && Dims(px.end() - 3, px.end()) == layout) {
-        emit(ir_name_for(n), "window_position_bias", {ir_of(x, n, i)},
-             OJson{{"window", pair(wt.window[0], wt.window[1])}}, n.output(0), n.name());
+        OJson a{{"window", pair(wt.window[0], wt.window[1])}};
+        if (wt.cls) a["cls"] = true;
+        emit(ir_name_for(n), "window_position_bias", {ir_of(x, n, i)}, a, n.output(0), n.name());
         last_window_ = wt.window;
         return weigh("table", WeightRef{wt.table});
       }

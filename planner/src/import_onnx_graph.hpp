@@ -104,6 +104,10 @@ std::optional<Fusion> match_recurrent(const Graph& g, int node, std::string& why
 // the constant `index` holds, reading a table of `rows` rows; nothing for any
 // other index.
 std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector<double>& index, int64_t rows);
+// BEiT's: the same over a class token at 0 and the window's patches, the
+// table three rows longer (window_relative_index_with_cls).
+std::optional<std::array<int64_t, 2>> window_of_relative_index_with_cls(const std::vector<double>& index,
+                                                                        int64_t rows);
 // T5's relative-position buckets (import_onnx_window.cpp): the geometry
 // under which the constant `index` [T, T] holds, for query i and key j,
 // relative_position_bucket(j - i, rows, max_distance, bidirectional) (ops.hpp)

@@ -44,6 +44,21 @@ std::optional<std::array<int64_t, 2>> window_of_relative_index(const std::vector
   return std::nullopt;
 }
 
+std::optional<std::array<int64_t, 2>> window_of_relative_index_with_cls(const std::vector<double>& index,
+                                                                        int64_t rows) {
+  const auto n = static_cast<int64_t>(index.size());
+  const auto T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
+  if (T < 3 || T * T != n) return std::nullopt;
+  for (const auto& [wh, ww] : factor_pairs(T - 1, std::nullopt)) {
+    if ((2 * wh - 1) * (2 * ww - 1) + 3 != rows) continue;
+    bool same = true;
+    for (int64_t e = 0; e < n && same; ++e)
+      same = index[static_cast<size_t>(e)] == static_cast<double>(window_relative_index_with_cls(e / T, e % T, wh, ww));
+    if (same) return std::array<int64_t, 2>{wh, ww};
+  }
+  return std::nullopt;
+}
+
 std::optional<RelativeBuckets> relative_buckets_of_index(const std::vector<double>& index, int64_t rows) {
   const auto n = static_cast<int64_t>(index.size());
   const auto T = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));

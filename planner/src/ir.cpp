@@ -139,6 +139,14 @@ int64_t window_relative_index(int64_t p, int64_t q, int64_t window_h, int64_t wi
   return (dy + window_h - 1) * (2 * window_w - 1) + (dx + window_w - 1);
 }
 
+int64_t window_relative_index_with_cls(int64_t p, int64_t q, int64_t window_h, int64_t window_w) {
+  const int64_t patches = (2 * window_h - 1) * (2 * window_w - 1);
+  if (p == 0 && q == 0) return patches + 2;
+  if (p == 0) return patches;
+  if (q == 0) return patches + 1;
+  return window_relative_index(p - 1, q - 1, window_h, window_w);
+}
+
 bool window_mask_hides(int64_t w, int64_t p, int64_t q, const std::array<int64_t, 2>& windows,
                        const std::array<int64_t, 2>& window, const std::array<int64_t, 2>& shift) {
   // Along one axis of the rolled map (extent = windows * window): the last

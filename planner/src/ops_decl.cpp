@@ -119,7 +119,8 @@ void declare_relative_position_bias(const Model& m, const Node& n, OpDecl& d) {
 void declare_window_position_bias(const Model& m, const Node& n, OpDecl& d) {
   const Shape& x = m.tensor(n.inputs[0]).shape;
   const auto [wh, ww] = n.attrs.pair("window");
-  const int64_t H = x[x.size() - 3], rows = (2 * wh - 1) * (2 * ww - 1);
+  const bool cls = n.attrs.has("cls") && n.attrs.flag("cls");  // BEiT's three rows for the class token
+  const int64_t H = x[x.size() - 3], rows = (2 * wh - 1) * (2 * ww - 1) + (cls ? 3 : 0);
   // Not decayed: torchvision's Swin recipe trains it with
   // --transformer-embedding-decay 0, as position embeddings.
   d.params.push_back({"table", rows * H, false, {rows, H}});

@@ -158,7 +158,10 @@ const std::vector<OpSpec>& op_table() {
       // table[window_relative_index(p, q), h] of a learned [(2 Wh - 1)(2 Ww -
       // 1), H] table (torchvision's relative_position_bias_table read at
       // relative_position_index). Keeps nothing.
-      {OpKind::window_position_bias, "window_position_bias", 1, {{"window", T::int_or_pair, nullptr}}},
+      // cls (absent: false): a class token at position 0 besides the Wh Ww
+      // patches, reading three more rows (BEiT's; window_relative_index_with_cls).
+      {OpKind::window_position_bias, "window_position_bias", 1,
+       {{"window", T::int_or_pair, nullptr}, {"cls", T::boolean, kDerived}}},
       // Swin's shifted-window mask on scores [windows[0] windows[1], H, T, T]:
       // `value` (torchvision: -100) added where query and key of a window
       // came from different regions of the rolled map (window_mask_hides).
@@ -780,9 +783,10 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       const auto [wh, ww] = n.attrs.pair("window");
       if (wh <= 0 || ww <= 0 || wh > 4096 || ww > 4096) fail("window [{}, {}] must be positive (and at most 4096)", wh, ww);
       const int64_t T = x.shape.back(), H = x.shape[x.shape.size() - 3];
-      if (x.shape[x.shape.size() - 2] != T || T != wh * ww)
-        fail("input '{}' {}: the last two axes must both be the window's {} x {} = {} positions", x.name,
-             to_string(x.shape), wh, ww, wh * ww);
+      const bool cls = n.attrs.has("cls") && n.attrs.flag("cls");
+      if (x.shape[x.shape.size() - 2] != T || T != wh * ww + (cls ? 1 : 0))
+        fail("input '{}' {}: the last two axes must both be the window's {} x {} = {} positions{}", x.name,
+             to_string(x.shape), wh, ww, wh * ww, cls ? " and the class token" : "");
       check_weight("the bias table [(2 Wh - 1)(2 Ww - 1), H]", {2 * wh - 1, 2 * ww - 1, H}, fail);
       out.shape = x.shape;
       break;

@@ -266,6 +266,9 @@ inline std::vector<OpCase> op_cases() {
   // (a [15, 2] table), and one [H, T, T] block over a 2 x 2 window
   v.push_back(unary("window_position_bias", arr({2, 2, 6, 6}), Json{{"op", "window_position_bias"}, {"window", {2, 3}}}));
   v.push_back(unary("window_position_bias_square", arr({3, 4, 4}), Json{{"op", "window_position_bias"}, {"window", 2}}));
+  // BEiT's: a class token at 0 besides a 2 x 3 window (7 positions, 5 x 3 + 3 table rows)
+  v.push_back(unary("window_position_bias_cls", arr({2, 7, 7}),
+                    Json{{"op", "window_position_bias"}, {"window", {2, 3}}, {"cls", true}}));
   // Swin's shifted-window mask: a 2 x 2 grid of 2 x 3 windows shifted by (1, 1);
   // a small value keeps the finite differences meaningful
   v.push_back(unary("window_mask", arr({4, 2, 6, 6}),

@@ -107,6 +107,9 @@ const std::map<std::string, std::string> kToday = {
     // RandomUniformLike a block), and DeiT's two learned tokens
     {"tiny-hf-swin-opset17.onnx", "imports"},
     {"tiny-hf-deit-opset17.onnx", "imports"},
+    // Hugging Face's BEiT: Swin's relative index with three rows for the
+    // class token, in every layer
+    {"tiny-hf-beit-opset17.onnx", "imports"},
     {"vgg11_bn-opset17.onnx", "imports"},
     {"vit_b_16-opset13.onnx", "imports"},
     {"vit_b_16-opset17.onnx", "imports"},
@@ -293,9 +296,11 @@ TEST(RealExports, EagerFusionPlansWhatPyTorchEagerModeKeeps) {
   // Where the default fusion's int32 pool indices alone miss PyTorch by more
   // than 5 %: the control for the max-pool rule.
   const std::set<std::string> pool_gap = {"vgg11_bn-opset17.onnx", "squeezenet1_1-opset17.onnx"};
-  // Whose head keeps a select's view (the class token) under eager.
+  // Whose head keeps a view under eager: a select's (the class token), or
+  // BEiT's mean over a slice of the tokens.
   const std::set<std::string> select_view = {"vit_b_16-opset17.onnx", "vit_b_16-opset13.onnx",
-                                             "tiny-hf-vit-opset17.onnx", "tiny-hf-deit-opset17.onnx"};
+                                             "tiny-hf-vit-opset17.onnx", "tiny-hf-deit-opset17.onnx",
+                                             "tiny-hf-beit-opset17.onnx"};
   std::string table = fmt::format("{:36s} {:>12s} {:>12s} {:>9s} {:>9s}\n", "file", "eager", "PyTorch", "eager",
                                   "engine");
   for (const auto& [file, ref] : reference()["files"].items()) {
@@ -1472,6 +1477,45 @@ TEST(SwinWindows, RelativeIndexAndShiftedMaskAreTorchvisions) {
       EXPECT_EQ(window_mask_hides(3, p, q, grid, win, shift), p != q) << p << " " << q;
       EXPECT_EQ(window_mask_hides(1, p, q, grid, win, shift), p % 2 != q % 2) << p << " " << q;
     }
+}
+
+// BEiT's index (transformers 4.38's BeitRelativePositionBias, by hand): a
+// 2 x 2 window and a class token at 0 read a 3 x 3 + 3 = 12-row table; the
+// patches (p, q >= 1) read Swin's index of p - 1, q - 1; the class token's
+// row to the patches is 9, the patches' column to it 10, itself 11.
+TEST(SwinWindows, BeitsIndexAddsThreeRowsForTheClassToken) {
+  EXPECT_EQ(window_relative_index_with_cls(0, 0, 2, 2), 11);
+  EXPECT_EQ(window_relative_index_with_cls(0, 3, 2, 2), 9);
+  EXPECT_EQ(window_relative_index_with_cls(4, 0, 2, 2), 10);
+  EXPECT_EQ(window_relative_index_with_cls(1, 4, 2, 2), 0);  // Swin's (0, 3)
+  EXPECT_EQ(window_relative_index_with_cls(4, 1, 2, 2), 8);  // Swin's (3, 0)
+  EXPECT_EQ(window_relative_index_with_cls(1, 1, 2, 2), 4);
+}
+
+// Hugging Face's BEiT (relative position bias in every layer, stochastic
+// depth 0.1, layer scale, mean pooling): each layer's table, [(2 Wh - 1)
+// (2 Ww - 1) + 3, H] for 8 x 8 patches and the class token, is the IR's
+// window_position_bias with cls (the file's index equal to
+// window_relative_index_with_cls at every entry); nothing opaque.
+TEST(RealExports, BeitsRelativePositionBiasHasTheClassTokensRows) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const Model m = import_onnx(exports_dir() + "tiny-hf-beit-opset17.onnx", ImportOptions{});
+  int biases = 0, paths = 0;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    paths += n.op == OpKind::drop_path;
+    if (n.op != OpKind::window_position_bias) continue;
+    ++biases;
+    EXPECT_EQ(n.attrs.pair("window"), (std::array<int64_t, 2>{8, 8})) << n.name;
+    EXPECT_TRUE(n.attrs.flag("cls")) << n.name;
+    EXPECT_EQ(m.tensor(n.inputs[0]).shape, (Shape{4, 65, 65})) << n.name;
+  }
+  EXPECT_EQ(biases, 2);  // one table a layer
+  EXPECT_GT(paths, 0);
+  int64_t tables = 0;
+  for (const ParamInfo& p : m.params)
+    if (p.shape == Shape{15 * 15 + 3, 4}) tables += p.numel;
+  EXPECT_EQ(tables, 2 * (15 * 15 + 3) * 4);
 }
 
 TEST(RealExports, TorchsOwnTanhGeluIsOneOpUnderBothFusions) {

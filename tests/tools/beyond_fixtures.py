@@ -226,6 +226,11 @@ HF_VISION = {
                   dict(embedding_size=32, hidden_sizes=[32, 64], depths=[1, 1], num_labels=10)),
     "hf-regnet": ("RegNetForImageClassification", "RegNetConfig",
                   dict(embedding_size=32, hidden_sizes=[32, 64], depths=[1, 1], groups_width=16, num_labels=10)),
+    # BEiT and Data2Vec-Vision: Swin's relative index with three rows for
+    # the class token, a table a layer
+    "hf-beit": ("BeitForImageClassification", "BeitConfig", dict(use_relative_position_bias=True, **VIT)),
+    "hf-data2vec-vision": ("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
+                           dict(use_relative_position_bias=True, **VIT)),
     "hf-poolformer": ("PoolFormerForImageClassification", "PoolFormerConfig",
                       dict(depths=[2, 2], hidden_sizes=[32, 64], num_encoder_blocks=2, patch_sizes=[7, 3],
                            strides=[4, 2], padding=[2, 1], num_labels=10)),

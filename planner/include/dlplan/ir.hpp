@@ -60,6 +60,12 @@ std::vector<double> alibi_slopes(int64_t heads);
 // Wh x Ww window read, from their 2-D offset. Positions run row-major over the
 // window (p = y Ww + x).
 int64_t window_relative_index(int64_t p, int64_t q, int64_t window_h, int64_t window_w);
+// The same with a class token at position 0 of Wh Ww + 1 (BEiT's relative
+// position bias, Bao et al. 2022, "BEiT", Sec. 2.2; transformers'
+// BeitRelativePositionBias): the patches read window_relative_index of
+// p - 1 and q - 1, and three more rows after the (2 Wh - 1)(2 Ww - 1) serve
+// the class token: class to patch, patch to class, class to class.
+int64_t window_relative_index_with_cls(int64_t p, int64_t q, int64_t window_h, int64_t window_w);
 
 // Swin's shifted-window mask (torchvision 0.14's shifted_window_attention):
 // the padded map of windows[0] x windows[1] windows of window[0] x window[1],
