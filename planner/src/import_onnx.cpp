@@ -1125,19 +1125,20 @@ class Importer {
       auto w = *g_.shape(n.input(0));
       if (w.size() != 2) fail(fmt::format("{}: embedding table '{}' is not 2-D", label(n, i), n.input(0)));
       if (!depends_on_input(n.input(1))) {  // positions: a table added to the token embeddings
-        if (const auto idx = g_.values(n.input(1)))
+        const auto idx = g_.values(n.input(1));  // read once: a [T, T] index of a large window is big
+        if (idx)
           if (const auto window = window_of_relative_index(*idx, w[0])) {  // Swin's relative position bias
             window_tables_[n.output(0)] = WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name(), std::nullopt};
             return;
           }
-        if (const auto idx = g_.values(n.input(1)))
+        if (idx)
           if (const auto window = window_of_relative_index_with_cls(*idx, w[0])) {  // BEiT's, with a class token
             window_tables_[n.output(0)] =
                 WindowTable{n.input(0), *window, w[1], false, std::nullopt, 0, n.name(), std::nullopt, true};
             return;
           }
         // T5's relative-position buckets of a [T, T] index (MPNet's, computed in the graph)
-        if (const auto idx = g_.values(n.input(1)); idx && g_.shape(n.input(1)) && g_.shape(n.input(1))->size() == 2)
+        if (idx && g_.shape(n.input(1)) && g_.shape(n.input(1))->size() == 2)
           if (const auto rb = relative_buckets_of_index(*idx, w[0])) {
             window_tables_[n.output(0)] =
                 WindowTable{n.input(0), {0, 0}, w[1], false, *rb, (*g_.shape(n.input(1)))[0], n.name(), std::nullopt};
