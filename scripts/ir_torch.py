@@ -113,11 +113,15 @@ OPS = {
     "sqrt": (1, {}),
     "reciprocal": (1, {}),
     "erf": (1, {}),
+    "acos": (1, {}),
     "reduce_mean": (1, {"keepdims": False, "axis": -1}),
+    "reduce_sum": (1, {"keepdims": False, "axis": -1}),
+    "reduce_l2": (1, {"keepdims": False, "axis": -1}),
     "concat": (-1, {"axis": 0}),  # -1: one or more inputs
     "transpose": (1, {"perm": _REQUIRED}),
     "reshape": (1, {"shape": _REQUIRED, "view": _NULL}),  # view: memory only
     "slice": (1, {"axis": _REQUIRED, "start": _REQUIRED, "end": _REQUIRED, "step": 1, "view": _NULL}),  # view: memory only
+    "pad": (1, {"pads": _REQUIRED, "value": 0.0}),
     "attention": (-1, {"heads": _REQUIRED, "kv_heads": _DERIVED, "head_dim": _DERIVED, "causal": False,
                        "bias": True, "qkv_bias": _DERIVED, "out_bias": _DERIVED, "dropout": 0.0, "rope": False,
                        "rope_theta": 10000.0, "rotary_dim": _DERIVED, "cross": _NULL, "position_bias": _NULL,
@@ -367,6 +371,11 @@ def _plan(ir):
             if not (0 <= ax < len(x) and 0 <= s0 < s1 <= x[ax] and st >= 1):
                 raise ValueError(f"node '{n.name}': slice [{s0}, {s1}) step {st} of axis {ax} is outside {x}")
             out = tuple(-(-(s1 - s0) // st) if d == ax else x[d] for d in range(len(x)))
+        elif op == "pad":  # pads: before each per-sample axis, then after each
+            pads = [int(v) for v in a["pads"]]
+            if len(pads) != 2 * len(x) or min(pads, default=0) < 0:
+                raise ValueError(f"node '{n.name}': pads {pads} do not pad {x}")
+            out = tuple(x[d] + pads[d] + pads[len(x) + d] for d in range(len(x)))
         elif op == "reshape":
             out = tuple(int(d) for d in a["shape"])
             if _numel(out) != _numel(x):
@@ -375,7 +384,7 @@ def _plan(ir):
             if tuple(torch.broadcast_shapes(x, tuple(int(d) for d in a["shape"]))) != x:
                 raise ValueError(f"node '{n.name}': shape {a['shape']} does not broadcast to {x}")
             out = x
-        elif op == "reduce_mean":  # over one per-sample axis (the last by default)
+        elif op in ("reduce_mean", "reduce_sum", "reduce_l2"):  # over one per-sample axis (the last by default)
             ax = int(a["axis"]) % len(x)
             out = x[:ax] + ((1,) if a["keepdims"] else ()) + x[ax + 1:]
         elif op == "flatten":
@@ -801,13 +810,23 @@ class IRModule(nn.Module):
             return torch.reciprocal(x)
         if op == "erf":
             return torch.erf(x)
-        if op == "reduce_mean":
+        if op == "acos":
+            return torch.acos(x)
+        if op in ("reduce_mean", "reduce_sum"):
             ax = int(a["axis"])  # per sample; the module's tensors lead with the batch
-            return x.mean(ax if ax < 0 else ax + 1, keepdim=bool(a["keepdims"]))
+            ax = ax if ax < 0 else ax + 1
+            keep = bool(a["keepdims"])
+            if op == "reduce_l2":
+                return torch.linalg.vector_norm(x, 2, dim=ax, keepdim=keep)
+            return x.mean(ax, keepdim=keep) if op == "reduce_mean" else x.sum(ax, keepdim=keep)
         if op == "slice":  # x[..., start:end:step] along the axis (after the batch's)
             at = [slice(None)] * x.dim()
             at[int(a["axis"]) + 1] = slice(int(a["start"]), int(a["end"]), int(a["step"]))
             return x[tuple(at)]
+        if op == "pad":  # F.pad lists the last axis first: (its before, its after, the one before's ...)
+            pads, r = [int(v) for v in a["pads"]], x.dim() - 1
+            torch_pads = [p for d in reversed(range(r)) for p in (pads[d], pads[r + d])]
+            return F.pad(x, torch_pads, "constant", float(a["value"]))
         if op == "reshape":
             return x.reshape(x.shape[0], *[int(d) for d in a["shape"]])
         if op == "transpose":
@@ -1152,12 +1171,16 @@ def _node_flops(n):
         return 2.0 * out, 3.0 * out
     if op in ("sqrt", "reciprocal"):
         return out, 2.0 * out
-    if op == "erf":
+    if op in ("erf", "acos"):
         return out, 3.0 * out
-    if op == "reduce_mean":
+    if op in ("reduce_mean", "reduce_sum"):
         return float(_numel(x)), float(_numel(x))
+    if op == "reduce_l2":
+        return 2.0 * _numel(x), 3.0 * _numel(x)
     if op in ("concat", "transpose", "slice"):
         return out, out
+    if op == "pad":
+        return out, float(_numel(x))
     if op == "attention":
         T, D = x
         Tk, Dm = n.in_shapes[1] if a["cross"] else x

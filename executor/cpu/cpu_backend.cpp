@@ -131,8 +131,11 @@ class CpuBackend final : public Backend {
       case OpKind::pow: return pow_forward(c);
       case OpKind::sqrt: return sqrt_forward(c);
       case OpKind::erf: return erf_forward(c);
+      case OpKind::acos: return acos_forward(c);
       case OpKind::reciprocal: return reciprocal_forward(c);
       case OpKind::reduce_mean: return reduce_mean_forward(c);
+      case OpKind::reduce_sum: return reduce_sum_forward(c);
+      case OpKind::reduce_l2: return reduce_l2_forward(c);
       case OpKind::matmul: return matmul_forward(c);
       case OpKind::softmax: return softmax_forward(c);
       case OpKind::causal_mask: return causal_mask_forward(c);
@@ -142,6 +145,7 @@ class CpuBackend final : public Backend {
       case OpKind::rope: return rope_forward(c);
       case OpKind::transpose: return transpose_forward(c);
       case OpKind::slice: return slice_forward(c);
+      case OpKind::pad: return pad_forward(c);
       case OpKind::attention: return attention_forward(c);
       case OpKind::relative_position_bias: return relative_position_bias_forward(c);
       case OpKind::moe_router: return moe_router_forward(c);
@@ -200,8 +204,11 @@ class CpuBackend final : public Backend {
       case OpKind::pow: return pow_backward(c);
       case OpKind::sqrt: return sqrt_backward(c);
       case OpKind::erf: return erf_backward(c);
+      case OpKind::acos: return acos_backward(c);
       case OpKind::reciprocal: return reciprocal_backward(c);
       case OpKind::reduce_mean: return reduce_mean_backward(c);
+      case OpKind::reduce_sum: return reduce_sum_backward(c);
+      case OpKind::reduce_l2: return reduce_l2_backward(c);
       case OpKind::matmul: return matmul_backward(c);
       case OpKind::softmax: return softmax_backward(c);
       case OpKind::causal_mask: return causal_mask_backward(c);
@@ -211,6 +218,7 @@ class CpuBackend final : public Backend {
       case OpKind::rope: return rope_backward(c);
       case OpKind::transpose: return transpose_backward(c);
       case OpKind::slice: return slice_backward(c);
+      case OpKind::pad: return pad_backward(c);
       case OpKind::attention: return attention_backward(c);
       case OpKind::relative_position_bias: return relative_position_bias_backward(c);
       case OpKind::moe_router: return moe_router_backward(c);

@@ -195,10 +195,16 @@ void sqrt_forward(OpContext& c);
 void sqrt_backward(OpContext& c);
 void erf_forward(OpContext& c);
 void erf_backward(OpContext& c);
+void acos_forward(OpContext& c);
+void acos_backward(OpContext& c);
 void reciprocal_forward(OpContext& c);
 void reciprocal_backward(OpContext& c);
 void reduce_mean_forward(OpContext& c);
 void reduce_mean_backward(OpContext& c);
+void reduce_sum_forward(OpContext& c);
+void reduce_sum_backward(OpContext& c);
+void reduce_l2_forward(OpContext& c);
+void reduce_l2_backward(OpContext& c);
 
 // ---- ops_matmul.cpp: two activations' product, softmax (outside attention) ------
 void matmul_forward(OpContext& c);
@@ -221,6 +227,8 @@ void transpose_forward(OpContext& c);
 void transpose_backward(OpContext& c);
 void slice_forward(OpContext& c);
 void slice_backward(OpContext& c);
+void pad_forward(OpContext& c);
+void pad_backward(OpContext& c);
 
 // ---- ops_attention.cpp ---------------------------------------------------------
 void attention_forward(OpContext& c);

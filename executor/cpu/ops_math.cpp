@@ -80,6 +80,14 @@ void reciprocal_backward(OpContext& c) {
   accumulate_input_grad(c, grain_elements(), [=](int64_t i) { return -y[i] * y[i]; });
 }
 
+// acos: dx = -dy / sqrt(1 - x^2) (from the input)
+void acos_forward(OpContext& c) { map_elements(c, grain_elements() / 4, [](float x) { return std::acos(x); }); }
+
+void acos_backward(OpContext& c) {
+  const float* x = c.din[0].defined() ? c.in[0].f() : nullptr;
+  accumulate_input_grad(c, grain_elements() / 4, [=](int64_t i) { return -1.0f / std::sqrt(1.0f - x[i] * x[i]); });
+}
+
 // erf: dx = 2 / sqrt(pi) exp(-x^2) dy (from the input)
 void erf_forward(OpContext& c) { map_elements(c, grain_elements() / 4, [](float x) { return std::erf(x); }); }
 
@@ -89,10 +97,10 @@ void erf_backward(OpContext& c) {
   accumulate_input_grad(c, grain_elements() / 4, [=](int64_t i) { return k * std::exp(-x[i] * x[i]); });
 }
 
-// ---- reduce_mean over one axis ------------------------------------------------------
+// ---- reduce_mean, reduce_sum, reduce_l2 over one axis --------------------------------
 // The input as [rows, D, inner] around the reduced axis (the batch and the axes
 // before it in rows; inner 1 for the last axis):
-//   y[r, i] = sum_j x[r, j, i] / D;  dx[r, j, i] = dy[r, i] / D.
+//   reduce_mean: y[r, i] = sum_j x[r, j, i] / D;  dx[r, j, i] = dy[r, i] / D.
 
 struct MeanLayout {
   int64_t rows, D, inner;
@@ -109,7 +117,11 @@ MeanLayout mean_layout(const OpContext& c) {
   return {total(c) / (D * inner), D, inner};
 }
 
-void reduce_mean_forward(OpContext& c) {
+// y[r, i] = finish(sum_j term(x[r, j, i])), the sum in double: a row of
+// 4096 fp32 terms loses digits otherwise. reduce_mean: x, then / D;
+// reduce_sum: x; reduce_l2: x^2, then sqrt.
+template <typename Term, typename Finish>
+static void reduce_over_axis(OpContext& c, Term term, Finish finish) {
   const MeanLayout l = mean_layout(c);
   const float* x = c.in[0].f();
   float* y = c.out.f();
@@ -117,17 +129,18 @@ void reduce_mean_forward(OpContext& c) {
     for (int64_t o = begin; o < end; ++o) {
       const int64_t r = o / l.inner, i = o % l.inner;
       const float* xr = x + r * l.D * l.inner + i;
-      double sum = 0;  // in double: a row of 4096 fp32 terms loses digits otherwise
-      for (int64_t j = 0; j < l.D; ++j) sum += xr[j * l.inner];
-      y[o] = static_cast<float>(sum / static_cast<double>(l.D));
+      double sum = 0;
+      for (int64_t j = 0; j < l.D; ++j) sum += term(static_cast<double>(xr[j * l.inner]));
+      y[o] = static_cast<float>(finish(sum, l.D));
     }
   });
 }
 
-void reduce_mean_backward(OpContext& c) {
+// dx[r, j, i] += dy[r, i] / D (reduce_mean) or dy[r, i] (reduce_sum)
+static void reduce_backward(OpContext& c, bool mean) {
   if (!c.din[0].defined()) return;
   const MeanLayout l = mean_layout(c);
-  const float inv = 1.0f / static_cast<float>(l.D);
+  const float inv = mean ? 1.0f / static_cast<float>(l.D) : 1.0f;
   const float* dy = c.dout.f();
   float* dx = c.din[0].f();
   parallel_for(l.rows, grain_elements() / (l.D * l.inner) + 1, [&](int64_t begin, int64_t end) {
@@ -136,6 +149,39 @@ void reduce_mean_backward(OpContext& c) {
         for (int64_t i = 0; i < l.inner; ++i) dx[(r * l.D + j) * l.inner + i] += dy[r * l.inner + i] * inv;
   });
 }
+
+// reduce_l2: y[r, i] = sqrt(sum_j x[r, j, i]^2);  dx = dy x / y, 0 where y = 0
+// (PyTorch's norm_backward for p = 2).
+void reduce_l2_forward(OpContext& c) {
+  reduce_over_axis(c, [](double v) { return v * v; }, [](double sum, int64_t) { return std::sqrt(sum); });
+}
+
+void reduce_l2_backward(OpContext& c) {
+  if (!c.din[0].defined()) return;
+  const MeanLayout l = mean_layout(c);
+  const float* x = c.in[0].f();
+  const float* y = c.out.f();
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  parallel_for(l.rows, grain_elements() / (l.D * l.inner) + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t j = 0; j < l.D; ++j)
+        for (int64_t i = 0; i < l.inner; ++i) {
+          const float norm = y[r * l.inner + i];
+          const int64_t at = (r * l.D + j) * l.inner + i;
+          if (norm != 0.0f) dx[at] += dy[r * l.inner + i] / norm * x[at];
+        }
+  });
+}
+
+void reduce_mean_forward(OpContext& c) {
+  reduce_over_axis(c, [](double v) { return v; }, [](double sum, int64_t D) { return sum / static_cast<double>(D); });
+}
+void reduce_mean_backward(OpContext& c) { reduce_backward(c, true); }
+void reduce_sum_forward(OpContext& c) {
+  reduce_over_axis(c, [](double v) { return v; }, [](double sum, int64_t) { return sum; });
+}
+void reduce_sum_backward(OpContext& c) { reduce_backward(c, false); }
 
 // ---- torch.nn's activations ---------------------------------------------------------
 // Each derivative is PyTorch's (derivatives.yaml), read from the kept input:

@@ -1,9 +1,10 @@
 // Ops that move elements without arithmetic: transpose (x.permute(perm) over
-// the per-sample axes, made contiguous) and slice (a range along one axis,
-// strided or not).
+// the per-sample axes, made contiguous), slice (a range along one axis,
+// strided or not) and pad (x inside a larger tensor of a constant).
 // Nothing is saved; backward moves the gradient back where it came from.
 #include "ops.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -88,6 +89,45 @@ void transpose_backward(OpContext& c) {
   float* dx = c.din[0].f();
   for (int64_t s = 0; s < c.batch; ++s)
     for (int64_t i = 0; i < per; ++i) dx[s * per + off[static_cast<size_t>(i)]] += dy[s * per + i];
+}
+
+// pad: per sample, input element i lands at output offset base + off[i], where
+// off walks the input's extents with the output's row-major strides and base
+// is the output offset of the first input element (pads before each axis).
+namespace {
+
+std::vector<int64_t> padded_offsets(const Shape& in, const Shape& out, const std::vector<int64_t>& pads) {
+  const size_t rank = in.size();
+  std::vector<int64_t> stride(rank, 1);
+  for (size_t k = rank; k-- > 1;) stride[k - 1] = stride[k] * out[k];
+  int64_t base = 0;
+  for (size_t k = 0; k < rank; ++k) base += pads[k] * stride[k];
+  auto off = strided_offsets(in, stride);
+  for (auto& o : off) o += base;
+  return off;
+}
+
+}  // namespace
+
+void pad_forward(OpContext& c) {
+  const auto off = padded_offsets(in_shape(c, 0), out_shape(c), c.node->attrs.ints("pads"));
+  const int64_t in_per = static_cast<int64_t>(off.size()), out_per = numel(out_shape(c));
+  const float value = static_cast<float>(c.node->attrs.number("value"));
+  const float* x = c.in[0].f();
+  float* y = c.out.f();
+  std::fill(y, y + c.batch * out_per, value);
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < in_per; ++i) y[s * out_per + off[static_cast<size_t>(i)]] = x[s * in_per + i];
+}
+
+void pad_backward(OpContext& c) {  // the gradient of the input's elements; the padding's is dropped
+  if (!c.din[0].defined()) return;
+  const auto off = padded_offsets(in_shape(c, 0), out_shape(c), c.node->attrs.ints("pads"));
+  const int64_t in_per = static_cast<int64_t>(off.size()), out_per = numel(out_shape(c));
+  const float* dy = c.dout.f();
+  float* dx = c.din[0].f();
+  for (int64_t s = 0; s < c.batch; ++s)
+    for (int64_t i = 0; i < in_per; ++i) dx[s * in_per + i] += dy[s * out_per + off[static_cast<size_t>(i)]];
 }
 
 }  // namespace dlplan::exec::cpu

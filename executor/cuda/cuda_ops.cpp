@@ -827,8 +827,12 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::erf:
+    case OpKind::acos:
     case OpKind::drop_path:
+    case OpKind::pad:
     case OpKind::reduce_mean:
+    case OpKind::reduce_sum:
+    case OpKind::reduce_l2:
     case OpKind::matmul:
     case OpKind::softmax:
     case OpKind::causal_mask:
@@ -896,8 +900,12 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::erf:
+    case OpKind::acos:
     case OpKind::drop_path:
+    case OpKind::pad:
     case OpKind::reduce_mean:
+    case OpKind::reduce_sum:
+    case OpKind::reduce_l2:
     case OpKind::matmul:
     case OpKind::softmax:
     case OpKind::causal_mask:

@@ -131,10 +131,13 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
       return fmt::format("node '{}' is a {} (ConvNeXt, ShuffleNetV2), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name, to_string(n.op));
     if (n.op == OpKind::affine || n.op == OpKind::pow || n.op == OpKind::sqrt || n.op == OpKind::reciprocal ||
-        n.op == OpKind::erf ||
-        n.op == OpKind::reduce_mean)
+        n.op == OpKind::erf || n.op == OpKind::acos ||
+        n.op == OpKind::reduce_mean || n.op == OpKind::reduce_sum || n.op == OpKind::reduce_l2)
       return fmt::format("node '{}' is a {} (written-out math, imported with --fusion eager), which the CPU engine "
                          "trains and the CUDA engine does not yet", n.name, to_string(n.op));
+    if (n.op == OpKind::pad)
+      return fmt::format("node '{}' is a pad (Hugging Face's MobileNets' TensorFlow padding), which the CPU engine "
+                         "trains and the CUDA engine does not yet", n.name);
     if (n.op == OpKind::drop_path)
       return fmt::format("node '{}' is a drop_path (stochastic depth: Swin's, SegFormer's), which the CPU engine "
                          "trains and the CUDA engine does not yet", n.name);

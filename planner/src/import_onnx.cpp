@@ -789,6 +789,7 @@ class Importer {
         {"Pow", &Importer::map_pow},
         {"Sqrt", &Importer::map_unary_math},
         {"Erf", &Importer::map_unary_math},
+        {"Acos", &Importer::map_unary_math},
         {"Softmax", &Importer::map_softmax},
         {"Neg", &Importer::map_neg},
         {"Reciprocal", &Importer::map_unary_math},
@@ -806,6 +807,8 @@ class Importer {
         {"MaxPool", &Importer::map_pool},
         {"AveragePool", &Importer::map_pool},
         {"ReduceMean", &Importer::map_reduce_mean},
+        {"ReduceSum", &Importer::map_reduce_mean},
+        {"ReduceL2", &Importer::map_reduce_l2},
         {"GlobalAveragePool", &Importer::map_global_average_pool},
         {"Resize", &Importer::map_resize},
         {"Flatten", &Importer::map_reshape},
@@ -856,6 +859,27 @@ class Importer {
           padded_for_pool_[n.output(0)] = {static_cast<int64_t>(p[2]), static_cast<int64_t>(p[3])};
           return alias(n, i, first_data(n, i, data));
         }
+      }
+      // F.pad(x, pads, "constant", v) off the batch axis (Hugging Face's
+      // MobileNets' TensorFlow "same" padding): the IR's pad, a new tensor
+      // that keeps nothing for backward.
+      const auto full = g_.shape(n.input(0));
+      const bool axes_given = n.input_size() >= 4 && !n.input(3).empty();
+      if (pads && full && !full->empty() && pads->size() == 2 * full->size() && !axes_given &&
+          attr_text(n, "mode", "constant") == "constant" && fill && batch_axes(n.input(0)) == 1 &&
+          !batch_second_.count(n.input(0)) && data.size() == 1 && data[0] == n.input(0)) {
+        const size_t rank = full->size();
+        std::vector<int64_t> per(2 * (rank - 1));
+        bool whole = (*pads)[0] == 0 && (*pads)[rank] == 0;  // nothing added along the batch
+        for (size_t k = 1; k < rank && whole; ++k) {
+          const double b = (*pads)[k], e = (*pads)[rank + k];
+          whole = b >= 0 && e >= 0 && b == std::floor(b) && e == std::floor(e);
+          per[k - 1] = static_cast<int64_t>(b);
+          per[rank - 1 + k - 1] = static_cast<int64_t>(e);
+        }
+        if (whole)
+          return emit(ir_name_for(n), "pad", {ir_of(n.input(0), n, i)}, OJson{{"pads", per}, {"value", *fill}},
+                      n.output(0), n.name());
       }
     }
     unknown(n, i, data);
@@ -1014,9 +1038,14 @@ class Importer {
     const double lo = bound(1, "min", -inf), hi = bound(2, "max", inf);
     if (lo == 0.0 && hi == inf)
       return emit(ir_name_for(n), "relu", {ir_of(x, n, i)}, OJson::object(), n.output(0), n.name());
-    if (std::isfinite(lo) && std::isfinite(hi) && lo < hi)
-      return emit(ir_name_for(n), "clip", {ir_of(x, n, i)}, OJson{{"min", lo}, {"max", hi}}, n.output(0), n.name());
-    return unknown(n, i, data);  // one-sided or empty: planned as an opaque op, and noted
+    // One-sided (F.normalize's clamp_min(eps)): the other bound the largest
+    // float, as map_max_min's; clamp_min keeps its input, as clip does.
+    const double big = std::numeric_limits<float>::max();
+    const double low = std::isfinite(lo) ? lo : -big, high = std::isfinite(hi) ? hi : big;
+    if ((std::isfinite(lo) || std::isfinite(hi)) && low < high)
+      return emit(ir_name_for(n), "clip", {ir_of(x, n, i)}, OJson{{"min", low}, {"max", high}}, n.output(0),
+                  n.name());
+    return unknown(n, i, data);  // unbounded or empty: planned as an opaque op, and noted
   }
 
   // torch.max(x, c) with c a constant scalar (OPT clamps its masked scores at
@@ -1106,9 +1135,10 @@ class Importer {
     return emit(ir_name_for(n), "pow", {ir_of(data[0], n, i)}, OJson{{"exponent", *p}}, n.output(0), n.name());
   }
 
-  // Sqrt, Reciprocal, Erf
+  // Sqrt, Reciprocal, Erf, Acos
   void map_unary_math(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
-    const char* irop = n.op_type() == "Sqrt" ? "sqrt" : n.op_type() == "Erf" ? "erf" : "reciprocal";
+    const auto& t = n.op_type();
+    const char* irop = t == "Sqrt" ? "sqrt" : t == "Erf" ? "erf" : t == "Acos" ? "acos" : "reciprocal";
     return emit(ir_name_for(n), irop, {ir_of(first_data(n, i, data), n, i)}, OJson::object(), n.output(0), n.name());
   }
 
@@ -1744,19 +1774,62 @@ class Importer {
     for (auto& a : axes)
       if (s && a < 0) a += static_cast<int64_t>(s->size());
     std::sort(axes.begin(), axes.end());
-    if (s && s->size() == 4 && axes == std::vector<int64_t>{2, 3}) {
+    const bool sum = n.op_type() == "ReduceSum";
+    if (!sum && s && s->size() == 4 && axes == std::vector<int64_t>{2, 3}) {
       OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
       return emit(ir_name_for(n), "global_avgpool", {ir_of(x, n, i)}, a, n.output(0), n.name());
     }
     // x.mean(k) over one per-sample axis (not the batch's): the last (RMSNorm's
-    // x^2), or another (a text classifier's mean over the sequence)
+    // x^2), or another (a text classifier's mean over the sequence); x.sum(k)
+    // alike (ReduceSum)
     if (s && s->size() >= 2 && axes.size() == 1 && axes[0] < static_cast<int64_t>(s->size()))
       if (const auto a = per_sample_axis(x, axes[0]); a && !(batch_axes(x) == 0 && *a == 0)) {
         OJson attrs{{"keepdims", attr_int(n, "keepdims", 1) != 0}};
         if (axes[0] != static_cast<int64_t>(s->size()) - 1) attrs["axis"] = *a;
-        return emit(ir_name_for(n), "reduce_mean", {ir_of(x, n, i)}, attrs, n.output(0), n.name());
+        return emit(ir_name_for(n), sum ? "reduce_sum" : "reduce_mean", {ir_of(x, n, i)}, attrs, n.output(0),
+                    n.name());
       }
     return unknown(n, i, data);
+  }
+
+  // torch.norm(x, p=2, dim) and F.normalize's norm: ReduceL2 over one
+  // per-sample axis is the IR's reduce_l2. Over adjacent ones (ConvNeXt V2's
+  // global response normalization, torch.norm over H and W of [b, H, W, C])
+  // it is the norm over their product: a reshape merging them (a view, as
+  // PyTorch reads them in place), reduce_l2, and a reshape to the output.
+  void map_reduce_l2(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
+    const std::string& x = first_data(n, i, data);
+    const auto s = g_.shape(x);
+    auto axes = attr_ints(n, "axes");
+    if (n.input_size() > 1 && !n.input(1).empty())
+      if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
+    if (!s || axes.empty() || !g_.shape(n.output(0))) return unknown(n, i, data);
+    for (auto& a : axes)
+      if (a < 0) a += static_cast<int64_t>(s->size());
+    std::sort(axes.begin(), axes.end());
+    const bool keep = attr_int(n, "keepdims", 1) != 0;
+    const auto first = per_sample_axis(x, axes.front());
+    bool adjacent = first && !(batch_axes(x) == 0 && *first == 0) && axes.back() < static_cast<int64_t>(s->size());
+    for (size_t k = 1; k < axes.size() && adjacent; ++k) adjacent = axes[k] == axes[k - 1] + 1;
+    if (!adjacent) return unknown(n, i, data);
+    if (axes.size() == 1)
+      return emit(ir_name_for(n), "reduce_l2", {ir_of(x, n, i)}, OJson{{"keepdims", keep}, {"axis", *first}},
+                  n.output(0), n.name());
+    Dims merged = per_sample(x);
+    const auto a0 = static_cast<size_t>(*first), count = axes.size();
+    int64_t product = 1;
+    for (size_t k = 0; k < count; ++k) product *= merged[a0 + k];
+    merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(a0 + 1),
+                 merged.begin() + static_cast<std::ptrdiff_t>(a0 + count));
+    merged[a0] = product;
+    OJson view{{"shape", merged}};
+    if (fusion_ == FusionMode::eager) view["view"] = true;
+    const std::string flat = n.output(0) + "#merged", normed = n.output(0) + "#norm";
+    emit(unique_name(normalize(n.name()) + ".merge"), "reshape", {ir_of(x, n, i)}, view, flat, n.name());
+    emit(ir_name_for(n), "reduce_l2", {ir_[flat]}, OJson{{"keepdims", true}, {"axis", *first}}, normed, n.name());
+    OJson back{{"shape", per_sample(n.output(0))}};
+    if (fusion_ == FusionMode::eager) back["view"] = true;
+    return emit(unique_name(normalize(n.name()) + ".unmerge"), "reshape", {ir_[normed]}, back, n.output(0), n.name());
   }
 
   void map_global_average_pool(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
@@ -1870,19 +1943,48 @@ class Importer {
     }
     // Positions read from a table, broadcast over the batch before they are
     // added (XLM's position_embeddings(positions).expand_as(tensor)): the
-    // same table read, the Add broadcasts it alike.
+    // same table read, the Add broadcasts it alike. Flaubert expands the
+    // positions to [b, T] before the read, so the read is already [b, T, D]
+    // (table_read checked that every sample reads the same rows).
     if (const auto t = pos_tables_.find(n.input(0)); t != pos_tables_.end() && n.op_type() == "Expand") {
       const auto in = g_.shape(n.input(0)), out = g_.shape(n.output(0));
-      if (in && out && in->size() <= out->size() && in->size() >= 2 &&
-          std::equal(in->end() - 2, in->end(), out->end() - 2) &&
-          std::all_of(in->begin(), in->end() - 2, [](int64_t d) { return d == 1; })) {
+      const auto broadcast = [&](size_t k) {
+        return (*in)[k] == 1 || (k == 0 && in->size() == out->size() && (*in)[0] == micro_batch_ &&
+                                 (*out)[0] == micro_batch_);
+      };
+      bool leading_broadcast = in && out && in->size() <= out->size() && in->size() >= 2;
+      for (size_t k = 0; leading_broadcast && k + 2 < in->size(); ++k) leading_broadcast = broadcast(k);
+      if (leading_broadcast && std::equal(in->end() - 2, in->end(), out->end() - 2)) {
         pos_tables_.emplace(n.output(0), t->second);
         return;
       }
     }
-    if (n.op_type() == "Expand" && data.size() == 1 && data[0] == n.input(0) && batch_axes(n.input(0)) == 1)
-      if (broadcast_one_axis(n, i)) return;
+    if (data.size() == 1 && data[0] == n.input(0)) {
+      // an Expand to the shape it has (torch's export of x.repeat writes one
+      // before its Tile) is the input
+      const auto in = g_.shape(n.input(0)), out = g_.shape(n.output(0));
+      if (n.op_type() == "Expand" && in && out && *in == *out) return alias(n, i, n.input(0));
+      if (n.op_type() == "Expand" && expanded_for_broadcast(n)) return alias(n, i, n.input(0));
+      // x.repeat(..) along axes of length 1 (SwiftFormer's global query
+      // repeated over the tokens) copies as expand's copy does
+      if (batch_axes(n.input(0)) == 1 && broadcast_one_axis(n, i)) return;
+    }
     return unknown(n, i, data);
+  }
+
+  // x.expand_as(y) read only by elementwise Add, Sub, Mul or Div whose result
+  // has the expanded shape (F.normalize's x / norm.expand_as(x)): those
+  // broadcast x themselves, so the Expand is the input, as PyTorch's expand
+  // is a view of it. The batch axis is not expanded.
+  bool expanded_for_broadcast(const onnx::NodeProto& n) const {
+    const auto in = g_.shape(n.input(0)), out = g_.shape(n.output(0));
+    if (!in || !out || in->size() != out->size() || in->empty() || (*in)[0] != (*out)[0]) return false;
+    const auto& users = g_.consumers_of(n.output(0));
+    return !users.empty() && std::all_of(users.begin(), users.end(), [&](int u) {
+      const auto& c = g_.node(u);
+      const auto& t = c.op_type();
+      return (t == "Add" || t == "Sub" || t == "Mul" || t == "Div") && g_.shape(c.output(0)) == out;
+    });
   }
 
   // An activation broadcast along one per-sample axis of length 1 to r

@@ -558,6 +558,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.fwd_flops = 2.0 * out_elems;
       d.bwd_flops = 3.0 * out_elems;
       break;
+    case OpKind::acos:  // derivatives.yaml: grad * -((-self * self + 1).rsqrt())
     case OpKind::erf:  // 2 / sqrt(pi) exp(-self^2) grad
       d.saved = {keep_input(0)};
       d.fwd_flops = static_cast<double>(out_elems);
@@ -568,6 +569,17 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.saved = {keep_output()};
       d.fwd_flops = static_cast<double>(out_elems);
       d.bwd_flops = 2.0 * out_elems;
+      break;
+    case OpKind::reduce_l2:
+      // derivatives.yaml: norm_backward(grad, self, p, result, dim, keepdim)
+      // keeps the input and the norm: dx = dy x / y (0 where y is 0).
+      d.saved = {keep_input(0), keep_output()};
+      d.fwd_flops = 2.0 * numel(in_shape(0));
+      d.bwd_flops = 3.0 * numel(in_shape(0));
+      break;
+    case OpKind::reduce_sum:  // keeps nothing (derivatives.yaml: sum_backward needs only the sizes)
+      d.fwd_flops = static_cast<double>(numel(in_shape(0)));
+      d.bwd_flops = static_cast<double>(numel(in_shape(0)));
       break;
     case OpKind::reduce_mean:
       // The backward needs only the input's size, yet PyTorch 1.13's mean.dim
@@ -613,6 +625,10 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.bwd_flops = 4.0 * out_elems;
       break;
     }
+    case OpKind::pad:  // keeps nothing (derivatives.yaml: constant_pad_nd_backward needs only the pads)
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(numel(in_shape(0)));
+      break;
     case OpKind::slice:  // keeps nothing (derivatives.yaml: slice_backward needs only the sizes)
     case OpKind::transpose:
       // Keeps nothing (derivatives.yaml: permute's gradient is the inverse

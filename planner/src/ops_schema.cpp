@@ -130,9 +130,17 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::reciprocal, "reciprocal", 1, {}},
       // the error function (a GELU written out in Python: ESM's)
       {OpKind::erf, "erf", 1, {}},
+      // arccos (YOSO's expected collision probability 1 - acos(q k) / pi)
+      {OpKind::acos, "acos", 1, {}},
       // x.mean(axis, keepdim): the mean over one per-sample axis (negative:
       // from the last; -1, the last, by default)
       {OpKind::reduce_mean, "reduce_mean", 1, {{"keepdims", T::boolean, false}, {"axis", T::integer, -1}}},
+      // x.sum(axis, keepdim) over one per-sample axis (SwiftFormer's sum of
+      // its weighted queries over the tokens)
+      {OpKind::reduce_sum, "reduce_sum", 1, {{"keepdims", T::boolean, false}, {"axis", T::integer, -1}}},
+      // sqrt(sum of x^2) over one per-sample axis: torch.norm(x, dim=k) and
+      // F.normalize's norm (SwiftFormer's), ONNX ReduceL2
+      {OpKind::reduce_l2, "reduce_l2", 1, {{"keepdims", T::boolean, false}, {"axis", T::integer, -1}}},
       {OpKind::mul, "mul", 2, {}},
       // The product of two activations outside an attention pattern (torch's
       // matmul, bmm, @): a [..., M, K] x b [..., K, N] -> [..., M, N], the
@@ -204,6 +212,12 @@ const std::vector<OpSpec>& op_table() {
       {OpKind::slice, "slice", 1,
        {{"axis", T::integer, nullptr}, {"start", T::integer, nullptr}, {"end", T::integer, nullptr},
         {"step", T::integer, 1}, {"view", T::boolean, kDerived}}},
+      // F.pad(x, ..., "constant", value) over the per-sample axes: `pads` holds
+      // the elements added before each axis, then after each (ONNX Pad's
+      // order, the batch's left out), none negative; the added elements
+      // hold `value`. Hugging Face's MobileNets pad TensorFlow's "same"
+      // way, more after than before, ahead of a convolution without padding.
+      {OpKind::pad, "pad", 1, {{"pads", T::int_list, nullptr}, {"value", T::number, 0.0}}},
       // Inputs: x [T, D]; with cross, then the sequence keys and values are
       // projected from, memory [Tk, Dm] (an encoder's output: T5's
       // EncDecAttention); with position_bias, last a bias [heads, T, Tk] added
@@ -738,6 +752,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     case OpKind::sqrt:
     case OpKind::reciprocal:
     case OpKind::erf:
+    case OpKind::acos:
     case OpKind::softmax:
     case OpKind::drop_path:
     case OpKind::dropout: {
@@ -807,6 +822,8 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = x.shape;
       break;
     }
+    case OpKind::reduce_sum:
+    case OpKind::reduce_l2:
     case OpKind::reduce_mean: {
       const bool keep = n.attrs.flag("keepdims");
       const char* want = keep ? "at least one dimension"
@@ -920,6 +937,22 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       if (step < 1) fail("step {} must be positive", step);
       out.shape = x.shape;
       out.shape[static_cast<size_t>(axis)] = (end - start + step - 1) / step;
+      break;
+    }
+    case OpKind::pad: {
+      const auto& x = in(0);
+      expect_float(x, fail);
+      const auto pads = n.attrs.ints("pads");
+      const size_t rank = x.shape.size();
+      if (pads.size() != 2 * rank)
+        fail("attribute 'pads' has {} values; '{}' {} has {} per-sample dimensions, so it needs {} (before each, then "
+             "after each)", pads.size(), x.name, to_string(x.shape), rank, 2 * rank);
+      out.shape = x.shape;
+      for (size_t k = 0; k < rank; ++k) {
+        if (pads[k] < 0 || pads[rank + k] < 0)
+          fail("attribute 'pads' {} is negative on axis {} (cropping is a slice)", to_string(Shape(pads)), k);
+        out.shape[k] += pads[k] + pads[rank + k];
+      }
       break;
     }
     case OpKind::concat: {

@@ -31,6 +31,7 @@ enum class Gen {
   away_three,  // N(0, 2.5) with ||x| - 3| >= 0.2 (kinks at -3 and 3: hardsigmoid, hardswish)
   distinct,  // a shuffled grid 0.05 apart (max pooling: no near-ties)
   positive,  // 0.5 + |N(0, 1)| (sqrt, reciprocal, a fractional power)
+  inside_one,  // 0.8 tanh(N(0, 1)): inside (-1, 1), away from its ends (acos)
   distinct_positive,  // the grid shifted to start at 0.5 (a top-k of probabilities: no ties, even in bf16)
 };
 
@@ -243,11 +244,18 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("sqrt", arr({3, 4}), Json{{"op", "sqrt"}}, Gen::positive));
   v.push_back(unary("reciprocal", arr({3, 4}), Json{{"op", "reciprocal"}}, Gen::positive));
   v.push_back(unary("erf", arr({3, 4}), Json{{"op", "erf"}}));
+  v.push_back(unary("acos", arr({3, 4}), Json{{"op", "acos"}}, Gen::inside_one));
   v.push_back(unary("reduce_mean_keepdims", arr({3, 5}), Json{{"op", "reduce_mean"}, {"keepdims", true}}));
   v.push_back(unary("reduce_mean", arr({2, 3, 5}), Json{{"op", "reduce_mean"}}));
   // over a middle or the first per-sample axis (a mean over the sequence)
   v.push_back(unary("reduce_mean_axis1", arr({2, 3, 5}), Json{{"op", "reduce_mean"}, {"axis", 1}}));
   v.push_back(unary("reduce_mean_axis0_keepdims", arr({3, 4}), Json{{"op", "reduce_mean"}, {"axis", 0}, {"keepdims", true}}));
+  // x.sum over the tokens (SwiftFormer's), and over the last axis keeping it
+  v.push_back(unary("reduce_sum_axis0", arr({4, 3}), Json{{"op", "reduce_sum"}, {"axis", 0}}));
+  v.push_back(unary("reduce_sum_keepdims", arr({2, 3, 5}), Json{{"op", "reduce_sum"}, {"keepdims", true}}));
+  // F.normalize's norm over the width, and torch.norm over a middle axis
+  v.push_back(unary("reduce_l2_keepdims", arr({3, 5}), Json{{"op", "reduce_l2"}, {"keepdims", true}}));
+  v.push_back(unary("reduce_l2_axis1", arr({2, 4, 3}), Json{{"op", "reduce_l2"}, {"axis", 1}}));
   // Outside an attention pattern: softmax over the last axis, and the product
   // of two activations, batched, and with Falcon's one KV head broadcast
   // against the query heads ([2, 3, 4] x [1, 4, 5]).
@@ -337,6 +345,19 @@ inline std::vector<OpCase> op_cases() {
     c.ir = make_ir("slice_strided", Json{{"x", f32(arr({3, 7, 2}))}},
                    Json::array({Json{{"name", "op"}, {"op", "slice"}, {"in", {"x"}}, {"axis", 1}, {"start", 1},
                                      {"end", 7}, {"step", 2}}}));
+    v.push_back(c);
+  }
+  {  // TensorFlow's "same" padding ahead of a stride-2 convolution (Hugging Face's
+     // MobileNets): one row and column after, none before on H; and a value
+    OpCase c;
+    c.name = "pad_tf_same";
+    c.ir = make_ir("pad_tf_same", Json{{"x", f32(arr({3, 5, 4}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "pad"}, {"in", {"x"}}, {"pads", {0, 0, 1, 0, 1, 1}}}}));
+    v.push_back(c);
+    c.name = "pad_value";
+    c.ir = make_ir("pad_value", Json{{"x", f32(arr({4, 6}))}},
+                   Json::array({Json{{"name", "op"}, {"op", "pad"}, {"in", {"x"}}, {"pads", {1, 0, 2, 3}},
+                                     {"value", 0.5}}}));
     v.push_back(c);
   }
   {  // heads split out of the width, as a view does: [6, 4] -> [6, 2, 2]
@@ -582,6 +603,7 @@ inline void fill(Tensor& t, Gen gen, std::mt19937& rng, float scale = 1.0f) {
     if (gen == Gen::away || gen == Gen::away_one) x = (x < 0 ? -1.0f : 1.0f) * (0.2f + std::fabs(x));
     if (gen == Gen::away_one && std::fabs(std::fabs(x) - 1.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;
     if (gen == Gen::positive) x = 0.5f + std::fabs(x);
+    if (gen == Gen::inside_one) x = 0.8f * std::tanh(x);
     if (gen == Gen::away_three) {
       x *= 2.5f;
       if (std::fabs(std::fabs(x) - 3.0f) < 0.2f) x += x < 0 ? -0.4f : 0.4f;

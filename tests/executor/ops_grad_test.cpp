@@ -244,6 +244,40 @@ TEST(OpDropPath, WholeSamplesKeptOrDropped) {
   for (int64_t i = 0; i < B * per; ++i) ASSERT_EQ(a.ctx.out.f()[i], a.ctx.in[0].f()[i]);
 }
 
+// F.pad by hand: the input sits at (pads before) in a tensor of the value,
+// element by element, per sample; the gradient is the output gradient read
+// back at the same places (the padding's own is dropped).
+TEST(OpPad, InputSitsAtThePadsBeforeInATensorOfTheValue) {
+  OpCase c = unary("pad_hand", Json::array({2, 3, 2}),
+                   Json{{"op", "pad"}, {"pads", Json::array({1, 0, 2, 0, 2, 1})}, {"value", -1.5}});
+  Allocator alloc;
+  auto be = make_cpu_backend();
+  const int64_t B = 3, C = 2, H = 3, W = 2, Hp = 5, Wo = 5;  // [2, 3, 2] -> [3, 5, 5]
+  OpRun a = make_run(c, alloc, B);
+  forward(*be, a);
+  const int64_t in_per = C * H * W, out_per = 3 * Hp * Wo;
+  ASSERT_EQ(numel(a.ctx.out.shape), B * out_per);
+  for (int64_t s = 0; s < B; ++s)
+    for (int64_t o = 0; o < 3; ++o)
+      for (int64_t h = 0; h < Hp; ++h)
+        for (int64_t w = 0; w < Wo; ++w) {
+          const int64_t ci = o - 1, hi = h, wi = w - 2;  // pads before: 1, 0, 2
+          const bool inside = ci >= 0 && ci < C && hi < H && wi >= 0 && wi < W;
+          const float want = inside ? a.ctx.in[0].f()[s * in_per + (ci * H + hi) * W + wi] : -1.5f;
+          ASSERT_EQ(a.ctx.out.f()[s * out_per + (o * Hp + h) * Wo + w], want) << s << " " << o << " " << h << " " << w;
+        }
+  Tensor dout = alloc.empty(a.ctx.out.shape, DType::f32, Category::workspace, "dout");
+  for (int64_t i = 0; i < B * out_per; ++i) dout.f()[i] = static_cast<float>(i);
+  prepare_backward(a, dout);
+  be->backward(a.ctx);
+  for (int64_t s = 0; s < B; ++s)
+    for (int64_t ci = 0; ci < C; ++ci)
+      for (int64_t hi = 0; hi < H; ++hi)
+        for (int64_t wi = 0; wi < W; ++wi)
+          ASSERT_EQ(a.ctx.din[0].f()[s * in_per + (ci * H + hi) * W + wi],
+                    static_cast<float>(s * out_per + ((ci + 1) * Hp + hi) * Wo + wi + 2));
+}
+
 // ---- attention: flash == math ------------------------------------------------------
 
 // Math and flash forms of the same attention, same parameters: the same output

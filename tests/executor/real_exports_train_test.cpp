@@ -152,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            "weights/tiny-esm-opset17.onnx", "weights/tiny-t5-opset17.onnx",
                            "weights/tiny-bart-opset17.onnx", "weights/tiny-speech2text2-opset17.onnx",
                            "tiny-hf-swin-opset17.onnx", "tiny-hf-deit-opset17.onnx",
-                           "weights/tiny-poolformer-opset17.onnx", "tiny-hf-beit-opset17.onnx"),
+                           "weights/tiny-poolformer-opset17.onnx", "tiny-hf-beit-opset17.onnx",
+                           "weights/tiny-tf-pad-opset17.onnx", "weights/tiny-normalize-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -200,7 +201,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // (tiny-bart, tiny-speech2text2), and Hugging Face's Swin with stochastic
 // depth (drop_path) and DeiT's two learned tokens, and PoolFormer's average
 // pool without the padding counted (tiny-poolformer), and BEiT's relative
-// position bias with the class token's rows (tiny-hf-beit).
+// position bias with the class token's rows (tiny-hf-beit), and TensorFlow's
+// "same" padding written as F.pad (tiny-tf-pad: the IR's pad), and
+// F.normalize, torch.sum, repeat and torch.norm over two axes (tiny-normalize).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -228,7 +231,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-t5-opset17.onnx", "weights/tiny-bart-opset17.onnx",
                            "weights/tiny-speech2text2-opset17.onnx", "tiny-hf-swin-opset17.onnx",
                            "tiny-hf-deit-opset17.onnx", "weights/tiny-poolformer-opset17.onnx",
-                           "tiny-hf-beit-opset17.onnx"}) {
+                           "tiny-hf-beit-opset17.onnx", "weights/tiny-tf-pad-opset17.onnx",
+                           "weights/tiny-normalize-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -32,6 +32,7 @@
 #include <array>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -999,6 +1000,78 @@ TEST(RealExports, StochasticDepthIsOneDropPathABlock) {
     }
     EXPECT_EQ(paths, 4);  // the file's four RandomUniformLike, one a block
   }
+}
+
+// TensorFlow's "same" padding written as F.pad (Hugging Face's MobileNets):
+// the exporter's Pad, its pads computed by a shape subgraph torch writes for
+// F.pad (a Concat, a reversed Slice, a Transpose), is the IR's pad with the
+// per-sample pads, before each axis then after (F.pad lists the last axis
+// first): (0, 1, 0, 1) on [3, 16, 16] adds a row and a column after; (1, 1,
+// 1, 1, 1, 1) with 0.5 adds one before and after on every axis, the
+// channels too. Nothing is opaque; the pad keeps nothing (constant_pad_nd).
+TEST(RealExports, FPadIsThePadOpWithPerSamplePads) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  const Model m = import_onnx(exports_dir() + "weights/tiny-tf-pad-opset17.onnx", ImportOptions{});
+  std::vector<const Node*> pads;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    if (n.op == OpKind::pad) pads.push_back(&n);
+  }
+  ASSERT_EQ(pads.size(), 2u);
+  EXPECT_EQ(pads[0]->attrs.ints("pads"), (std::vector<int64_t>{0, 0, 0, 0, 1, 1}));
+  EXPECT_DOUBLE_EQ(pads[0]->attrs.number("value"), 0.0);
+  EXPECT_EQ(m.tensor(pads[0]->output).shape, (Shape{3, 17, 17}));
+  EXPECT_EQ(pads[1]->attrs.ints("pads"), (std::vector<int64_t>{1, 1, 1, 1, 1, 1}));
+  EXPECT_DOUBLE_EQ(pads[1]->attrs.number("value"), 0.5);
+  EXPECT_EQ(m.tensor(pads[1]->output).shape, (Shape{10, 10, 10}));
+}
+
+// SwiftFormer's additive attention and ConvNeXt V2's response normalization
+// (weights/tiny-normalize): F.normalize exports as ReduceL2, a Clip with only
+// a minimum, an Expand to x's shape and a Div; the norm is reduce_l2 over the
+// width, the clamp a clip whose maximum is the largest float, and the Expand
+// is its input (the Div broadcasts, as PyTorch's expand is a view). torch.sum
+// over the tokens is reduce_sum over per-sample axis 0; x.repeat(1, T, 1) of
+// [b, 1, D] (an Expand to its own shape, then Tile) is one upsample by T; and
+// torch.norm over the two middle axes of [b, 4, T / 4, D] is reduce_l2 over
+// their product, between two reshapes. Nothing is opaque.
+TEST(RealExports, NormalizeSumRepeatAndNormAreIrOps) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model m = import_onnx(exports_dir() + "weights/tiny-normalize-opset17.onnx", o);
+  int norms = 0, sums = 0, clips = 0, upsamples = 0;
+  for (const Node& n : m.nodes) {
+    EXPECT_NE(n.op, OpKind::opaque) << n.name;
+    const Shape& in = m.tensor(n.inputs[0]).shape;
+    const Shape& out = m.tensor(n.output).shape;
+    if (n.op == OpKind::reduce_l2) {
+      ++norms;
+      if (norms <= 2) {  // the two F.normalize, over the width of [16, 16]
+        EXPECT_EQ(in, (Shape{16, 16})) << n.name;
+        EXPECT_EQ(out, (Shape{16, 1})) << n.name;
+      } else {  // torch.norm over [4, 4] of [4, 4, 16], merged to [16, 16]
+        EXPECT_EQ(in, (Shape{16, 16})) << n.name;
+        EXPECT_EQ(n.attrs.integer("axis"), 0) << n.name;
+        EXPECT_EQ(out, (Shape{1, 16})) << n.name;
+      }
+    }
+    if (n.op == OpKind::reduce_sum) {
+      ++sums;
+      EXPECT_EQ(n.attrs.integer("axis"), 0) << n.name;
+      EXPECT_EQ(out, (Shape{16})) << n.name;
+    }
+    if (n.op == OpKind::clip) {
+      ++clips;
+      EXPECT_DOUBLE_EQ(n.attrs.number("min"), static_cast<double>(1e-12f)) << n.name;  // F.normalize's eps, a float
+      EXPECT_DOUBLE_EQ(n.attrs.number("max"), std::numeric_limits<float>::max()) << n.name;
+    }
+    upsamples += n.op == OpKind::upsample;
+  }
+  EXPECT_EQ(norms, 3);
+  EXPECT_EQ(sums, 1);
+  EXPECT_EQ(clips, 2);
+  EXPECT_EQ(upsamples, 1);
 }
 
 // A GELU written in Python (ESM's x * 0.5 * (1 + erf(x / sqrt 2)): 0.5 x is

@@ -32,11 +32,20 @@ CASES = {
     "sqrt": (lambda x: torch.sqrt(x), "output"),
     "reciprocal": (lambda x: torch.reciprocal(x), "output"),
     "erf": (lambda x: torch.erf(x), "input"),
+    "acos": (lambda x: torch.acos(x), "input"),
     # drop_path: Hugging Face's stochastic depth (x.div(keep) * floor(keep +
     # rand([b, 1]))) keeps its random tensor, one float a sample (4 here)
     "drop_path": (lambda x: x.div(0.9) * (0.9 + torch.rand(x.shape[0], 1)).floor_(), "float32 [4]"),
+    # pad: F.pad(x, (0, 1), value=0) keeps nothing (constant_pad_nd_backward)
+    "pad": (lambda x: torch.nn.functional.pad(x, (0, 1)), "nothing"),
     "reduce_mean (keepdims)": (lambda x: x.mean(-1, keepdim=True), "input"),
     "reduce_mean": (lambda x: x.mean(-1), "input"),
+    # reduce_sum keeps nothing (sum_backward needs only the sizes)
+    "reduce_sum": (lambda x: x.sum(-1), "nothing"),
+    "reduce_sum (keepdims, axis 0)": (lambda x: x.sum(0, keepdim=True), "nothing"),
+    # reduce_l2: torch.norm / F.normalize's norm keeps its input and the norm
+    "reduce_l2": (lambda x: torch.linalg.vector_norm(x, 2, dim=-1), "input+output"),
+    "reduce_l2 (torch.norm, keepdim)": (lambda x: torch.norm(x, p=2, dim=-1, keepdim=True), "input+output"),
     "tanh": (lambda x: torch.tanh(x), "output"),
     # avgpool2d {eager: true}; the engines' own rule keeps nothing
     "avgpool2d (eager)": (lambda x: torch.nn.functional.avg_pool2d(x, 3, 1, 1, count_include_pad=False), "input",

@@ -154,6 +154,11 @@ def match(dl_params, model):
                         hits.append((tn, f"{label}[{s // width}:{(s + k) // width}]",
                                      lambda x, fn=fn, s=s, k=k: fn(x)[s:s + k]))
                         break
+        # A vector's views (w [D, 1] and its transpose) flatten alike: one tensor, one match.
+        tensors = dict(torch_params)
+        if len(hits) > 1 and len({h[0] for h in hits}) == 1 and \
+                all(torch.equal(h[2](tensors[h[0]]), hits[0][2](tensors[h[0]])) for h in hits):
+            hits = hits[:1]
         if len(hits) != 1:
             raise RuntimeError(f"dlplan parameter '{name}' matches {len(hits)} PyTorch parameters by value "
                                f"({[h[0] + h[1] for h in hits]}): the importer read it from the wrong initializer")

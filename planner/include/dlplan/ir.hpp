@@ -45,7 +45,7 @@ enum class OpKind {
   moe_combine, maxpool2d,
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
   relative_position_bias, matmul, softmax, causal_mask, alibi, rope, leaky_relu, elu, softplus, mish, prelu,
-  groupnorm, upsample, conv_transpose2d, lstm, gru, rnn, window_position_bias, window_mask, shift, erf, drop_path,
+  groupnorm, upsample, conv_transpose2d, lstm, gru, rnn, window_position_bias, window_mask, shift, erf, drop_path, pad, reduce_sum, reduce_l2, acos,
 };
 const char* to_string(OpKind op);
 
