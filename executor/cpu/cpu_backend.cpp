@@ -19,6 +19,10 @@ const Shape& in_shape(const OpContext& c, int i) {
 }
 const Shape& out_shape(const OpContext& c) { return c.model->output_of(*c.node).shape; }
 
+bool input_batched(const OpContext& c, int i) {
+  return c.model->tensor(c.node->inputs.at(static_cast<size_t>(i))).batched;
+}
+
 Shape batched(int64_t b, const Shape& per_sample) {
   Shape s{b};
   s.insert(s.end(), per_sample.begin(), per_sample.end());
@@ -98,6 +102,7 @@ class CpuBackend final : public Backend {
       case OpKind::embedding: return embedding_forward(c);
       case OpKind::pos_embedding: return pos_embedding_forward(c);
       case OpKind::cls_token: return cls_token_forward(c);
+      case OpKind::parameter: return parameter_forward(c);
       case OpKind::linear: return linear_forward(c);
       case OpKind::conv2d: return conv2d_forward(c);
       case OpKind::batchnorm: return batchnorm_forward(c);
@@ -171,6 +176,7 @@ class CpuBackend final : public Backend {
       case OpKind::embedding: return embedding_backward(c);
       case OpKind::pos_embedding: return pos_embedding_backward(c);
       case OpKind::cls_token: return cls_token_backward(c);
+      case OpKind::parameter: return parameter_backward(c);
       case OpKind::linear: return linear_backward(c);
       case OpKind::conv2d: return conv2d_backward(c);
       case OpKind::batchnorm: return batchnorm_backward(c);

@@ -28,6 +28,10 @@ namespace dlplan::exec::cpu {
 const Shape& in_shape(const OpContext& c, int i);   // per-sample shape of input i
 const Shape& out_shape(const OpContext& c);         // per-sample shape of the output
 Shape batched(int64_t b, const Shape& per_sample);  // [b, ...per_sample]
+// Whether input i carries the batch axis: false for a tensor computed once
+// per step (TensorInfo::batched), held as [1, ...] and broadcast over the
+// micro-batch by the op that reads it beside per-sample inputs.
+bool input_batched(const OpContext& c, int i);
 // A saved tensor of the op (category activations) and a temporary (workspace),
 // named "<node>.<what>". Temporaries and the saved tensors declared
 // Elem::compute are in the storage dtype, compute(c) (bf16 under bf16-mixed).
@@ -90,6 +94,8 @@ void pos_embedding_forward(OpContext& c);
 void pos_embedding_backward(OpContext& c);
 void cls_token_forward(OpContext& c);
 void cls_token_backward(OpContext& c);
+void parameter_forward(OpContext& c);
+void parameter_backward(OpContext& c);
 void linear_forward(OpContext& c);
 void linear_backward(OpContext& c);
 void select_forward(OpContext& c);

@@ -139,6 +139,18 @@ void cls_token_backward(OpContext& c) {
   }
 }
 
+// ---- parameter: y = W, once per step (y [1, ...shape]); dW += dy ---------------------
+void parameter_forward(OpContext& c) {
+  std::memcpy(c.out.f(), c.params[0].f(), static_cast<size_t>(c.out.numel()) * sizeof(float));
+}
+
+void parameter_backward(OpContext& c) {
+  float* dw = grad_or_null(c.dparams[0]);
+  if (!dw) return;
+  const float* dy = c.dout.f();
+  for (int64_t i = 0, n = c.dout.numel(); i < n; ++i) dw[i] += dy[i];
+}
+
 // ---- linear --------------------------------------------------------------------
 // x: [R, in] (R = b x leading dims); weight W: [out, in] (tied: the embedding's
 // [num, dim], passed as params[0] all the same); bias: [out].

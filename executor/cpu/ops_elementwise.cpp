@@ -280,17 +280,24 @@ void silu_backward(OpContext& c) {
 namespace {
 
 // Per-sample NumPy broadcasting uses ir.hpp's broadcast_offsets over one
-// sample's shapes: both operands carry the batch axis, so sample s adds
-// s * numel(in).
+// sample's shapes: an operand with the batch axis advances numel(in) a
+// sample; one computed once per step (input_batched false) is read again by
+// every sample, its per-sample step 0.
 
 struct BroadcastOperands {
   std::vector<int64_t> a, b;  // broadcast_offsets of each input
-  int64_t per_out = 0, per_a = 0, per_b = 0;
+  int64_t per_out = 0, per_a = 0, per_b = 0;  // elements a sample advances
 };
 
 BroadcastOperands broadcast_operands(const OpContext& c) {
   const Shape &o = out_shape(c), &a = in_shape(c, 0), &b = in_shape(c, 1);
-  return {broadcast_offsets(o, a), broadcast_offsets(o, b), numel(o), numel(a), numel(b)};
+  return {broadcast_offsets(o, a), broadcast_offsets(o, b), numel(o), input_batched(c, 0) ? numel(a) : 0,
+          input_batched(c, 1) ? numel(b) : 0};
+}
+
+// Both operands per-sample tensors of one shape: the plain elementwise loop.
+bool same_shapes(const OpContext& c) {
+  return in_shape(c, 0) == in_shape(c, 1) && input_batched(c, 0) && input_batched(c, 1);
 }
 
 // y = op(a, b) over every sample and output element, each operand read at
@@ -300,7 +307,7 @@ void broadcast_forward(OpContext& c, Op op) {
   const float* a = c.in[0].f();
   const float* b = c.in[1].f();
   float* y = c.out.f();
-  if (in_shape(c, 0) == in_shape(c, 1)) {
+  if (same_shapes(c)) {
     parallel_for(total(c), grain_elements(), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) y[i] = op(a[i], b[i]);
     });
@@ -320,7 +327,7 @@ void broadcast_forward(OpContext& c, Op op) {
 template <class Factor>
 void broadcast_backward(OpContext& c, Factor factor) {
   const float* dy = c.dout.f();
-  const bool same = in_shape(c, 0) == in_shape(c, 1);
+  const bool same = same_shapes(c);
   const BroadcastOperands m = same ? BroadcastOperands{} : broadcast_operands(c);
   for (int k = 0; k < 2; ++k) {
     if (!c.din[static_cast<size_t>(k)].defined()) continue;

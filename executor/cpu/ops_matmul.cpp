@@ -2,7 +2,8 @@
 // the product of two activations and the softmax over the last axis.
 //
 // matmul: a [b, ..., M, K] x c [b, ..., K, N] -> y [b, ..., M, N], the
-// per-sample dimensions before the last two NumPy-broadcast. Backward (both
+// per-sample dimensions before the last two NumPy-broadcast (and the sample
+// axis, for an input computed once per step). Backward (both
 // inputs kept, ops_decl.cpp): da += dy c^T, dc += a^T dy, where a broadcast
 // operand's gradient sums over the products that read it.
 // softmax: y = exp(x - max) / sum; dx += y (dy - sum(dy y)), from the output.
@@ -42,8 +43,8 @@ Products products(const OpContext& c) {
   Shape ab(rank - (a.size() - 2), 1), bb(rank - (b.size() - 2), 1);
   ab.insert(ab.end(), a.begin(), a.end() - 2);
   bb.insert(bb.end(), b.begin(), b.end() - 2);
-  ab.insert(ab.begin(), c.batch);
-  bb.insert(bb.begin(), c.batch);
+  ab.insert(ab.begin(), input_batched(c, 0) ? c.batch : 1);  // a tensor without the batch axis: broadcast
+  bb.insert(bb.begin(), input_batched(c, 1) ? c.batch : 1);
   const Shape out = *broadcast_shape(ab, bb);
   p.a_at = broadcast_offsets(out, ab);
   p.b_at = broadcast_offsets(out, bb);

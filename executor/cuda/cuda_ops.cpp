@@ -828,6 +828,7 @@ void ops_forward(Runtime& rt, OpContext& c) {
     case OpKind::reciprocal:
     case OpKind::erf:
     case OpKind::acos:
+    case OpKind::parameter:
     case OpKind::drop_path:
     case OpKind::pad:
     case OpKind::reduce_mean:
@@ -901,6 +902,7 @@ void ops_backward(Runtime& rt, OpContext& c) {
     case OpKind::reciprocal:
     case OpKind::erf:
     case OpKind::acos:
+    case OpKind::parameter:
     case OpKind::drop_path:
     case OpKind::pad:
     case OpKind::reduce_mean:

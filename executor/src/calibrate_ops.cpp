@@ -16,6 +16,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 namespace dlplan::exec {
 namespace {
@@ -92,7 +93,8 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
   table.kernel_revision = kCpuKernelRevision;
   // Ops with one signature (a transformer's repeated layers) share a row: the
   // mean of their medians, so that the table's total is the measured one.
-  std::map<std::pair<std::string, Phase>, std::pair<double, int>> rows;
+  // (Keyed by the samples too: an op computed once per step is timed at 1.)
+  std::map<std::tuple<std::string, Phase, int64_t>, std::pair<double, int>> rows;
   double optimizer_seconds = 0, optimizer_bytes = 0;
   for (size_t e = 0; e < prog.compute.size(); ++e) {
     const ComputeEvent& ev = prog.compute[e];
@@ -101,7 +103,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
       optimizer_bytes += ev.bytes;
       continue;
     }
-    auto& row = rows[{ev.signature, ev.phase}];
+    auto& row = rows[{ev.signature, ev.phase, ev.samples}];
     row.first += medians[e];
     row.second += 1;
   }
@@ -122,7 +124,7 @@ OpCostTable measure_op_costs(Communicator& comm, Backend& backend, const Model& 
     timing->training = plan.training;
   }
   for (const auto& [key, row] : rows)
-    table.ops.push_back({key.first, key.second, micro_batch, row.first / row.second, row.second * steps});
+    table.ops.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), row.first / row.second, row.second * steps});
   if (optimizer_seconds > 0) table.optimizer_bytes_per_s = optimizer_bytes / optimizer_seconds;
   double gap = std::max(0.0, median(gaps));
   comm.all_reduce_doubles(&gap, 1);

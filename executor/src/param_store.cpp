@@ -17,6 +17,7 @@ namespace {
 // Fan-in of a parameter, for PyTorch's default initialisation bound
 // 1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5) gives exactly that).
 int64_t fan_in(const Model& m, const Node& n, const std::string& suffix) {
+  if (n.inputs.empty()) return 1;  // a parameter node: drawn N(0, 0.02), not from a fan-in
   const Shape& x = m.tensor(n.inputs[0]).shape;
   switch (n.op) {
     case OpKind::linear: return x.back();
@@ -63,6 +64,7 @@ Init init_of(const Node& n, const std::string& suffix) {
     case OpKind::embedding:
     case OpKind::pos_embedding:
     case OpKind::cls_token:
+    case OpKind::parameter:  // a weight the graph builds on (--init brings the file's)
     case OpKind::relative_position_bias:  // (HF T5 draws it N(0, d_model^-1/2))
     case OpKind::window_position_bias:    // (torchvision's Swin: truncated N(0, 0.02))
       return Init::normal_002;  // GPT-2 / BERT / ViT: N(0, 0.02)

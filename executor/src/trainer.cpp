@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -29,8 +30,9 @@ double ring_bytes(Collective op, double S, int n) {
   return op == Collective::AllReduce ? 2 * f * S : f * S;
 }
 
+// [b, ...per-sample shape], or [1, ...] for a tensor computed once per step.
 Shape batched(const TensorInfo& t, int64_t b) {
-  Shape s{b};
+  Shape s{t.batched ? b : 1};
   s.insert(s.end(), t.shape.begin(), t.shape.end());
   return s;
 }
@@ -62,6 +64,11 @@ std::optional<std::string> engine_cannot_train(const Model& m) {
 
 std::optional<std::string> gpu_engine_lacks(const Model& m) {
   for (const Node& n : m.nodes) {
+    if (!m.output_of(n).batched ||
+        std::any_of(n.inputs.begin(), n.inputs.end(), [&](int t) { return !m.tensor(t).batched; }))
+      return fmt::format("node '{}' {} a tensor computed once per step from parameters (no batch axis), which the CPU "
+                         "engine trains and the CUDA engine does not yet",
+                         n.name, m.output_of(n).batched ? "reads" : "computes");
     if (n.op == OpKind::attention) {
       const AttentionShape a = attention_shape(m, n);
       if (a.rope && a.rotary_dim != a.hd)
@@ -396,7 +403,7 @@ void Trainer::run_micro_batch(int micro, bool first, bool last, StepStats& stats
     ctx.node_index = i;
     ctx.decl = &program_.decls[static_cast<size_t>(i)];
     ctx.alloc = &alloc_;
-    ctx.batch = b;
+    ctx.batch = m.output_of(*ctx.node).batched ? b : 1;  // once per step: one "sample"
     ctx.first_sample = global_first;
     ctx.seed = opt_.seed;
     ctx.act_dtype = act;

@@ -313,6 +313,7 @@ class Importer {
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
     if (!s || s->empty()) return {};
+    if (batch_free_.count(t)) return *s;  // computed once per step: every axis is its own
     if (const auto b2 = batch_second_.find(t); b2 != batch_second_.end() && s->size() >= 2 && (*s)[1] > 0) {
       Dims d = *s;  // [k, b m, ...] -> [k, m, ...]; [k, b, ...] -> [k, ...]
       if (b2->second > 0) d[1] /= b2->second;
@@ -329,10 +330,11 @@ class Importer {
   // axis in front ([b, T, D] is [T, D] per sample), unless the batch is
   // folded into the first axis ([b H, T, hd] is [H, T, hd] per sample, the
   // same rank). batch_axes: how many leading ONNX axes the IR drops.
-  int64_t batch_axes(const std::string& t) const { return batch_folded_.count(t) ? 0 : 1; }
+  int64_t batch_axes(const std::string& t) const { return batch_folded_.count(t) || batch_free_.count(t) ? 0 : 1; }
   // The IR axis of ONNX axis `axis` (non-negative) of t; none for axis 0,
   // which is or holds the batch. Every mapper that takes an axis reads it here.
   std::optional<int64_t> per_sample_axis(const std::string& t, int64_t axis) const {
+    if (batch_free_.count(t)) return axis;  // no batch axis to skip
     if (axis < 1) return std::nullopt;
     return axis - batch_axes(t);
   }
@@ -678,7 +680,7 @@ class Importer {
   void map_node(int i) {
     const auto& n = g_.node(i);
     const auto& op = n.op_type();
-    const auto data = data_inputs(n);
+    auto data = data_inputs(n);
     if (std::all_of(data.begin(), data.end(), [&](const std::string& t) { return param_views_.count(t) > 0; }))
       if (const auto root = param_view_source(n)) {
         param_views_[n.output(0)] = *root;
@@ -686,8 +688,66 @@ class Importer {
       }
     for (const auto& t : data)
       if (window_tables_.count(t)) return map_window_table(n, i, data, t);
+    read_parameters(n, i, data);
+    // Computed from tensors without the batch axis alone: none either (known
+    // before the mapper runs, which reads its output's per-sample shape).
+    if (!data.empty() && std::all_of(data.begin(), data.end(), [&](const std::string& t) { return batch_free_.count(t); }))
+      for (const auto& o : n.output())
+        if (!o.empty()) batch_free_.insert(o);
     if (const auto h = handlers().find(op); h != handlers().end()) return (this->*(h->second))(n, i, data);
     unknown(n, i, data);
+  }
+
+  // A node that computes from learned initializers alone (MobileBERT's head
+  // weight cat([E^T, W]): a Transpose of the word embeddings, then a Concat
+  // with a second weight) reads each as the IR's `parameter`, a tensor
+  // without the batch axis, computed once per step. So does a Concat of such
+  // tensors and initializers. An op that applies an initializer as its own
+  // weight (a MatMul, an Add of a bias) keeps reading it that way.
+  void read_parameters(const onnx::NodeProto& n, int i, std::vector<std::string>& data) {
+    // (A Gather of a table at constant rows is a position table, an Expand
+    // or Tile of one a learned token broadcast: their mappers read the
+    // initializer themselves.)
+    static const std::set<std::string> kOwnReaders = {"Constant", "Gather", "Expand", "Tile"};
+    const bool alone = data.empty() && !kOwnReaders.count(n.op_type());
+    const bool parts = n.op_type() == "Concat" && !data.empty() &&
+                       std::all_of(data.begin(), data.end(), [&](const std::string& t) { return batch_free_.count(t); });
+    if (!alone && !parts) return;
+    // A product of a constant tensor the graph computed (Swin V2's table of
+    // coordinates, through its position-bias MLP) has no IR form yet.
+    if (alone && (n.op_type() == "MatMul" || n.op_type() == "Gemm"))
+      for (const auto& t : n.input())
+        if (!t.empty() && !g_.is_learned(t) && g_.is_const(t) && is_float(g_.dtype(t)))
+          fail(fmt::format("{}: multiplies constant tensor '{}' by parameters, a tensor without the batch axis "
+                           "computed once per step from a constant, which dlplan's IR cannot hold yet (it holds "
+                           "such tensors computed from parameters alone)",
+                           label(n, i), t));
+    std::vector<std::string> read;
+    for (const auto& t : n.input()) {
+      if (!t.empty() && g_.is_learned(t)) {
+        parameter_node(t);
+        read.push_back(t);
+      } else if (std::find(data.begin(), data.end(), t) != data.end()) {
+        read.push_back(t);
+      }
+    }
+    if (read.size() > data.size()) data = read;
+  }
+
+  // The IR `parameter` that holds learned initializer t (one per initializer;
+  // tied to the embedding that reads the same table, MobileBERT's).
+  void parameter_node(const std::string& t) {
+    if (ir_.count(t)) return;
+    const auto s = g_.shape(t);
+    if (!s || s->empty()) return;
+    std::string base = normalize(t);
+    if (base.size() > 7 && base.compare(base.size() - 7, 7, ".weight") == 0) base.resize(base.size() - 7);
+    OJson a{{"shape", *s}};
+    const auto table = embedding_of_table_.find(t);
+    if (table != embedding_of_table_.end()) a["tie"] = table->second;
+    emit(unique_name(base), "parameter", {}, a, t, t);
+    if (table == embedding_of_table_.end()) weigh("weight", WeightRef{t});
+    batch_free_.insert(t);
   }
 
   // The node's first data input; an error naming the node when it has none.
@@ -745,17 +805,16 @@ class Importer {
   }
 
   // Why a node without a data input cannot be planned, when it reads
-  // parameters: it computes a tensor from weights alone, with no batch axis
-  // (MobileBERT's head multiplies by cat([E^T, W]), built in the graph from
-  // two parameters), and the IR holds per-sample tensors and parameters only.
+  // parameters: a Gather, Expand or Tile of an initializer is read by its own
+  // mapper (a position table, a learned token broadcast), which did not
+  // match; other ops read such inputs as the IR's `parameter` (read_parameters).
   std::string weights_alone(const onnx::NodeProto& n) const {
     std::vector<std::string> read;
     for (const auto& t : n.input())
       if (!t.empty() && g_.is_learned(t)) read.push_back("'" + t + "'");
     if (read.empty()) return "";
-    return fmt::format(": it computes from parameter{} {} alone, a tensor without the batch axis (a weight built in "
-                       "the graph, as MobileBERT's head concatenates its embedding's transpose with a second weight), "
-                       "which dlplan's per-sample IR cannot hold",
+    return fmt::format(": it reads parameter{} {} alone, which dlplan maps for this op only as a position table read "
+                       "at constant rows or a learned token broadcast over the batch",
                        read.size() > 1 ? "s" : "", fmt::join(read, ", "));
   }
 
@@ -1721,6 +1780,13 @@ class Importer {
     auto perm = attr_ints(n, "perm");
     if (perm.empty())
       for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
+    if (batch_free_.count(x)) {  // no batch axis: the whole permutation is per step
+      if (perm.size() != s->size()) fail(fmt::format("{}: perm has {} axes for a rank-{} input", label(n, i), perm.size(), s->size()));
+      bool identity = true;
+      for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
+      if (identity) return alias(n, i, x);
+      return emit(ir_name_for(n), "transpose", {ir_of(x, n, i)}, OJson{{"perm", perm}}, n.output(0), n.name());
+    }
     if (perm.size() == s->size() && perm.size() >= 3 && perm[0] != 0 && perm[1] == 0 && read_by_parts(n.output(0)))
       return map_batch_second(n, i, x, perm);
     if (perm.size() != s->size() || perm[0] != 0)
@@ -2284,6 +2350,7 @@ class Importer {
   mutable std::map<std::string, bool> dep_memo_;
   std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
   std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
+  std::set<std::string> batch_free_;  // ONNX tensors computed once per step, from parameters (read_parameters)
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, std::string> expanded_params_;  // Expand's output -> the learned initializer it broadcasts

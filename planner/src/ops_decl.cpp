@@ -328,6 +328,16 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       d.params = {{"weight", in_shape(0)[1], false, {1, 1, in_shape(0)[1]}}};
       break;
     }
+    case OpKind::parameter: {  // its output is a copy of the weight, made once per step; keeps nothing
+      const Shape shape = n.attrs.ints("shape");
+      // Decayed when it is a matrix or more, as nanoGPT's configure_optimizers
+      // decides for every parameter (vectors and scalars are biases, norms
+      // and scales).
+      if (!n.attrs.has("tie")) d.params = {{"weight", numel(shape), shape.size() >= 2, shape}};
+      d.fwd_flops = static_cast<double>(out_elems);
+      d.bwd_flops = static_cast<double>(out_elems);
+      break;
+    }
     case OpKind::linear: {
       const int64_t in = in_shape(0).back(), o = n.attrs.integer("out");
       if (!n.attrs.has("tie")) d.params.push_back({"weight", in * o, true, {o, in}});
@@ -741,6 +751,13 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
   // `shares`: the node applies an earlier node's parameters (ALBERT's one
   // layer at every depth); they are that node's, counted and updated once.
   if (n.attrs.has("shares")) d.params.clear();
+  // Computed once per step (TensorInfo::batched): what it keeps and its
+  // temporaries are one tensor for the micro-batch, not one per sample.
+  if (!out.batched) {
+    for (auto& s : d.saved) s.per_batch = s.ref == Ref::own ? true : s.per_batch;
+    for (auto* temps : {&d.fwd_temps, &d.bwd_temps})
+      for (auto& t : *temps) t.per_batch = true;
+  }
   return d;
 }
 

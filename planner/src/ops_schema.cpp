@@ -294,6 +294,11 @@ const std::vector<OpSpec>& op_table() {
       // factor, one float a sample (PyTorch's mul keeps its random tensor).
       {OpKind::drop_path, "drop_path", 1, {{"p", T::number, nullptr}}},
       {OpKind::cross_entropy, "cross_entropy", 2, {{"fused", T::boolean, false}}},
+      // A learned tensor of `shape`, read as a tensor rather than applied by an
+      // op: a weight the graph builds from parameters (MobileBERT's head
+      // multiplies by cat([E^T, W])). No inputs; its output has no batch axis
+      // (TensorInfo::batched). tie: the embedding whose table it is.
+      {OpKind::parameter, "parameter", 0, {{"shape", T::int_list, nullptr}, {"tie", T::text, nullptr, true}}},
       // An op of an imported graph that dlplan does not know (`source`: the
       // ONNX op type): planned with its output (per-sample `shape`) and every
       // input kept for backward, the conservative choice; no engine trains it
@@ -480,6 +485,30 @@ int64_t ceil_window_out(int64_t in, int64_t k, int64_t s, int64_t p) {
   int64_t out = (in + 2 * p - k + s - 1) / s + 1;
   if ((out - 1) * s >= in + p) --out;
   return out;
+}
+
+// Whether n's output carries the batch axis: a parameter's does not, and
+// an op computes once per step what it computes from such tensors alone.
+// Beside per-sample inputs, only add, mul and matmul read one (broadcast
+// over the micro-batch); BatchNorm's batch statistics and the loss need
+// samples.
+bool batched_output(const Model& m, const Node& n, const NodeError& fail) {
+  if (n.op == OpKind::parameter) return false;
+  bool any = false;
+  std::string once;
+  for (int id : n.inputs) {
+    if (m.tensor(id).batched) any = true;
+    else if (once.empty()) once = m.tensor(id).name;
+  }
+  if (once.empty()) return true;
+  if (n.op == OpKind::batchnorm || n.op == OpKind::cross_entropy)
+    fail("input '{}' has no batch axis (computed once per step from parameters); a {} cannot read it (it needs the "
+         "samples)", once, to_string(n.op));
+  const bool broadcasts = n.op == OpKind::add || n.op == OpKind::mul || n.op == OpKind::matmul;
+  if (any && !broadcasts)
+    fail("input '{}' has no batch axis (computed once per step from parameters); beside per-sample inputs, only add, "
+         "mul and matmul read it, broadcasting it over the micro-batch", once);
+  return any;
 }
 
 }  // namespace
@@ -1024,6 +1053,26 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
       out.shape = x.shape;
       break;
     }
+    case OpKind::parameter: {
+      out.shape = n.attrs.ints("shape");
+      if (out.shape.empty()) fail("attribute 'shape' is empty (a learned scalar is shape [1])");
+      for (int64_t d : out.shape)
+        if (d <= 0) fail("attribute 'shape' {} has a non-positive dimension", to_string(out.shape));
+      checked_numel(out.shape, fail);
+      if (n.attrs.has("tie")) {
+        const auto target = n.attrs.text("tie");
+        const int t = m.node_index(target);
+        if (t < 0) fail("tie names '{}', which is not a node before this one", target);
+        const Node& e = m.nodes[static_cast<size_t>(t)];
+        if (e.op != OpKind::embedding || e.attrs.has("tie"))
+          fail("tie names '{}', which is not an embedding with a table of its own", target);
+        const Shape table = {e.attrs.integer("num"), e.attrs.integer("dim")};
+        if (out.shape != table)
+          fail("tie to '{}' needs shape {} to equal its table [num, dim] = {}", target, to_string(out.shape),
+               to_string(table));
+      }
+      break;
+    }
     case OpKind::relative_position_bias: {
       const auto& x = expect_rank(m, n, 0, 1, 1, "[T] ids", fail);
       if (x.dtype != DType::i32) fail("input '{}' must be i32 ids, got {}", x.name, to_string(x.dtype));
@@ -1150,6 +1199,7 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     }
   }
   checked_numel(out.shape, fail);
+  out.batched = batched_output(m, n, fail);
   return out;
 }
 

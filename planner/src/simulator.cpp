@@ -117,7 +117,7 @@ Simulation simulate_program(const StepProgram& prog, const Cluster& c, const Tra
     }
     CostSource source = CostSource::roofline;
     std::optional<OpCostLookup> hit;
-    if (table && ev.node >= 0) hit = table->find(ev.signature, ev.phase, t.micro_batch);
+    if (table && ev.node >= 0) hit = table->find(ev.signature, ev.phase, ev.samples);
     // Curves are fitted to fp32 steps (calibration's precision).
     if (!hit && table && ev.node >= 0 && t.precision == Precision::fp32)
       hit = table->from_curve(curve_kind(ev.signature), runs_gemms(ev), ev.phase, ev.flops, ev.bytes);

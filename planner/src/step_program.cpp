@@ -212,8 +212,11 @@ class Emitter {
   int64_t tensor_bytes(int t) const {
     const auto& ti = m_.tensor(t);
     if (ti.producer >= 0 && node(ti.producer).op == OpKind::cross_entropy) return 4;  // the loss: one fp32 scalar
-    return numel(ti.shape) * b_ * (ti.dtype == DType::i32 ? 4 : act_);
+    return numel(ti.shape) * (ti.batched ? b_ : 1) * (ti.dtype == DType::i32 ? 4 : act_);
   }
+  // The samples node i computes for: the micro-batch, or one tensor for it
+  // all when its output has no batch axis (TensorInfo::batched).
+  int64_t samples(int i) const { return m_.output_of(node(i)).batched ? b_ : 1; }
   int64_t own_bytes(const SavedTensor& s) const { return s.numel * (s.per_batch ? 1 : b_) * elem_bytes(s.elem); }
   int saved_tensor_id(int i, const SavedTensor& s) const {
     return s.ref == SavedTensor::Ref::input ? node(i).inputs[static_cast<size_t>(s.input)] : node(i).output;
@@ -287,7 +290,7 @@ class Emitter {
     out_.instrs.push_back(in);
   }
   int compute(Instr::Kind kind, Phase ph, int i, double flops, double bytes) {
-    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes, {}, {}, false, 0, {}});
+    out_.compute.push_back({i >= 0 ? node(i).name : "optimizer", ph, i, flops, bytes, {}, {}, false, 0, {}, i >= 0 ? samples(i) : 0});
     if (i >= 0) record_work(i, out_.compute.back());
     Instr in;
     in.kind = kind;
@@ -303,7 +306,7 @@ class Emitter {
   // from its shapes, for the whole micro-batch.
   void record_work(int i, ComputeEvent& ev) const {
     const Node& n = node(i);
-    const double b = static_cast<double>(b_);
+    const double b = static_cast<double>(samples(i));
     auto in_shape = [&](size_t k) -> const Shape& { return m_.tensor(n.inputs[k]).shape; };
     auto d = [](int64_t v) { return static_cast<double>(v); };
     switch (n.op) {
@@ -402,6 +405,7 @@ class Emitter {
     if (decl(i).onednn_conv) how += " onednn";
     if (!lora_adapters(m_, n).empty()) how += " lora";
     // Attributes with sorted keys: a plan file's model lists them in another order.
+    if (!m_.output_of(n).batched) how += " once";  // computed once per step, whatever the micro-batch
     return fmt::format("{} {} {} dx={} dw={} {}", to_string(n.op), shapes, nlohmann::json(n.attrs.values).dump(), grads,
                        base_trains_[static_cast<size_t>(i)] ? 1 : 0, how);
   }
@@ -525,7 +529,7 @@ class Emitter {
       if (n.op != OpKind::conv2d) continue;
       const Shape& y = m_.tensor(n.output).shape;
       const ConvWindow w = conv_window(m_.tensor(n.inputs[0]).shape, n.attrs);  // a 1-D one as [C, 1, L]
-      const ConvGeometry g{b_,   w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
+      const ConvGeometry g{samples(static_cast<int>(i)), w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
                            n.attrs.integer("groups"), n.attrs.flag("bias")};
       const bool dx = !is_model_input(n.inputs[0]) && input_needs_grad(static_cast<int>(i), 0);
       const bool dw = base_trains_[i];
@@ -718,7 +722,7 @@ class Emitter {
       name_last(n.name, holders_[out].empty() ? n.name : holders_[out]);
     }
     compute(ph == Phase::recompute ? Instr::Kind::recompute : Instr::Kind::forward, ph, i,
-            d.fwd_flops * static_cast<double>(b_), traffic(i));
+            d.fwd_flops * static_cast<double>(samples(i)), traffic(i));
     std::vector<int> temps;
     op_temps(i, d.fwd_temps, temps);
     // A node without backward (fine-tuning's frozen prefix) keeps nothing:
@@ -911,7 +915,7 @@ class Emitter {
       last().tensor = t;
       name_last("grad of " + m_.tensor(t).name, n.name);
     }
-    compute(Instr::Kind::backward, Phase::backward, i, d.bwd_flops * static_cast<double>(b_), 2 * traffic(i));
+    compute(Instr::Kind::backward, Phase::backward, i, d.bwd_flops * static_cast<double>(samples(i)), 2 * traffic(i));
     std::vector<int> temps;
     op_temps(i, d.bwd_temps, temps);
     if (n.op == OpKind::batchnorm && syncbn_group() > 1) {

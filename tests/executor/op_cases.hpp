@@ -298,6 +298,30 @@ inline std::vector<OpCase> op_cases() {
                    Json::array({Json{{"name", "op"}, {"op", "matmul"}, {"in", {"a", "b"}}}}));
     v.push_back(c);
   }
+  // A tensor without the batch axis (a `parameter`, computed once per step)
+  // read beside a per-sample one: broadcast over the samples, its gradient
+  // summed over them. Each reads `w`, the parameter node, and `x`.
+  for (const auto& [name, op, x, w, w_first] :
+       {std::tuple{"matmul_once_per_step", "matmul", arr({3, 4}), arr({4, 5}), false},  // MobileBERT's head
+        std::tuple{"matmul_once_per_step_left", "matmul", arr({2, 4, 3}), arr({5, 4}), true},
+        std::tuple{"add_once_per_step", "add", arr({2, 3, 4}), arr({3, 4}), false},  // Swin V2's position bias
+        std::tuple{"mul_once_per_step", "mul", arr({3, 4}), arr({3, 4}), true}}) {   // its logit scale
+    OpCase c;
+    c.name = name;
+    c.ir = make_ir(name, Json{{"x", f32(x)}},
+                   Json::array({Json{{"name", "w"}, {"op", "parameter"}, {"in", Json::array()}, {"shape", w}},
+                                Json{{"name", "op"}, {"op", op}, {"in", w_first ? Json{"w", "x"} : Json{"x", "w"}}}}));
+    v.push_back(c);
+  }
+  {  // the parameter itself: y = W, dW = dy
+    OpCase c;
+    c.name = "parameter";
+    c.node = "w";
+    c.ir = make_ir("parameter", Json{{"x", f32(arr({3, 4}))}},
+                   Json::array({Json{{"name", "w"}, {"op", "parameter"}, {"in", Json::array()}, {"shape", {3, 4}}},
+                                Json{{"name", "op"}, {"op", "mul"}, {"in", {"x", "w"}}}}));
+    v.push_back(c);
+  }
   {  // a squeeze-and-excitation scale: x [3, 2, 2] * s [3, 1, 1], and the operands the other way round
     OpCase c;
     c.name = "mul_broadcast";
@@ -637,14 +661,14 @@ inline OpRun make_run(const OpCase& c, Allocator& alloc, int64_t batch, uint32_t
   ctx.model = &r.model;  // re-pointed by callers after moves (see bind)
   ctx.node_index = r.node;
   ctx.alloc = &alloc;
-  ctx.batch = batch;
+  ctx.batch = r.model.output_of(r.n()).batched ? batch : 1;  // computed once per step: one "sample"
   ctx.first_sample = 10;
   ctx.seed = 42;
   ctx.training = c.training;
   ctx.grad_scale = c.grad_scale;
   for (size_t i = 0; i < r.n().inputs.size(); ++i) {
     const TensorInfo& ti = r.model.tensor(r.n().inputs[i]);
-    Shape s{batch};
+    Shape s{ti.batched ? batch : 1};
     s.insert(s.end(), ti.shape.begin(), ti.shape.end());
     Tensor t = alloc.empty(s, ti.dtype, Category::workspace, "input " + ti.name);
     if (ti.dtype == DType::i32) {

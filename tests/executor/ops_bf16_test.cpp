@@ -235,7 +235,7 @@ TEST_P(OpBf16, GradientsMatchFp32FiniteDifferences) {
   // Ops that only move data (flatten, select, tokens, dropout's mask) give
   // the same gradients in both precisions; everything that computes differs.
   // (drop_path's case scales by 0 or 1 / (1 - 0.5) = 2, exact in both;
-  // reduce_sum's gradient is the output's, repeated.)
+  // reduce_sum's gradient is the output's, repeated; a parameter is copied.)
   static const std::set<std::string> exact = {"select", "tokens", "flatten", "dropout", "dropout_p0", "drop_path",
                                               "drop_path_p0", "embedding",
                                               "cls_token", "pos_embedding", "pos_embedding_row", "pos_embedding_sinusoidal",
@@ -245,7 +245,7 @@ TEST_P(OpBf16, GradientsMatchFp32FiniteDifferences) {
                                               "transpose_to_channels_last", "transpose_cyclic",
                                               "reshape_split_heads", "slice_channels", "slice_middle_axis", "slice_strided",
                                               "pad_tf_same", "pad_value", "reduce_sum_axis0",
-                                              "reduce_sum_keepdims", "window_mask"};
+                                              "reduce_sum_keepdims", "window_mask", "parameter"};
   if (!exact.count(c.name)) {
     EXPECT_TRUE(any_differs) << c.name << ": the 16-bit run equals the fp32 one bit for bit";
   }

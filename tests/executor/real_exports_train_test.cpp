@@ -206,7 +206,11 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // F.normalize, torch.sum, repeat and torch.norm over two axes (tiny-normalize;
 // not in RealExportTrains: its sum over the tokens is not normalized, as
 // SwiftFormer's, so at 64 tokens dlplan's initialization starts at loss 8.2,
-// not near ln 96; from the file's weights 5.0, PyTorch's own 4.8).
+// not near ln 96; from the file's weights 5.0, PyTorch's own 4.8), and
+// parameters read as tensors, computed on once per step and broadcast over
+// the samples: MobileBERT's head h @ cat([E^T, W]) with E tied to the
+// embedding, a gate sigmoid(g), a bias (u @ v)^T (tiny-computed-weights; not
+// in RealExportTrains either: its randn gate and bias start it at loss 10).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -235,7 +239,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-speech2text2-opset17.onnx", "tiny-hf-swin-opset17.onnx",
                            "tiny-hf-deit-opset17.onnx", "weights/tiny-poolformer-opset17.onnx",
                            "tiny-hf-beit-opset17.onnx", "weights/tiny-tf-pad-opset17.onnx",
-                           "weights/tiny-normalize-opset17.onnx"}) {
+                           "weights/tiny-normalize-opset17.onnx", "weights/tiny-computed-weights-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

@@ -1027,6 +1027,26 @@ TEST(LoaderError, SeveralNodesThatDoNotLeadToTheLoss) {
   expect_error(ir, {"node 'a' (relu)", "3 such nodes", "'b' (relu)", "'after' (relu)"});
 }
 
+// A tensor computed once per step (a `parameter` and what is computed from
+// it alone) has no batch axis: add, mul and matmul broadcast it over the
+// samples; any other op beside per-sample inputs, BatchNorm and the loss
+// refuse it, naming the node and the tensor.
+TEST(LoaderError, ATensorWithoutTheBatchAxisWhereSamplesAreNeeded) {
+  J ir = base();
+  ir["nodes"].insert(ir["nodes"].begin(), J{{"name", "w"}, {"op", "parameter"}, {"in", J::array()}, {"shape", {8}}});
+  ir["nodes"].insert(ir["nodes"].begin() + 1, J{{"name", "cat"}, {"op", "concat"}, {"in", {"x", "w"}}});
+  ir["nodes"][2]["in"] = {"cat"};
+  expect_error(ir, {"node 'cat' (concat)", "input 'w' has no batch axis", "only add, mul and matmul"});
+  ir["nodes"][1] = J{{"name", "cat"}, {"op", "add"}, {"in", {"x", "w"}}};  // broadcast: fine
+  const Model m = parse_model(ir, "good.json");
+  EXPECT_FALSE(m.tensor(m.nodes[0].output).batched);
+  EXPECT_TRUE(m.tensor(m.nodes[1].output).batched);
+  ir["nodes"][1] = J{{"name", "cat"}, {"op", "relu"}, {"in", {"w"}}};  // once per step, then the loss
+  expect_error(ir, {"node 'loss' (cross_entropy)", "input 'fc' has no batch axis", "cannot read"});
+  ir["nodes"][0]["shape"] = {8, 0};
+  expect_error(ir, {"node 'w' (parameter)", "non-positive dimension"});
+}
+
 // Attention over a sequence of 2^25 tokens: heads x T x T = 2^51 scores per
 // sample overflowed the 64-bit products of the declaration (UBSan in
 // ops_decl.cpp and the step program). Refused where attention's shape is read.

@@ -9,6 +9,8 @@
 #include "dlplan/step_walk.hpp"
 #include "dlplan/zoo.hpp"
 
+#include "once_per_step.hpp"
+
 #include <gtest/gtest.h>
 
 using namespace dlplan;
@@ -173,6 +175,27 @@ TEST(Activations, Fp32DoublesTheSixteenBitTensors) {
   t.precision = Precision::fp32;
   const int64_t sbh = c.s * c.b * c.h;
   EXPECT_EQ(one_layer_activations(c, t), 2 * (32 * sbh + 2 * c.a * c.s * c.s * c.b) + 16 * c.s * c.b);
+}
+
+// A tensor computed once per step from parameters (TensorInfo::batched false:
+// MobileBERT's head weight) is kept once, whatever the micro-batch. Here
+// y = x W, W a `parameter` [4, 16]: matmul keeps x (the batch, counted in
+// workspace) and W's copy, 4 x 16 fp32 = 256 B once; the loss keeps its fp32
+// probabilities, 8 x 16 x 4 = 512 B a sample. So 512 b + 256 B, where
+// counting the copy per sample would give 768 b.
+TEST(Activations, ATensorComputedOncePerStepIsKeptOnce) {
+  const Model m = dlplan::testing::once_per_step_model();
+  EXPECT_FALSE(m.tensor(m.nodes[static_cast<size_t>(m.node_index("w"))].output).batched);
+  EXPECT_TRUE(m.tensor(m.nodes[static_cast<size_t>(m.node_index("y"))].output).batched);
+  for (int64_t b : {1, 2, 5}) {
+    TrainingConfig t = mixed(Strategy::ddp, b);
+    t.precision = Precision::fp32;
+    const StepWalk w = walk(m, t);
+    EXPECT_EQ(w.max_each[kAct], 512 * b + 256) << "micro-batch " << b;
+    // FLOPs: the copy once (64), the product per sample (2 x 8 x 4 x 16).
+    EXPECT_DOUBLE_EQ(w.compute[static_cast<size_t>(0)].flops, 64.0) << w.compute[0].name;
+    EXPECT_DOUBLE_EQ(w.compute[static_cast<size_t>(1)].flops, 1024.0 * static_cast<double>(b));
+  }
 }
 
 // ---- liveness ----------------------------------------------------------------

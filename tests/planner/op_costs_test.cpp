@@ -14,6 +14,7 @@
 
 #include "cpu_host.hpp"
 #include "error_of.hpp"
+#include "once_per_step.hpp"
 
 #include <gtest/gtest.h>
 
@@ -125,6 +126,37 @@ TEST(OpCosts, AnotherMicroBatchScalesTheNearestRow) {
   EXPECT_NEAR(s.compute_seconds, ops * 3e-3 + roofline_optimizer, 1e-12);  // 1 ms x 6 / 2
   EXPECT_EQ(s.cost_sources[static_cast<size_t>(CostSource::scaled)], ops);
   EXPECT_EQ(s.cost_sources[static_cast<size_t>(CostSource::roofline)], 1);  // the optimizer: no rate measured
+}
+
+// An op computed once per step (a `parameter`'s copy: TensorInfo::batched
+// false) takes as long at any micro-batch: calibration times it as 1 sample
+// (ComputeEvent::samples), and the simulator reads that row unscaled while
+// it scales the per-sample ops' rows from micro-batch 2 to 6.
+TEST(OpCosts, AnOpComputedOncePerStepIsNotScaledByTheMicroBatch) {
+  const Model m = dlplan::testing::once_per_step_model();
+  Cluster c = host(1);
+  const StepProgram at2 = build_step_program(m, c, fp32(2));
+  auto t = std::make_shared<OpCostTable>();
+  t->ranks_per_node = 1;
+  t->kernel_revision = kCpuKernelRevision;
+  for (const ComputeEvent& e : at2.compute)
+    if (e.node >= 0) t->ops.push_back({e.signature, e.phase, e.samples, 1e-3, 1});
+  c.op_costs = t;
+  const TrainingConfig t6 = fp32(6);
+  const StepProgram at6 = build_step_program(m, c, t6);
+  int once = 0, per_sample = 0;
+  for (const ComputeEvent& e : at6.compute) {
+    if (e.node < 0) continue;
+    const bool w = e.name == "w";
+    EXPECT_EQ(e.samples, w ? 1 : 6) << e.name;
+    (w ? once : per_sample)++;
+  }
+  ASSERT_EQ(once, 2);  // its forward and backward
+  const Simulation s = simulate_program(at6, c, t6);
+  const double optimizer = compute_event_seconds(at6.compute.back(), c.device, t6.precision);
+  EXPECT_NEAR(s.compute_seconds, once * 1e-3 + per_sample * 3e-3 + optimizer, 1e-12);
+  EXPECT_EQ(s.cost_sources[static_cast<size_t>(CostSource::measured)], once);
+  EXPECT_EQ(s.cost_sources[static_cast<size_t>(CostSource::scaled)], per_sample);
 }
 
 TEST(OpCosts, RecomputationReadsTheForwardRow) {

@@ -471,12 +471,11 @@ USER_MODELS = _user_models()
 # a Mixtral config.json plans and trains through the moe_* ops instead
 # (docs/huggingface.md).
 REFUSED = {
-    "hf-mobilebert": "node '/inner/cls/predictions/Transpose' (Transpose): has no data input: it computes from "
-                     "parameter 'inner.mobilebert.embeddings.word_embeddings.weight' alone, a tensor without the "
-                     "batch axis",
     "hf-mixtral": "node '/inner/model/layers.0/block_sparse_moe/OneHot' (OneHot): op 'OneHot' is not supported",
+    # (MobileBERT was here until its head weight cat([E^T, W]) became two IR
+    # `parameter`s, a transpose and a concat computed once per step.)
     # Tried on 2026-12-07. Tensors without the batch axis computed from
-    # parameters: Nezha's and Funnel's relative position encodings (Nezha's
+    # constants or parameter views: Nezha's and Funnel's relative position encodings (Nezha's
     # transposed to put the positions first), Swin V2's logit scale and its
     # continuous position bias, BiT's standardized convolution weights, PVT's
     # position embeddings interpolated to the image; XLNet puts the sequence
@@ -486,7 +485,8 @@ REFUSED = {
     "hf-nezha": "node '/inner/nezha/encoder/layer.0/attention/self/Transpose_3' (Transpose): perm [1, 0, 2, 3] "
                 "moves the batch axis",
     "hf-funnel": "node '/inner/funnel/encoder/sin_dropout/Dropout' (Dropout): has no data input",
-    "hf-swinv2": "node '/inner/swinv2/encoder/layers.0/blocks.0/attention/self/Clip_2' (Clip): has no data input",
+    "hf-swinv2": "node '/inner/swinv2/encoder/layers.0/blocks.0/attention/self/continuous_position_bias_mlp/"
+                 "continuous_position_bias_mlp.0/MatMul' (MatMul): multiplies constant tensor",
     "hf-bit": "node '/inner/bit/embedder/convolution/Transpose' (Transpose): input "
               "'/inner/bit/embedder/convolution/Reshape_1_output_0' is parameter",
     "hf-pvt": "node '/inner/pvt/encoder/patch_embeddings.0/Transpose_1' (Transpose): input "
@@ -496,8 +496,8 @@ REFUSED = {
                         "is not supported",
     "hf-rocbert": "node '/inner/roc_bert/embeddings/Concat_1' (Concat): input "
                   "'/inner/roc_bert/embeddings/shape_embed/Gather_output_0' is not something dlplan can plan",
-    "hf-mra": "node '/inner/mra/encoder/layer.0/attention/output/dense/MatMul' (MatMul): input "
-              "'/inner/mra/encoder/layer.0/attention/self/Reshape_2_output_0' is not something dlplan can plan",
+    "hf-mra": "node '/inner/mra/encoder/layer.0/attention/output/dense/MatMul' (MatMul): multiplies constant "
+              "tensor '/inner/mra/encoder/layer.0/attention/self/Reshape_2_output_0' by parameters",
     "hf-mobilevit": "node 'inner.mobilevit.encoder.layer.2.transformer.layer.0.attention' (attention): input "
                     "'inner.mobilevit.encoder.layer.2.transformer.layer.0.layernorm_before.LayerNormalization' has "
                     "shape [4, 16, 32], expected [T, D]",

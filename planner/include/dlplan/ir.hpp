@@ -46,6 +46,7 @@ enum class OpKind {
   avgpool2d, global_avgpool, flatten, tokens, select, dropout, cross_entropy, opaque,
   relative_position_bias, matmul, softmax, causal_mask, alibi, rope, leaky_relu, elu, softplus, mish, prelu,
   groupnorm, upsample, conv_transpose2d, lstm, gru, rnn, window_position_bias, window_mask, shift, erf, drop_path, pad, reduce_sum, reduce_l2, acos,
+  parameter,
 };
 const char* to_string(OpKind op);
 
@@ -80,6 +81,12 @@ struct TensorInfo {
   Shape shape;        // per sample
   DType dtype = DType::f32;
   int producer = -1;  // node index, -1 for a model input
+  // False for a tensor computed once per step rather than per sample: a
+  // `parameter` node's output and whatever is computed from such tensors
+  // alone (MobileBERT's head weight cat([E^T, W]), Swin V2's logit scale).
+  // The planner counts it once, not per sample; the engines hold it as
+  // [1, ...], and add, mul and matmul broadcast it over the micro-batch.
+  bool batched = true;
 };
 
 // Attributes with every default filled in (the loader validates names/types).

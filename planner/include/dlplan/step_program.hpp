@@ -100,6 +100,10 @@ struct ComputeEvent {
   // input shapes, attributes, precision, the gradients its backward computes
   // and how the engine runs it; empty for the optimizer.
   std::string signature;
+  // The samples the op computes over: the micro-batch, or 1 for an op
+  // computed once per step (TensorInfo::batched); what a cost table's row
+  // scales by.
+  int64_t samples = 0;
 };
 
 // What a collective is for, so that the executor knows its buffers.
