@@ -313,7 +313,7 @@ class Importer {
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
     if (!s || s->empty()) return {};
-    if (batch_free_.count(t)) return *s;  // computed once per step: every axis is its own
+    if (batch_free_.count(t) && !unit_batch_.count(t)) return *s;  // computed once per step: every axis its own
     if (const auto b2 = batch_second_.find(t); b2 != batch_second_.end() && s->size() >= 2 && (*s)[1] > 0) {
       Dims d = *s;  // [k, b m, ...] -> [k, m, ...]; [k, b, ...] -> [k, ...]
       if (b2->second > 0) d[1] /= b2->second;
@@ -330,11 +330,13 @@ class Importer {
   // axis in front ([b, T, D] is [T, D] per sample), unless the batch is
   // folded into the first axis ([b H, T, hd] is [H, T, hd] per sample, the
   // same rank). batch_axes: how many leading ONNX axes the IR drops.
-  int64_t batch_axes(const std::string& t) const { return batch_folded_.count(t) || batch_free_.count(t) ? 0 : 1; }
+  int64_t batch_axes(const std::string& t) const {
+    return batch_folded_.count(t) || (batch_free_.count(t) && !unit_batch_.count(t)) ? 0 : 1;
+  }
   // The IR axis of ONNX axis `axis` (non-negative) of t; none for axis 0,
   // which is or holds the batch. Every mapper that takes an axis reads it here.
   std::optional<int64_t> per_sample_axis(const std::string& t, int64_t axis) const {
-    if (batch_free_.count(t)) return axis;  // no batch axis to skip
+    if (batch_free_.count(t) && !unit_batch_.count(t)) return axis;  // no batch axis to skip
     if (axis < 1) return std::nullopt;
     return axis - batch_axes(t);
   }
@@ -547,6 +549,7 @@ class Importer {
       return d && !d->empty() && std::all_of(d->begin(), d->end(), [](int64_t v) { return v > 0; });
     };
     if (!known(in) || !known(out)) return std::nullopt;
+    if (batch_free_.count(x) && !unit_batch_.count(x)) return *out;  // every axis its own (the element counts agree)
     // (A file may fix its batch at a size other than --micro-batch: the
     // batch is the input's, not the option.)
     const auto f = batch_folded_.find(x);
@@ -693,7 +696,7 @@ class Importer {
     // before the mapper runs, which reads its output's per-sample shape).
     if (!data.empty() && std::all_of(data.begin(), data.end(), [&](const std::string& t) { return batch_free_.count(t); }))
       for (const auto& o : n.output())
-        if (!o.empty()) batch_free_.insert(o);
+        if (!o.empty()) once_per_step(o, data);
     if (const auto h = handlers().find(op); h != handlers().end()) return (this->*(h->second))(n, i, data);
     unknown(n, i, data);
   }
@@ -709,6 +712,14 @@ class Importer {
     // or Tile of one a learned token broadcast: their mappers read the
     // initializer themselves.)
     static const std::set<std::string> kOwnReaders = {"Constant", "Gather", "Expand", "Tile"};
+    const bool views = !data.empty() && !kOwnReaders.count(n.op_type()) &&
+                       std::all_of(data.begin(), data.end(), [&](const std::string& t) {
+                         return param_views_.count(t) || batch_free_.count(t);
+                       }) &&
+                       std::any_of(data.begin(), data.end(), [&](const std::string& t) { return param_views_.count(t); });
+    if (views)
+      for (const auto& t : data)
+        if (param_views_.count(t) && !ir_.count(t)) materialize_view(n, t);
     const bool alone = data.empty() && !kOwnReaders.count(n.op_type());
     const bool parts = n.op_type() == "Concat" && !data.empty() &&
                        std::all_of(data.begin(), data.end(), [&](const std::string& t) { return batch_free_.count(t); });
@@ -742,12 +753,71 @@ class Importer {
     if (!s || s->empty()) return;
     std::string base = normalize(t);
     if (base.size() > 7 && base.compare(base.size() - 7, 7, ".weight") == 0) base.resize(base.size() - 7);
-    OJson a{{"shape", *s}};
+    once_per_step(t, {});
+    OJson a{{"shape", per_sample(t)}};
     const auto table = embedding_of_table_.find(t);
     if (table != embedding_of_table_.end()) a["tie"] = table->second;
     emit(unique_name(base), "parameter", {}, a, t, t);
     if (table == embedding_of_table_.end()) weigh("weight", WeightRef{t});
+  }
+
+  // Marks ONNX tensor t as computed once per step from `from` (nothing: a
+  // parameter). A leading axis of 1 stands for the batch, as a [1, N, C]
+  // position table's (PVT's) does where it meets [b, N, C]: the IR tensor
+  // is then [N, C], without that axis (unit_batch_). So is the axis of an
+  // op's output when its inputs have it, or lack it with fewer axes.
+  void once_per_step(const std::string& t, const std::vector<std::string>& from) {
     batch_free_.insert(t);
+    const auto s = g_.shape(t);
+    if (!s || s->size() < 2 || (*s)[0] != 1) return;
+    bool unit = from.empty();
+    for (const auto& f : from) {
+      if (unit_batch_.count(f)) unit = true;
+      else if (const auto fs = g_.shape(f); !fs || fs->size() >= s->size()) return;
+    }
+    if (unit) unit_batch_.insert(t);
+  }
+
+  // Operand t of a broadcasting op (Add, Mul, Sub, Div, MatMul) whose other
+  // operand carries the batch axis. ONNX aligns shapes from the last axis,
+  // so where a tensor without the batch axis (not unit_batch_) has as many
+  // axes as the output, its leading ones align with the batch axis or
+  // before it: they must be 1, and the IR reads it without them (a [1, 1, D]
+  // gate on [b, T, D] is [1, D] beside the per-sample [T, D]).
+  const std::string& operand(const std::string& t, const onnx::NodeProto& n, int i) {
+    const auto s = g_.shape(t), y = g_.shape(n.output(0));
+    const bool mixed = std::any_of(n.input().begin(), n.input().end(), [&](const std::string& o) {
+      return !o.empty() && !g_.is_const(o) && !batch_free_.count(o) && !param_views_.count(o);
+    });
+    if (!mixed || !batch_free_.count(t) || unit_batch_.count(t) || !s || !y || s->size() < y->size() || y->empty())
+      return ir_of(t, n, i);
+    const size_t lead = s->size() - y->size() + 1;
+    for (size_t k = 0; k < lead; ++k)
+      if ((*s)[k] != 1)
+        fail(fmt::format("{}: operand '{}' [{}] is computed once per step, and its axis {} of {} aligns with the "
+                         "batch axis or before it", label(n, i), t, fmt::join(*s, ", "), k, (*s)[k]));
+    Dims rest(s->begin() + static_cast<std::ptrdiff_t>(lead), s->end());
+    if (rest.empty()) rest = {1};
+    const std::string aligned = t + "#per_sample";
+    if (!ir_.count(aligned))
+      emit(unique_name(normalize(t) + ".per_sample"), "reshape", {ir_of(t, n, i)}, OJson{{"shape", rest}}, aligned,
+           n.name());
+    return ir_.at(aligned);
+  }
+
+  // A view of a parameter (param_view_source) read by an op that is no view
+  // (PVT's position table reshaped to [1, H, W, C], then permuted): the
+  // parameter, then the IR's reshape to the view's shape.
+  void materialize_view(const onnx::NodeProto& n, const std::string& view) {
+    const std::string& root = param_views_.at(view);
+    parameter_node(root);
+    once_per_step(view, {root});
+    const Dims to = per_sample(view);
+    if (to == per_sample(root)) {
+      ir_[view] = ir_.at(root);
+      return;
+    }
+    emit(unique_name(normalize(view)), "reshape", {ir_.at(root)}, OJson{{"shape", to}}, view, n.name());
   }
 
   // The node's first data input; an error naming the node when it has none.
@@ -984,7 +1054,7 @@ class Importer {
         batch->push_back(b.back());
       }
       if (batch && *batch == Shape(y.begin(), y.end()))
-        return emit(ir_name_for(n), "matmul", {ir_of(n.input(0), n, i), ir_of(n.input(1), n, i)}, OJson::object(),
+        return emit(ir_name_for(n), "matmul", {operand(n.input(0), n, i), operand(n.input(1), n, i)}, OJson::object(),
                     n.output(0), n.name());
     }
     return unknown(n, i, data);
@@ -1010,6 +1080,10 @@ class Importer {
   }
 
   void map_conv(const onnx::NodeProto& n, int i, const std::vector<std::string>& /*data*/) {
+    if (batch_free_.count(n.input(1)))
+      fail(fmt::format("{}: its weight '{}' is computed in the graph from parameters (a standardized weight, BiT's), "
+                       "and the IR's conv2d reads its weight as a parameter only",
+                       label(n, i), n.input(1)));
     auto w = g_.shape(n.input(1));
     if (!g_.is_init(n.input(1)) || !w || (w->size() != 4 && w->size() != 3))
       fail(fmt::format("{}: only 1-D and 2-D convolutions with an initializer weight are supported", label(n, i)));
@@ -1500,7 +1574,7 @@ class Importer {
           return weigh("weight", WeightRef{t.table});
         }
       if (op == "Add" || op == "Mul")
-        return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {ir_of(data[0], n, i), ir_of(data[1], n, i)},
+        return emit(ir_name_for(n), op == "Add" ? "add" : "mul", {operand(data[0], n, i), operand(data[1], n, i)},
                     OJson::object(), n.output(0), n.name());
       // a - b is a + (-1 b); a / b is a (1 / b). Each keeps what PyTorch's
       // keeps (derivatives.yaml: sub nothing; div self and other, here a and
@@ -1509,10 +1583,10 @@ class Importer {
       const std::string b = normalize(n.name()) + (op == "Sub" ? ".neg" : ".reciprocal");
       const std::string b_out = n.output(0) + (op == "Sub" ? "#neg" : "#reciprocal");
       if (op == "Sub")
-        emit(unique_name(b), "affine", {ir_of(data[1], n, i)}, OJson{{"scale", -1.0}, {"shift", 0.0}}, b_out, n.name());
+        emit(unique_name(b), "affine", {operand(data[1], n, i)}, OJson{{"scale", -1.0}, {"shift", 0.0}}, b_out, n.name());
       else
-        emit(unique_name(b), "reciprocal", {ir_of(data[1], n, i)}, OJson::object(), b_out, n.name());
-      return emit(ir_name_for(n), op == "Sub" ? "add" : "mul", {ir_of(data[0], n, i), ir_[b_out]}, OJson::object(),
+        emit(unique_name(b), "reciprocal", {operand(data[1], n, i)}, OJson::object(), b_out, n.name());
+      return emit(ir_name_for(n), op == "Sub" ? "add" : "mul", {operand(data[0], n, i), ir_[b_out]}, OJson::object(),
                   n.output(0), n.name());
     }
     // One data operand and a scalar constant: y = scale x + shift (x * c,
@@ -1780,7 +1854,7 @@ class Importer {
     auto perm = attr_ints(n, "perm");
     if (perm.empty())
       for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
-    if (batch_free_.count(x)) {  // no batch axis: the whole permutation is per step
+    if (batch_free_.count(x) && !unit_batch_.count(x)) {  // no batch axis: the whole permutation is per step
       if (perm.size() != s->size()) fail(fmt::format("{}: perm has {} axes for a rank-{} input", label(n, i), perm.size(), s->size()));
       bool identity = true;
       for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
@@ -2351,6 +2425,7 @@ class Importer {
   std::map<std::string, std::string> ir_;  // ONNX tensor -> IR tensor (node or input name)
   std::map<std::string, int64_t> batch_folded_;  // ONNX tensor [b m, ...] -> b (see reshaped)
   std::set<std::string> batch_free_;  // ONNX tensors computed once per step, from parameters (read_parameters)
+  std::set<std::string> unit_batch_;  // those of them whose leading axis of 1 stands for the batch (once_per_step)
   std::map<std::string, std::string> embedding_of_table_;  // initializer -> the IR embedding reading it
   std::map<std::string, PosTable> pos_tables_;
   std::map<std::string, std::string> expanded_params_;  // Expand's output -> the learned initializer it broadcasts

@@ -183,7 +183,7 @@ const std::map<std::string, std::string> kKnownGaps = {
 
 // The most activation bytes the step holds at any moment, fp32, micro-batch 1:
 // what autograd keeps at the end of forward + loss.
-int64_t max_activations(const Model& m, AttentionImpl attention = AttentionImpl::math) {
+int64_t max_activations(const Model& m, AttentionImpl attention = AttentionImpl::math, int64_t micro_batch = 1) {
   Cluster c;
   c.device = find_device("h100-80g");
   c.device.alloc_granularity_bytes = 1;  // bytes as counted, not the allocator's blocks
@@ -192,7 +192,7 @@ int64_t max_activations(const Model& m, AttentionImpl attention = AttentionImpl:
   TrainingConfig t;
   t.strategy = Strategy::ddp;
   t.precision = Precision::fp32;
-  t.micro_batch = 1;
+  t.micro_batch = micro_batch;
   t.attention = attention;
   return walk_step(m, c, t).max_each[static_cast<size_t>(Category::activations)];
 }
@@ -1072,6 +1072,48 @@ TEST(RealExports, NormalizeSumRepeatAndNormAreIrOps) {
   EXPECT_EQ(sums, 1);
   EXPECT_EQ(clips, 2);
   EXPECT_EQ(upsamples, 1);
+}
+
+// Parameters read as tensors (weights/tiny-computed-weights): MobileBERT's
+// head h @ cat([E^T, W]) reads E, the embedding's table, as a `parameter`
+// tied to it, and W as one of its own; their transpose and concat have no
+// batch axis, and the matmul that meets the hidden states has. The [1, 4, 4]
+// table's leading 1 is the batch's (its parameter is [4, 4]); tanh of a
+// [4, 4] parameter viewed as [1, 1, 16] is reshaped to [1, 16] where it
+// meets [T, 16]. The step keeps the tensors without the batch axis once,
+// whatever the micro-batch: the concat [16, 96] the matmul keeps (6,144
+// bytes), sigmoid(g) [16] (mul's operand and sigmoid's output, 64), tanh's
+// output [16] (64), and u [16, 4] and v [4, 1], which their matmul keeps
+// (272): 6,544 bytes, and activations grow by the same bytes a sample.
+TEST(RealExports, ParametersReadAsTensorsAreComputedOncePerStep) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  ImportOptions o;
+  o.seq_len = 16;
+  const Model m = import_onnx(exports_dir() + "weights/tiny-computed-weights-opset17.onnx", o);
+  auto node = [&](const std::string& name) -> const Node& {
+    const int k = m.node_index(name);
+    EXPECT_GE(k, 0) << name;
+    return m.nodes.at(static_cast<size_t>(std::max(k, 0)));
+  };
+  auto batched = [&](const std::string& name) { return m.output_of(node(name)).batched; };
+  EXPECT_EQ(node("embed").op, OpKind::parameter);
+  EXPECT_EQ(node("embed").attrs.text("tie"), "embed.Gather");
+  EXPECT_EQ(node("extra").op, OpKind::parameter);
+  EXPECT_FALSE(node("extra").attrs.has("tie"));
+  EXPECT_EQ(m.output_of(node("Concat")).shape, (Shape{16, 96}));
+  EXPECT_FALSE(batched("Concat"));
+  EXPECT_FALSE(batched("Transpose_2"));
+  EXPECT_TRUE(batched("MatMul_1"));
+  EXPECT_EQ(node("MatMul_1").op, OpKind::matmul);
+  EXPECT_EQ(node("table").attrs.ints("shape"), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(m.output_of(node("Tanh_1_output_0.per_sample")).shape, (Shape{1, 16}));
+  for (const Node& n : m.nodes) EXPECT_NE(n.op, OpKind::opaque) << n.name;
+  // Parameters: PyTorch's 1,892, the tied table counted once.
+  EXPECT_EQ(m.parameter_count(), 1892);
+  const int64_t a1 = max_activations(m), a2 = max_activations(m, AttentionImpl::math, 2),
+                a5 = max_activations(m, AttentionImpl::math, 5);
+  EXPECT_EQ(a5 - a2, 3 * (a2 - a1));
+  EXPECT_EQ(2 * a1 - a2, 6544);  // the part that does not grow with the micro-batch
 }
 
 // A GELU written in Python (ESM's x * 0.5 * (1 + erf(x / sqrt 2)): 0.5 x is
