@@ -312,6 +312,7 @@ class Importer {
 
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
+    if (s && s->empty() && batch_free_.count(t)) return {1};  // a 0-d parameter (a learned scalar) as [1]
     if (!s || s->empty()) return {};
     if (batch_free_.count(t) && !unit_batch_.count(t)) return *s;  // computed once per step: every axis its own
     if (const auto b2 = batch_second_.find(t); b2 != batch_second_.end() && s->size() >= 2 && (*s)[1] > 0) {
@@ -748,9 +749,7 @@ class Importer {
   // The IR `parameter` that holds learned initializer t (one per initializer;
   // tied to the embedding that reads the same table, MobileBERT's).
   void parameter_node(const std::string& t) {
-    if (ir_.count(t)) return;
-    const auto s = g_.shape(t);
-    if (!s || s->empty()) return;
+    if (ir_.count(t) || !g_.shape(t)) return;
     std::string base = normalize(t);
     if (base.size() > 7 && base.compare(base.size() - 7, 7, ".weight") == 0) base.resize(base.size() - 7);
     once_per_step(t, {});
@@ -811,6 +810,7 @@ class Importer {
   void materialize_view(const onnx::NodeProto& n, const std::string& view) {
     const std::string& root = param_views_.at(view);
     parameter_node(root);
+    if (!ir_.count(root)) return;  // (no shape: the reader's ir_of names the view)
     once_per_step(view, {root});
     const Dims to = per_sample(view);
     if (to == per_sample(root)) {
