@@ -310,11 +310,15 @@ class Importer {
   // in the file (read only by import_onnx_weights).
   void weigh(const std::string& suffix, const WeightRef& ref) { weights_[last_emitted_ + "." + suffix] = ref; }
 
+  // Whether ONNX tensor t is computed once per step with every axis its
+  // own (batch_free_ without a leading axis of the batch's, unit_batch_).
+  bool own_axes(const std::string& t) const { return batch_free_.count(t) && !unit_batch_.count(t); }
+
   Dims per_sample(const std::string& t) const {
     auto s = g_.shape(t);
     if (s && s->empty() && batch_free_.count(t)) return {1};  // a 0-d parameter (a learned scalar) as [1]
     if (!s || s->empty()) return {};
-    if (batch_free_.count(t) && !unit_batch_.count(t)) return *s;  // computed once per step: every axis its own
+    if (own_axes(t)) return *s;
     if (const auto b2 = batch_second_.find(t); b2 != batch_second_.end() && s->size() >= 2 && (*s)[1] > 0) {
       Dims d = *s;  // [k, b m, ...] -> [k, m, ...]; [k, b, ...] -> [k, ...]
       if (b2->second > 0) d[1] /= b2->second;
@@ -332,12 +336,12 @@ class Importer {
   // folded into the first axis ([b H, T, hd] is [H, T, hd] per sample, the
   // same rank). batch_axes: how many leading ONNX axes the IR drops.
   int64_t batch_axes(const std::string& t) const {
-    return batch_folded_.count(t) || (batch_free_.count(t) && !unit_batch_.count(t)) ? 0 : 1;
+    return batch_folded_.count(t) || own_axes(t) ? 0 : 1;
   }
   // The IR axis of ONNX axis `axis` (non-negative) of t; none for axis 0,
   // which is or holds the batch. Every mapper that takes an axis reads it here.
   std::optional<int64_t> per_sample_axis(const std::string& t, int64_t axis) const {
-    if (batch_free_.count(t) && !unit_batch_.count(t)) return axis;  // no batch axis to skip
+    if (own_axes(t)) return axis;  // no batch axis to skip
     if (axis < 1) return std::nullopt;
     return axis - batch_axes(t);
   }
@@ -550,7 +554,7 @@ class Importer {
       return d && !d->empty() && std::all_of(d->begin(), d->end(), [](int64_t v) { return v > 0; });
     };
     if (!known(in) || !known(out)) return std::nullopt;
-    if (batch_free_.count(x) && !unit_batch_.count(x)) return *out;  // every axis its own (the element counts agree)
+    if (own_axes(x)) return *out;  // (the element counts agree)
     // (A file may fix its batch at a size other than --micro-batch: the
     // batch is the input's, not the option.)
     const auto f = batch_folded_.find(x);
@@ -788,7 +792,7 @@ class Importer {
     const bool mixed = std::any_of(n.input().begin(), n.input().end(), [&](const std::string& o) {
       return !o.empty() && !g_.is_const(o) && !batch_free_.count(o) && !param_views_.count(o);
     });
-    if (!mixed || !batch_free_.count(t) || unit_batch_.count(t) || !s || !y || s->size() < y->size() || y->empty())
+    if (!mixed || !own_axes(t) || !s || !y || s->size() < y->size() || y->empty())
       return ir_of(t, n, i);
     const size_t lead = s->size() - y->size() + 1;
     for (size_t k = 0; k < lead; ++k)
@@ -1854,16 +1858,12 @@ class Importer {
     auto perm = attr_ints(n, "perm");
     if (perm.empty())
       for (auto k = static_cast<int64_t>(s->size()); k-- > 0;) perm.push_back(k);
-    if (batch_free_.count(x) && !unit_batch_.count(x)) {  // no batch axis: the whole permutation is per step
-      if (perm.size() != s->size()) fail(fmt::format("{}: perm has {} axes for a rank-{} input", label(n, i), perm.size(), s->size()));
-      bool identity = true;
-      for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
-      if (identity) return alias(n, i, x);
-      return emit(ir_name_for(n), "transpose", {ir_of(x, n, i)}, OJson{{"perm", perm}}, n.output(0), n.name());
-    }
-    if (perm.size() == s->size() && perm.size() >= 3 && perm[0] != 0 && perm[1] == 0 && read_by_parts(n.output(0)))
+    // (A tensor computed once per step has no batch axis: every axis is its own.)
+    const bool own = own_axes(x);
+    if (!own && perm.size() == s->size() && perm.size() >= 3 && perm[0] != 0 && perm[1] == 0 &&
+        read_by_parts(n.output(0)))
       return map_batch_second(n, i, x, perm);
-    if (perm.size() != s->size() || perm[0] != 0)
+    if (perm.size() != s->size() || (!own && perm[0] != 0))
       fail(
           fmt::format("{}: perm [{}] moves the batch axis of its input {}; dlplan plans per sample, so the batch "
                       "must stay first",
@@ -1874,7 +1874,7 @@ class Importer {
     const int64_t drop = batch_axes(x);
     OJson per = OJson::array();
     bool identity = true;
-    for (size_t k = 1; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
+    for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == static_cast<int64_t>(k);
     for (auto k = static_cast<size_t>(drop); k < perm.size(); ++k) per.push_back(perm[k] - drop);
     if (identity) return alias(n, i, x);
     return emit(ir_name_for(n), "transpose", {ir_of(x, n, i)}, OJson{{"perm", per}}, n.output(0), n.name());

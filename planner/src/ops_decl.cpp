@@ -754,7 +754,8 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
   // Computed once per step (TensorInfo::batched): what it keeps and its
   // temporaries are one tensor for the micro-batch, not one per sample.
   if (!out.batched) {
-    for (auto& s : d.saved) s.per_batch = s.ref == Ref::own ? true : s.per_batch;
+    for (auto& s : d.saved)
+      if (s.ref == Ref::own) s.per_batch = true;  // (an input or the output counts as its tensor does)
     for (auto* temps : {&d.fwd_temps, &d.bwd_temps})
       for (auto& t : *temps) t.per_batch = true;
   }
