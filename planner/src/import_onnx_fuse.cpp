@@ -25,6 +25,7 @@
 #include "import_onnx_graph.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -588,6 +589,17 @@ std::optional<std::pair<std::string, std::string>> batch_second_around(const Gra
   return std::nullopt;
 }
 
+// The batch: the first axis of the graph's first data input (bound to
+// --micro-batch, or fixed in the file); 0 when unknown.
+int64_t graph_batch(const Graph& g) {
+  for (const auto& in : g.g.input()) {
+    if (g.is_init(in.name())) continue;
+    const auto s = g.shape(in.name());
+    return s && !s->empty() ? (*s)[0] : 0;
+  }
+  return 0;
+}
+
 std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& why) {
   const auto& sm = g.node(softmax);
   Scores s;
@@ -719,6 +731,13 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   // view back to [T, b, D]. Both are inside the block, which reads and
   // writes [b, T, D].
   if (auto seq_first = batch_second_around(g, f.x, f.out)) std::tie(f.x, f.out) = *seq_first;
+  // The IR's attention reads one sequence a sample, x [b, T, D] (or [b T, D]
+  // after GPT-2's Conv1D reshape). MobileViT folds its patches into the
+  // batch ([b P, N, C]): P attentions a sample, planned through the generic ops.
+  if (auto xs = g.shape(f.x); xs && (xs->size() > 3 || (xs->size() == 3 && (*xs)[0] != graph_batch(g)))) {
+    why = fmt::format("its input [{}] is not one sequence a sample, [batch, T, D]", fmt::join(*xs, ", "));
+    return std::nullopt;
+  }
   f.nodes = region(g, f.x, f.out);
   f.unit_source = sm.name();
   std::vector<std::string> names{g.node(pq->matmul).name(), g.node(po->matmul).name(), sm.name()};

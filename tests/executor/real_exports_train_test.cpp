@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            "weights/tiny-bart-opset17.onnx", "weights/tiny-speech2text2-opset17.onnx",
                            "tiny-hf-swin-opset17.onnx", "tiny-hf-deit-opset17.onnx",
                            "weights/tiny-poolformer-opset17.onnx", "tiny-hf-beit-opset17.onnx",
-                           "weights/tiny-tf-pad-opset17.onnx"),
+                           "weights/tiny-tf-pad-opset17.onnx", "tiny-hf-mobilevit-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -210,7 +210,9 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // parameters read as tensors, computed on once per step and broadcast over
 // the samples: MobileBERT's head h @ cat([E^T, W]) with E tied to the
 // embedding, a gate sigmoid(g), a bias (u @ v)^T (tiny-computed-weights; not
-// in RealExportTrains either: its randn gate and bias start it at loss 10).
+// in RealExportTrains either: its randn gate and bias start it at loss 10),
+// and MobileViT's attentions over patch positions folded into the batch,
+// planned through the generic ops (tiny-hf-mobilevit).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -239,7 +241,8 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "weights/tiny-speech2text2-opset17.onnx", "tiny-hf-swin-opset17.onnx",
                            "tiny-hf-deit-opset17.onnx", "weights/tiny-poolformer-opset17.onnx",
                            "tiny-hf-beit-opset17.onnx", "weights/tiny-tf-pad-opset17.onnx",
-                           "weights/tiny-normalize-opset17.onnx", "weights/tiny-computed-weights-opset17.onnx"}) {
+                           "weights/tiny-normalize-opset17.onnx", "weights/tiny-computed-weights-opset17.onnx",
+                           "tiny-hf-mobilevit-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

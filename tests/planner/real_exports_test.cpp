@@ -111,6 +111,9 @@ const std::map<std::string, std::string> kToday = {
     // Hugging Face's BEiT: Swin's relative index with three rows for the
     // class token, in every layer
     {"tiny-hf-beit-opset17.onnx", "imports"},
+    // Hugging Face's MobileViT: attention within each patch position, the
+    // positions folded into the batch, planned through the generic ops
+    {"tiny-hf-mobilevit-opset17.onnx", "imports"},
     {"vgg11_bn-opset17.onnx", "imports"},
     {"vit_b_16-opset13.onnx", "imports"},
     {"vit_b_16-opset17.onnx", "imports"},
@@ -999,6 +1002,35 @@ TEST(RealExports, StochasticDepthIsOneDropPathABlock) {
       EXPECT_EQ(m.tensor(n.output).shape, m.tensor(n.inputs[0]).shape) << n.name;
     }
     EXPECT_EQ(paths, 4);  // the file's four RandomUniformLike, one a block
+  }
+}
+
+// Hugging Face's MobileViT unfolds each feature map into P = 4 patch
+// positions of N = 16 pixels and runs its transformer over [b P, N, C], the
+// positions folded into the batch: P attentions a sample, which the IR's
+// attention (one sequence a sample, [T, D]) is not. The softmaxes, one a
+// transformer layer (2 + 4 + 3 in the config), are planned through the
+// generic ops instead of refused, each over the per-sample scores
+// [P, heads, N, N]; nothing is opaque, and the parameter count is PyTorch's
+// (ImportOutcomesAreTheRecordedOnesAndCountsExact).
+TEST(RealExports, AttentionOverPatchesFoldedIntoTheBatchIsPlannedThroughGenericOps) {
+  if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
+  for (const FusionMode fusion : {FusionMode::engine, FusionMode::eager}) {
+    ImportOptions o;
+    o.fusion = fusion;
+    const Model m = import_onnx(exports_dir() + "tiny-hf-mobilevit-opset17.onnx", o);
+    int softmaxes = 0;
+    for (const Node& n : m.nodes) {
+      EXPECT_NE(n.op, OpKind::opaque) << n.name;
+      EXPECT_NE(n.op, OpKind::attention) << n.name;
+      if (n.op != OpKind::softmax) continue;
+      ++softmaxes;
+      const Shape& scores = m.tensor(n.inputs[0]).shape;
+      ASSERT_EQ(scores.size(), 4u) << n.name;
+      EXPECT_EQ(scores[0], 4) << n.name;  // the patch positions, a sample's
+      EXPECT_EQ(scores[2], scores[3]) << n.name;
+    }
+    EXPECT_EQ(softmaxes, 2 + 4 + 3);
   }
 }
 
