@@ -5,6 +5,7 @@
 
 #include "dlplan/exec/trainer.hpp"
 #include "dlplan/fine_tuning.hpp"
+#include "dlplan/importers.hpp"
 #include "dlplan/loader.hpp"
 #include "dlplan/plan_io.hpp"
 #include "dlplan/planner.hpp"
@@ -37,6 +38,16 @@ inline double relative_l2(const std::vector<float>& a, const std::vector<float>&
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// A zoo or fixture model by name, or an exported ONNX file at sequence 16.
+inline dlplan::Model load_parity_model(const std::string& model) {
+  if (model.ends_with(".onnx")) {
+    dlplan::ImportOptions o;
+    o.seq_len = 16;
+    return dlplan::load_model(model, o);
+  }
+  return dlplan::load_model(model);
+}
+
 // fp32 (unless told) on the cpu device, lr 1e-3, buckets of 0.05 MiB (several
 // even for a tiny model). Hybrid sharding at 4 ranks or more runs as 2
 // "nodes", a shard group each; below that its one group is ZeRO itself.
@@ -46,7 +57,7 @@ inline dlplan::PlanDocument make_plan(const std::string& model, int ranks, int64
                                       double init_scale = 65536.0, const dlplan::FineTuning& fine_tuning = {}) {
   using namespace dlplan;
   PlanRequest req;
-  req.model = load_model(model);
+  req.model = load_parity_model(model);
   apply_fine_tuning(req.model, fine_tuning);
   req.training.fine_tuning = fine_tuning;
   req.cluster.device = find_device("cpu");
