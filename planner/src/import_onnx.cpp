@@ -1634,14 +1634,19 @@ class Importer {
           emit(ir_name_for(n), "scale", {ir_of(data[0], n, i)}, OJson{{"shape", *gamma}}, n.output(0), n.name());
           return weigh("weight", WeightRef{t});
         }
-      // A learned bias added outside a projection, [D] or [C, 1, 1] (I-BERT's
-      // LayerNorm written out: x * weight + bias): the IR's shift.
-      if (op == "Add" && data.size() == 1 && (s.size() < 2 || s[s.size() - 2] == 1))
+      // A learned position table [1, T, D] or [T, D]: rows of the model's
+      // width D, x's last axis.
+      const auto xs = g_.shape(x);
+      const bool table = s.size() >= 2 && s[s.size() - 2] > 1 && xs && !xs->empty() && s.back() == xs->back();
+      // A learned bias added outside a projection, [D], [C, 1, 1] (I-BERT's
+      // LayerNorm written out: x * weight + bias) or [C, 1] on [b, C, T]
+      // (ConvBERT's separable convolution): the IR's shift.
+      if (op == "Add" && data.size() == 1 && !table)
         if (auto beta = learned_scale(t, data[0])) {
           emit(ir_name_for(n), "shift", {ir_of(data[0], n, i)}, OJson{{"shape", *beta}}, n.output(0), n.name());
           return weigh("bias", WeightRef{t});
         }
-      if (op == "Add" && s.size() >= 2 && c > 1) {  // a learned position table [1, T, D] or [T, D]
+      if (op == "Add" && table && c > 1) {
         const int64_t len = s[s.size() - 2];
         emit(ir_name_for(n), "pos_embedding", {ir_of(x, n, i)}, OJson{{"max_len", len}}, n.output(0), n.name());
         return weigh("weight", WeightRef{t});
@@ -1904,16 +1909,23 @@ class Importer {
                 n.output(0), n.name());
   }
 
+  // A Reduce*'s axes over x, sorted and non-negative where x's rank is known:
+  // an attribute up to opset 17 (ReduceSum: 12), an input from then on.
+  std::vector<int64_t> reduce_axes(const onnx::NodeProto& n, const std::optional<Dims>& x_shape) const {
+    auto axes = attr_ints(n, "axes");
+    if (n.input_size() > 1 && !n.input(1).empty())
+      if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
+    for (auto& a : axes)
+      if (x_shape && a < 0) a += static_cast<int64_t>(x_shape->size());
+    std::sort(axes.begin(), axes.end());
+    return axes;
+  }
+
   void map_reduce_mean(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const std::string& x = first_data(n, i, data);
     // x.mean([2, 3]) of [b, C, H, W]: MNASNet's pooling, a global_avgpool
     const auto s = g_.shape(x);
-    auto axes = attr_ints(n, "axes");  // an attribute up to opset 17
-    if (n.input_size() > 1 && !n.input(1).empty())
-      if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
-    for (auto& a : axes)
-      if (s && a < 0) a += static_cast<int64_t>(s->size());
-    std::sort(axes.begin(), axes.end());
+    const auto axes = reduce_axes(n, s);
     const bool sum = n.op_type() == "ReduceSum";
     if (!sum && s && s->size() == 4 && axes == std::vector<int64_t>{2, 3}) {
       OJson a = attr_int(n, "keepdims", 1) ? OJson{{"keepdims", true}} : OJson::object();
@@ -1940,13 +1952,8 @@ class Importer {
   void map_reduce_l2(const onnx::NodeProto& n, int i, const std::vector<std::string>& data) {
     const std::string& x = first_data(n, i, data);
     const auto s = g_.shape(x);
-    auto axes = attr_ints(n, "axes");
-    if (n.input_size() > 1 && !n.input(1).empty())
-      if (auto v = g_.values(n.input(1))) axes.assign(v->begin(), v->end());
+    const auto axes = reduce_axes(n, s);
     if (!s || axes.empty() || !g_.shape(n.output(0))) return unknown(n, i, data);
-    for (auto& a : axes)
-      if (a < 0) a += static_cast<int64_t>(s->size());
-    std::sort(axes.begin(), axes.end());
     const bool keep = attr_int(n, "keepdims", 1) != 0;
     const auto first = per_sample_axis(x, axes.front());
     bool adjacent = first && !(batch_axes(x) == 0 && *first == 0) && axes.back() < static_cast<int64_t>(s->size());

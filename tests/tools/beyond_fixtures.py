@@ -174,6 +174,18 @@ HF_MODELS = {
     # LUKE without entity inputs: its word-only path is BERT's
     # (UNREAD_MODULES: the entity side)
     "hf-luke": ("LukeForMaskedLM", "LukeConfig", dict(entity_vocab_size=10, entity_emb_size=32, **SMALL)),
+    # Tried on 2026-12-08. ConvBERT's separable convolution adds a learned
+    # bias [C, 1] over [b, C, T] (a shift; with C = T it was read as a
+    # position table [T, T], 4,032 parameters a layer too many), and its
+    # span-based dynamic convolution (nn.Unfold as Gathers, a softmax over
+    # the kernel axis of [b T H, k, 1]) is opaque (OPAQUE_BAND). ImageGPT
+    # writes its layer norm as x / sqrt(mean(x^2) + eps) * weight.data: a
+    # detached weight, which the exporter writes as a constant of ones and
+    # PyTorch never trains (UNREAD_MODULES); its MLP's quick GELU,
+    # x sigmoid(1.702 x), planned op by op.
+    "hf-convbert": ("ConvBertForMaskedLM", "ConvBertConfig", dict(**SMALL)),
+    "hf-imagegpt": ("ImageGPTForCausalImageModeling", "ImageGPTConfig",
+                    dict(n_embd=128, n_layer=2, n_head=4, vocab_size=1001, n_positions=64)),
     # Tried on 2026-12-07: Flaubert (XLM's positions, expanded to [b, T]
     # before the table is read), LayoutLM (no bbox: its four box tables read
     # at row 0); and families refused today (REFUSED, below)
@@ -505,6 +517,9 @@ REFUSED = {
 # trainable (Falcon was here until its key and value Gathers became slices
 # and its RoPE the IR's rope). (low, high) error.
 OPAQUE_BAND = {
+    # ConvBERT's span-based dynamic convolution: nn.Unfold exported as two
+    # Gathers of constant indices, and a softmax over a middle axis, opaque
+    "hf-convbert": (0.10, 0.18),
     # (SwiftFormer, +11.5 %, and ConvNeXt V2, -4.5 %, were here until F.normalize,
     # torch.sum, Tensor.repeat and torch.norm became reduce_l2, a one-sided
     # clip, an Expand the Div broadcasts, reduce_sum and an upsample.)
@@ -557,6 +572,9 @@ UNREAD_MODULES = {"hf-esm": ["inner.esm.contact_head."],
                   # a pooler the masked-LM logits do not read
                   "hf-squeezebert": ["inner.transformer.pooler."], "hf-bigbird": ["inner.bert.pooler."],
                   "hf-layoutlm": ["inner.layoutlm.pooler."],
+                  # layer norms multiplying by weight.data: constants to the
+                  # exporter (ones), never trained by PyTorch
+                  "hf-imagegpt": [".ln_1.", ".ln_2.", "inner.transformer.ln_f."],
                   **{name: CROSS_ATTENTION for name in
                      ["hf-bart", "hf-mbart", "hf-plbart", "hf-blenderbot", "hf-blenderbot-small", "hf-marian",
                       "hf-pegasus", "hf-bigbird-pegasus", "hf-trocr", "hf-speech2text2"]}}
