@@ -21,6 +21,7 @@ namespace {
 
 struct ConvGeom {
   int64_t C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, groups;
+  int64_t dh = 1, dw = 1;  // conv2d's dilation: tap ki reads row oh sh - ph + ki dh
   int64_t Cg() const { return C / groups; }
   int64_t Og() const { return O / groups; }
   int64_t K() const { return Cg() * kh * kw; }  // GEMM depth per group
@@ -34,22 +35,22 @@ ConvGeom geometry(const OpContext& c) {
   const Shape& y = out_shape(c);
   const ConvWindow w = conv_window(in_shape(c, 0), c.node->attrs);
   const int64_t groups = c.node->op == OpKind::conv2d ? c.node->attrs.integer("groups") : 1;
-  return {w.C, w.H, w.W, y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, groups};
+  return {w.C, w.H, w.W, y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw, groups, w.dh, w.dw};
 }
 
-// The output columns ow whose input column ow*sw - pw + kj lies inside [0, W):
-// [lo, hi). Outside it the columns read padding.
+// The output columns ow whose input column ow*sw - pw + kj*dw lies inside
+// [0, W): [lo, hi). Outside it the columns read padding.
 struct ValidColumns {
   int64_t lo, hi;
 };
 ValidColumns valid_columns(const ConvGeom& g, int64_t kj) {
-  const int64_t off = kj - g.pw;  // iw = ow * sw + off
+  const int64_t off = kj * g.dw - g.pw;  // iw = ow * sw + off
   const int64_t lo = off >= 0 ? 0 : (-off + g.sw - 1) / g.sw;
   const int64_t hi = off >= g.W ? 0 : std::min(g.OW, (g.W - 1 - off) / g.sw + 1);
   return {std::min(lo, g.OW), std::max(hi, std::min(lo, g.OW))};
 }
 
-// col[(ch, ki, kj), (oh, ow)] = x[ch, oh*sh - ph + ki, ow*sw - pw + kj] (0 outside).
+// col[(ch, ki, kj), (oh, ow)] = x[ch, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw] (0 outside).
 // Row by row: the padding ends are zeroed and the inside copied without bounds checks.
 void im2col(const ConvGeom& g, const float* x, float* col) {
   parallel_for(g.C, grain_elements() / (g.kh * g.kw * g.P()) + 1, [&](int64_t ch_begin, int64_t ch_end) {
@@ -58,10 +59,10 @@ void im2col(const ConvGeom& g, const float* x, float* col) {
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         float* row = col + ((ch * g.kh + ki) * g.kw + kj) * g.P();
         const auto [lo, hi] = valid_columns(g, kj);
-        const int64_t off = kj - g.pw;
+        const int64_t off = kj * g.dw - g.pw;
         for (int64_t oh = 0; oh < g.OH; ++oh) {
           float* out = row + oh * g.OW;
-          const int64_t ih = oh * g.sh - g.ph + ki;
+          const int64_t ih = oh * g.sh - g.ph + ki * g.dh;
           if (ih < 0 || ih >= g.H) {
             std::fill(out, out + g.OW, 0.0f);
             continue;
@@ -86,9 +87,9 @@ void col2im_add(const ConvGeom& g, const float* dcol, float* dx) {
       for (int64_t kj = 0; kj < g.kw; ++kj) {
         const float* row = dcol + ((ch * g.kh + ki) * g.kw + kj) * g.P();
         const auto [lo, hi] = valid_columns(g, kj);
-        const int64_t off = kj - g.pw;
+        const int64_t off = kj * g.dw - g.pw;
         for (int64_t oh = 0; oh < g.OH; ++oh) {
-          const int64_t ih = oh * g.sh - g.ph + ki;
+          const int64_t ih = oh * g.sh - g.ph + ki * g.dh;
           if (ih < 0 || ih >= g.H) continue;
           const float* in = row + oh * g.OW;
           float* out = dx + (ch * g.H + ih) * g.W;

@@ -23,7 +23,7 @@ ConvGeometry conv_geometry(const OpContext& c) {  // a 1-D convolution's [C, L] 
   const Shape& y = out_shape(c);
   const ConvWindow w = conv_window(in_shape(c, 0), c.node->attrs);
   return {c.batch, w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
-          c.node->attrs.integer("groups"), c.node->attrs.flag("bias")};
+          c.node->attrs.integer("groups"), c.node->attrs.flag("bias"), w.dh, w.dw};
 }
 
 // The op's declared temporaries by name. A buffer oneDNN wants that the plan

@@ -255,6 +255,9 @@ ConvGeom geometry(const OpContext& c) {
   cg.g = Geom{x[0], x[1], x[2], y.size() > 1 ? y[1] : 1, y.size() > 2 ? y[2] : 1, k[0], k[1], s[0], s[1], p[0], p[1]};
   cg.O = y[0];
   cg.groups = c.node->op == OpKind::conv2d ? c.node->attrs.integer("groups") : 1;
+  // trainer.cpp's gpu_engine_lacks refuses a dilated convolution's plan first.
+  if (c.node->attrs.has("dilation") && c.node->attrs.pair("dilation") != std::array<int64_t, 2>{1, 1})
+    throw Error(fmt::format("node '{}': the CUDA engine has no dilated convolution", c.node->name));
   return cg;
 }
 

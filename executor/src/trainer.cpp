@@ -117,6 +117,9 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
         m.tensor(n.inputs[0]).shape.size() == 2)
       return fmt::format("node '{}' is a 1-D {} (over [C, L]), which the CPU engine trains and the CUDA engine does "
                          "not yet", n.name, n.op == OpKind::conv2d ? "convolution" : "pooling");
+    if (n.op == OpKind::conv2d && n.attrs.has("dilation") && n.attrs.pair("dilation") != std::array<int64_t, 2>{1, 1})
+      return fmt::format("node '{}' is a dilated convolution (dilation {}), which the CPU engine trains and the CUDA "
+                         "engine does not yet", n.name, n.attrs.values["dilation"].dump());
     if (n.op == OpKind::clip)
       return fmt::format("node '{}' is a clip (ReLU6, Hardtanh), which the CPU engine trains and the CUDA engine "
                          "does not yet", n.name);

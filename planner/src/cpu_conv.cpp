@@ -65,7 +65,8 @@ ConvPrimitives make_conv(const ConvGeometry& g, int threads, bool dx, bool dw) {
   const memory::dims src{g.N, g.C, g.H, g.W}, dst{g.N, g.O, g.OH, g.OW};
   const memory::dims weights = g.groups == 1 ? memory::dims{g.O, g.C, g.kh, g.kw}
                                              : memory::dims{g.groups, g.O / g.groups, g.C / g.groups, g.kh, g.kw};
-  const memory::dims stride{g.sh, g.sw}, pad{g.ph, g.pw};
+  // oneDNN counts dilation from 0 (no gap between taps), PyTorch from 1.
+  const memory::dims stride{g.sh, g.sw}, pad{g.ph, g.pw}, dilates{g.dh - 1, g.dw - 1};
   const auto f32 = memory::data_type::f32;
   ConvPrimitives p;
   p.src = memory::desc(src, f32, tag::nchw);
@@ -79,17 +80,18 @@ ConvPrimitives make_conv(const ConvGeometry& g, int threads, bool dx, bool dw) {
   const auto algo = dnnl::algorithm::convolution_direct;
   auto& eng = cpu_engine();
   const auto fwd = g.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any,
-                                                            weights_any, p.bias, dst_any, stride, pad, pad)
+                                                            weights_any, p.bias, dst_any, stride, dilates, pad, pad)
                           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any,
-                                                            weights_any, dst_any, stride, pad, pad);
+                                                            weights_any, dst_any, stride, dilates, pad, pad);
   p.fwd = dnnl::convolution_forward::primitive_desc(fwd, attr, eng);
   if (dx)
     p.bwd_data = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(algo, src_any, weights_any, dst_any, stride, pad, pad), attr, eng, p.fwd);
+        dnnl::convolution_backward_data::desc(algo, src_any, weights_any, dst_any, stride, dilates, pad, pad), attr,
+        eng, p.fwd);
   if (dw)  // the bias gradient is a plain sum that the engine does itself
     p.bwd_weights = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(algo, src_any, weights_any, dst_any, stride, pad, pad), attr, eng,
-        p.fwd);
+        dnnl::convolution_backward_weights::desc(algo, src_any, weights_any, dst_any, stride, dilates, pad, pad), attr,
+        eng, p.fwd);
   return p;
 }
 
@@ -119,9 +121,10 @@ struct KeepThreads {
 // A plan search builds a step program per candidate, and each asked oneDNN
 // for every convolution again: ResNet-18's cpu search took 2.7 s instead of
 // 0.2 s. The answers depend only on the arguments, so they are kept.
-using Key = std::array<int64_t, 18>;
+using Key = std::array<int64_t, 20>;
 Key key_of(const ConvGeometry& g, int threads, int kind) {
-  return {g.N, g.C, g.H, g.W, g.O, g.OH, g.OW, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.groups, g.bias, threads, kind, 0};
+  return {g.N,  g.C,  g.H,      g.W,    g.O,     g.OH,  g.OW, g.kh, g.kw, g.sh, g.sw,
+          g.ph, g.pw, g.groups, g.bias, threads, kind, 0,    g.dh, g.dw};
 }
 template <class F>
 std::optional<std::vector<ConvBuffer>> remembered(const Key& k, F query) {

@@ -356,8 +356,10 @@ class Importer {
     const auto auto_pad = attr_text(n, "auto_pad", "NOTSET");
     if (auto_pad != "NOTSET" && auto_pad != "VALID")
       fail(fmt::format("{}: auto_pad {} is not supported (export with explicit pads)", label(n, i), auto_pad));
-    for (auto d : dil)
-      if (d != 1) fail(fmt::format("{}: dilation {} is not supported", label(n, i), d));
+    const bool dilated = std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; });
+    if (dilated && (n.op_type() != "Conv" || dil.size() != 2))  // the IR dilates conv2d only
+      fail(fmt::format("{}: dilation [{}] is not supported", label(n, i), fmt::join(dil, ", ")));
+    if (dilated) attrs["dilation"] = pair(dil[0], dil[1]);
     if (!pads.empty() && (pads.size() != 4 || pads[0] != pads[2] || pads[1] != pads[3]))
       fail(fmt::format("{}: asymmetric pads [{}] are not supported", label(n, i), fmt::join(pads, ", ")));
     attrs["kernel"] = pair(kh, kw);
@@ -375,8 +377,11 @@ class Importer {
     const auto auto_pad = attr_text(n, "auto_pad", "NOTSET");
     if (auto_pad != "NOTSET" && auto_pad != "VALID")
       fail(fmt::format("{}: auto_pad {} is not supported (export with explicit pads)", label(n, i), auto_pad));
-    for (auto d : attr_ints(n, "dilations"))
-      if (d != 1) fail(fmt::format("{}: dilation {} is not supported", label(n, i), d));
+    const auto dil = attr_ints(n, "dilations");
+    const bool dilated = std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; });
+    if (dilated && (n.op_type() != "Conv" || dil.size() != 1))  // the IR dilates conv2d only
+      fail(fmt::format("{}: dilation [{}] is not supported", label(n, i), fmt::join(dil, ", ")));
+    if (dilated) attrs["dilation"] = dil[0];
     if (!pads.empty() && (pads.size() != 2 || pads[0] != pads[1]))
       fail(fmt::format("{}: asymmetric pads [{}] are not supported", label(n, i), fmt::join(pads, ", ")));
     attrs["kernel"] = k;
@@ -1357,8 +1362,12 @@ class Importer {
         if (one_index) return emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, n.output(0), n.name());
         const std::string sliced = n.output(0) + "#slice";
         emit(ir_name_for(n), "slice", {ir_of(n.input(0), n, i)}, range, sliced, n.name());
-        return emit(unique_name(normalize(n.name()) + ".squeeze"), "reshape", {ir_[sliced]},
-                    OJson{{"shape", per_sample(n.output(0))}}, n.output(0), n.name());
+        // The axis dropped is part of the same view (select's), under eager:
+        // an op keeping x[..., k] keeps x (a TCN's head reading the last step).
+        OJson squeeze{{"shape", per_sample(n.output(0))}};
+        if (range.contains("view")) squeeze["view"] = true;
+        return emit(unique_name(normalize(n.name()) + ".squeeze"), "reshape", {ir_[sliced]}, squeeze, n.output(0),
+                    n.name());
       }
     }
     return unknown(n, i, data);

@@ -361,6 +361,7 @@ OpDecl declare(const Model& m, const Node& n, const DeclOptions& opt) {
       // [C kh kw, OH OW], reused sample by sample; backward rebuilds it for
       // the weight gradient and reuses it for the column gradient. A 1x1,
       // stride-1, unpadded convolution reads its input directly and needs none.
+      // Dilation spaces the taps: the columns, FLOPs and weight are the same.
       const bool direct = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
       if (!direct) {
         check_size(m, n, "the im2col columns", {c, k[0], k[1], pixels});

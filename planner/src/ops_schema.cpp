@@ -56,7 +56,8 @@ const std::vector<OpSpec>& op_table() {
         {"scale", T::number, nullptr, true}}},
       {OpKind::conv2d, "conv2d", 1,
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
-        {"padding", T::int_or_pair, 0}, {"groups", T::integer, 1}, {"bias", T::boolean, true}}},
+        {"padding", T::int_or_pair, 0}, {"dilation", T::int_or_pair, 1}, {"groups", T::integer, 1},
+        {"bias", T::boolean, true}}},
       {OpKind::conv_transpose2d, "conv_transpose2d", 1,
        {{"out", T::integer, nullptr}, {"kernel", T::int_or_pair, nullptr}, {"stride", T::int_or_pair, 1},
         {"padding", T::int_or_pair, 0}, {"output_padding", T::int_or_pair, 0}, {"groups", T::integer, 1},
@@ -703,11 +704,14 @@ TensorInfo infer_output(const Model& m, Node& n, const std::string& where) {
     }
     case OpKind::conv2d: {
       const auto [x, o, g, w] = conv_input(m, n, fail);
-      if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0))
-        fail("a 1-D convolution over [C, L] takes the width's kernel, stride and padding: integers, or pairs "
-             "[1, k], [1, s], [0, p]");
-      const int64_t OH = window_out(w.H, w.kh, w.sh, w.ph, "height", fail);
-      const int64_t OW = window_out(w.W, w.kw, w.sw, w.pw, w.one_d ? "length" : "width", fail);
+      if (w.one_d && (w.kh != 1 || w.sh != 1 || w.ph != 0 || w.dh != 1))
+        fail("a 1-D convolution over [C, L] takes the width's kernel, stride, padding and dilation: integers, or "
+             "pairs [1, k], [1, s], [0, p], [1, d]");
+      // A dilated kernel reads a window of extent d (k - 1) + 1 (nn.Conv2d's docs).
+      if (w.dh < 1 || w.dw < 1 || w.kh < 1 || w.kw < 1 || w.dh > kMaxElems / w.kh || w.dw > kMaxElems / w.kw)
+        fail("kernel and dilation must be positive and their window below 2^48 (dilation [{}, {}])", w.dh, w.dw);
+      const int64_t OH = window_out(w.H, w.extent_h(), w.sh, w.ph, "height", fail);
+      const int64_t OW = window_out(w.W, w.extent_w(), w.sw, w.pw, w.one_d ? "length" : "width", fail);
       out.shape = w.one_d ? Shape{o, OW} : Shape{o, OH, OW};
       check_weight("the weight [out, C/groups, kh, kw]", {o, x.shape[0] / g, w.kh, w.kw}, fail);
       break;

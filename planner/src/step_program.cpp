@@ -530,7 +530,7 @@ class Emitter {
       const Shape& y = m_.tensor(n.output).shape;
       const ConvWindow w = conv_window(m_.tensor(n.inputs[0]).shape, n.attrs);  // a 1-D one as [C, 1, L]
       const ConvGeometry g{samples(static_cast<int>(i)), w.C,  w.H,  w.W,  y[0], w.one_d ? 1 : y[1], y.back(), w.kh, w.kw, w.sh, w.sw, w.ph, w.pw,
-                           n.attrs.integer("groups"), n.attrs.flag("bias")};
+                           n.attrs.integer("groups"), n.attrs.flag("bias"), w.dh, w.dw};
       const bool dx = !is_model_input(n.inputs[0]) && input_needs_grad(static_cast<int>(i), 0);
       const bool dw = base_trains_[i];
       auto temps = [](const std::vector<ConvBuffer>& bufs) {

@@ -28,11 +28,12 @@ int64_t declared_bytes(const std::vector<TempTensor>& temps) {
   return n;
 }
 
-// Per case: C, H, W, out, kernel, stride, padding, groups, bias.
+// Per case: C, H, W, out, kernel, stride, padding, groups, bias, dilation.
 struct Geometry {
   const char* name;
   int64_t C, H, W, O, k, s, p, g;
   bool bias;
+  int64_t d = 1;
 };
 
 TEST(OnednnConv, MatchesIm2colForwardAndBackward) {
@@ -43,6 +44,11 @@ TEST(OnednnConv, MatchesIm2colForwardAndBackward) {
       {"1x1_s2", 16, 8, 8, 24, 1, 2, 0, 1, false},      // the downsample path (a scratchpad)
       {"odd_channels", 5, 7, 6, 6, 3, 2, 1, 1, true},   // padded blocks
       {"groups", 8, 6, 6, 12, 3, 1, 1, 2, true},
+      // Dilated (DeepLab's atrous convolution, VAN's): oneDNN's own dilated
+      // kernels, an implementation independent of the im2col taps.
+      {"dilated_2", 16, 11, 11, 16, 3, 1, 2, 1, true, 2},
+      {"dilated_3_s2", 8, 13, 12, 8, 3, 2, 2, 1, false, 3},
+      {"dilated_groups", 8, 9, 9, 8, 3, 1, 4, 8, true, 4},  // depthwise, extent 9 over 9 + 2 * 4
   };
   const int64_t batch = 3;
   auto be = make_cpu_backend();
@@ -50,11 +56,11 @@ TEST(OnednnConv, MatchesIm2colForwardAndBackward) {
     SCOPED_TRACE(c.name);
     const OpCase oc = unary(c.name, Json::array({c.C, c.H, c.W}),
                             Json{{"op", "conv2d"}, {"out", c.O}, {"kernel", c.k}, {"stride", c.s}, {"padding", c.p},
-                                 {"groups", c.g}, {"bias", c.bias}});
+                                 {"groups", c.g}, {"bias", c.bias}, {"dilation", c.d}});
     Allocator alloc_ref, alloc_dnn;
     OpRun ref = make_run(oc, alloc_ref, batch), dnn = make_run(oc, alloc_dnn, batch);
     const Shape y = ref.model.output_of(ref.n()).shape;
-    const ConvGeometry g{batch, c.C, c.H, c.W, c.O, y[1], y[2], c.k, c.k, c.s, c.s, c.p, c.p, c.g, c.bias};
+    const ConvGeometry g{batch, c.C, c.H, c.W, c.O, y[1], y[2], c.k, c.k, c.s, c.s, c.p, c.p, c.g, c.bias, c.d, c.d};
     const int threads = cpu_threads_per_rank(1);
     dnn.decl.onednn_conv = true;
     auto as_temps = [](const std::vector<ConvBuffer>& bufs) {

@@ -136,10 +136,16 @@ inline std::vector<OpCase> op_cases() {
   v.push_back(unary("conv2d_3x3_nobias", arr({3, 5, 5}),
                     Json{{"op", "conv2d"}, {"out", 4}, {"kernel", 3}, {"padding", 1}, {"bias", false}}));
   v.push_back(unary("conv2d_1x1_direct", arr({3, 4, 3}), Json{{"op", "conv2d"}, {"out", 5}, {"kernel", 1}}));
+  // Dilated (nn.Conv2d's dilation): taps d apart, a window of extent d (k - 1) + 1.
+  v.push_back(unary("conv2d_dilated_rect", arr({4, 8, 9}),
+                    Json{{"op", "conv2d"}, {"out", 4}, {"kernel", arr({3, 2})}, {"stride", arr({1, 2})},
+                         {"padding", arr({2, 1})}, {"dilation", arr({2, 3})}, {"groups", 2}}));
   // A 1-D convolution over [C, L] (PyTorch's Conv1d: conv_window.hpp): strided
   // and padded with groups, and the pair form [1, k] of the width's window.
   v.push_back(unary("conv1d_strided_groups", arr({4, 9}),
                     Json{{"op", "conv2d"}, {"out", 6}, {"kernel", 3}, {"stride", 2}, {"padding", 1}, {"groups", 2}}));
+  v.push_back(unary("conv1d_dilated", arr({3, 11}),  // a temporal convolution network's layer
+                    Json{{"op", "conv2d"}, {"out", 4}, {"kernel", 3}, {"padding", 4}, {"dilation", 4}}));
   v.push_back(unary("conv1d_pair_window", arr({3, 7}),
                     Json{{"op", "conv2d"}, {"out", 4}, {"kernel", arr({1, 4})}, {"padding", arr({0, 1})}}));
   // nn.ConvTranspose2d / ConvTranspose1d: strided with padding, groups and an

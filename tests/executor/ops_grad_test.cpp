@@ -960,5 +960,17 @@ TEST(OpGpuRefusal, TheGpuEngineNamesGroupnormUpsampleConvTransposeAndRecurrentOp
   EXPECT_FALSE(gpu_engine_lacks(parse_model(with_loss(chw.ir), chw.name)).has_value());
 }
 
+// A dilated convolution runs on the CPU engine only (im2col or oneDNN): its
+// plan is refused on CUDA naming the node and the dilation; the undilated
+// convolution is not.
+TEST(OpGpuRefusal, TheGpuEngineNamesADilatedConvolution) {
+  const OpCase c = find_case("conv2d_dilated_rect");
+  const auto why = gpu_engine_lacks(parse_model(with_loss(c.ir), c.name));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("node 'op' is a dilated convolution (dilation [2,3])"), std::string::npos) << *why;
+  const OpCase plain = find_case("conv2d_s2_pad_groups_rect");
+  EXPECT_FALSE(gpu_engine_lacks(parse_model(with_loss(plain.ir), plain.name)).has_value());
+}
+
 }  // namespace
 }  // namespace dlplan::exec::testing

@@ -153,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
                            "weights/tiny-bart-opset17.onnx", "weights/tiny-speech2text2-opset17.onnx",
                            "tiny-hf-swin-opset17.onnx", "tiny-hf-deit-opset17.onnx",
                            "weights/tiny-poolformer-opset17.onnx", "tiny-hf-beit-opset17.onnx",
-                           "weights/tiny-tf-pad-opset17.onnx", "tiny-hf-mobilevit-opset17.onnx"),
+                           "weights/tiny-tf-pad-opset17.onnx", "tiny-hf-mobilevit-opset17.onnx",
+                           "weights/tiny-dilated-opset17.onnx"),
                          file_test_name);
 
 // --fusion eager under every single knob change a plan carries: precision,
@@ -212,7 +213,8 @@ INSTANTIATE_TEST_SUITE_P(Exports, RealExportTrains,
 // embedding, a gate sigmoid(g), a bias (u @ v)^T (tiny-computed-weights; not
 // in RealExportTrains either: its randn gate and bias start it at loss 10),
 // and MobileViT's attentions over patch positions folded into the batch,
-// planned through the generic ops (tiny-hf-mobilevit).
+// planned through the generic ops (tiny-hf-mobilevit), and dilated
+// convolutions, 2-D and 1-D, through oneDNN (tiny-dilated).
 TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
   if (!onnx_supported()) GTEST_SKIP() << "built without ONNX support";
   auto comm = make_single_communicator();
@@ -242,7 +244,7 @@ TEST(RealExportEagerKnobs, MeasuresAsPlannedUnderEveryKnob) {
                            "tiny-hf-deit-opset17.onnx", "weights/tiny-poolformer-opset17.onnx",
                            "tiny-hf-beit-opset17.onnx", "weights/tiny-tf-pad-opset17.onnx",
                            "weights/tiny-normalize-opset17.onnx", "weights/tiny-computed-weights-opset17.onnx",
-                           "tiny-hf-mobilevit-opset17.onnx"}) {
+                           "tiny-hf-mobilevit-opset17.onnx", "weights/tiny-dilated-opset17.onnx"}) {
     int runs = 0;
     for (const auto& k : knobs::single_knob_changes()) {
       if (k[knobs::kModel] != 0 || k[knobs::kSyncBn] != 0) continue;  // the model is the file; it has no BatchNorm

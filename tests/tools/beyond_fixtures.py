@@ -285,6 +285,10 @@ HF_VISION = {
     "hf-pvt": ("PvtForImageClassification", "PvtConfig",
                dict(image_size=64, depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 64, 128],
                     num_attention_heads=[1, 2, 4, 8], num_labels=10)),
+    # VAN's large-kernel attention: a depthwise 5 x 5, then a depthwise 7 x 7
+    # dilated 3 (refused until conv2d had dilation, 2026-12-08)
+    "hf-van": ("VanForImageClassification", "VanConfig",
+               dict(hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_labels=10, image_size=64)),
     "hf-mobilevit": ("MobileViTForImageClassification", "MobileViTConfig",
                      dict(image_size=64, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 40, 160],
                           num_labels=10)),
@@ -382,6 +386,34 @@ def _user_models():
         def forward(self, x):
             return self.body(x)
 
+    class TCN(nn.Module):
+        # Bai et al. 2018's temporal convolution network (without weight
+        # norm): causal dilated Conv1d layers, padded (k - 1) d with the tail
+        # cut off, residual; the head reads the last step
+        def __init__(self):
+            super().__init__()
+            self.inp, self.head = nn.Conv1d(1, 32, 1), nn.Linear(32, 128)
+            self.convs = nn.ModuleList([nn.Conv1d(32, 32, 3, padding=2 * d, dilation=d) for d in (1, 2, 4, 8)])
+
+        def forward(self, x):
+            h = self.inp(x)
+            for conv, d in zip(self.convs, (1, 2, 4, 8)):
+                h = h + F.relu(conv(h)[:, :, :-2 * d])
+            return self.head(h[:, :, -1])
+
+    class ASPP(nn.Module):  # DeepLab v3's atrous spatial pyramid pooling, over a stride-2 stem
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+            self.branches = nn.ModuleList([nn.Conv2d(32, 16, 1)] +
+                                          [nn.Conv2d(32, 16, 3, padding=r, dilation=r) for r in (2, 4, 6)])
+            self.project = nn.Sequential(nn.Conv2d(64, 32, 1), nn.BatchNorm2d(32), nn.ReLU())
+            self.head = nn.Linear(32, 128)
+
+        def forward(self, x):
+            x = self.stem(x)
+            return self.head(self.project(torch.cat([b(x) for b in self.branches], 1)).mean((2, 3)))
+
     class UNet(nn.Module):  # two levels down and up: GroupNorm, nearest (or bilinear) upsampling, skips concatenated
         def __init__(self, mode="nearest"):
             super().__init__()
@@ -447,6 +479,9 @@ def _user_models():
                                        lambda: torch.randn(1, 32), False),
         "user-small-cnn": (SmallCNN, lambda: torch.randn(1, 3, 32, 32), False),
         "user-conv1d": (Conv1dNet, lambda: torch.randn(1, 1, 64), False),
+        # dilated convolutions: a TCN's causal Conv1d and DeepLab's ASPP
+        "user-tcn": (TCN, lambda: torch.randn(1, 1, 64), False),
+        "user-aspp": (ASPP, lambda: torch.randn(1, 3, 32, 32), False),
         "user-mlp-prelu": (lambda: mlp(nn.PReLU()), lambda: torch.randn(1, 32), False),
         "user-cnn-prelu": (PReLUCNN, lambda: torch.randn(1, 3, 32, 32), False),
         # torchvision's ResNet-18 with nn.GroupNorm(32, C) for every BatchNorm,
@@ -572,6 +607,8 @@ UNREAD_MODULES = {"hf-esm": ["inner.esm.contact_head."],
                   # a pooler the masked-LM logits do not read
                   "hf-squeezebert": ["inner.transformer.pooler."], "hf-bigbird": ["inner.bert.pooler."],
                   "hf-layoutlm": ["inner.layoutlm.pooler."],
+                  # VanModel builds a final LayerNorm its pooled output never reads
+                  "hf-van": ["inner.van.layernorm."],
                   # layer norms multiplying by weight.data: constants to the
                   # exporter (ones), never trained by PyTorch
                   "hf-imagegpt": [".ln_1.", ".ln_2.", "inner.transformer.ln_f."],

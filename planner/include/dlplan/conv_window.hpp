@@ -1,8 +1,9 @@
 // conv2d's window over its per-sample input: [C, H, W], or [C, L] taken as
 // [C, 1, L], a 1-D convolution (PyTorch's Conv1d, whose weight is then
-// [out, C/groups, k]). Over [C, L] the kernel, stride and padding are the
-// width's: integers, or pairs whose height part is 1, 1 and 0 (ops_schema.cpp
-// refuses any other).
+// [out, C/groups, k]). Over [C, L] the kernel, stride, padding and dilation
+// are the width's: integers, or pairs whose height part is 1, 1, 0 and 1
+// (ops_schema.cpp refuses any other). Dilation d spaces the kernel's taps d
+// apart (nn.Conv2d's dilation): a window of extent d (k - 1) + 1.
 #pragma once
 
 #include "dlplan/ir.hpp"
@@ -14,8 +15,10 @@ namespace dlplan {
 
 struct ConvWindow {
   int64_t C = 0, H = 1, W = 0;
-  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool one_d = false;  // the input is [C, L]
+  int64_t extent_h() const { return dh * (kh - 1) + 1; }  // the input rows one output reads
+  int64_t extent_w() const { return dw * (kw - 1) + 1; }
 };
 
 inline ConvWindow conv_window(const Shape& x, const Attrs& a) {
@@ -34,6 +37,7 @@ inline ConvWindow conv_window(const Shape& x, const Attrs& a) {
   window("kernel", 1, w.kh, w.kw);
   window("stride", 1, w.sh, w.sw);
   window("padding", 0, w.ph, w.pw);
+  if (a.values.contains("dilation")) window("dilation", 1, w.dh, w.dw);  // conv2d's only
   return w;
 }
 

@@ -25,6 +25,7 @@ struct ConvGeometry {
   int64_t N = 0, C = 0, H = 0, W = 0, O = 0, OH = 0, OW = 0;
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, groups = 1;
   bool bias = false;
+  int64_t dh = 1, dw = 1;  // dilation
 };
 
 struct ConvBuffer {
