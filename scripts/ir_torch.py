@@ -76,7 +76,8 @@ OPS = {
     "pos_embedding": (1, {"max_len": _DERIVED, "offset": 0, "sinusoidal": _NULL, "frequency_step": _NULL}),
     "cls_token": (1, {}),
     "linear": (1, {"out": _REQUIRED, "bias": True, "tie": _NULL, "scale": _NULL}),
-    "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "groups": 1, "bias": True}),
+    "conv2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "dilation": 1, "groups": 1,
+                   "bias": True}),
     "conv_transpose2d": (1, {"out": _REQUIRED, "kernel": _REQUIRED, "stride": 1, "padding": 0, "output_padding": 0,
                              "groups": 1, "bias": True}),
     "lstm": (1, {"hidden": _REQUIRED, "bias": True, "bidirectional": False}),
@@ -298,10 +299,12 @@ def _plan(ir):
             out = x[:-1] + (int(a["out"]),)
         elif op == "conv2d" and len(x) == 2:  # 1-D over [C, L]: the width's window
             k, s, p = _window_1d(a, "kernel"), _window_1d(a, "stride"), _window_1d(a, "padding")
-            out = (int(a["out"]), (x[1] + 2 * p - k) // s + 1)
-        elif op == "conv2d":
-            k, s, p = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"])
-            out = (int(a["out"]), (x[1] + 2 * p[0] - k[0]) // s[0] + 1, (x[2] + 2 * p[1] - k[1]) // s[1] + 1)
+            d = _window_1d(a, "dilation")
+            out = (int(a["out"]), (x[1] + 2 * p - d * (k - 1) - 1) // s + 1)
+        elif op == "conv2d":  # nn.Conv2d's output: (in + 2 p - d (k - 1) - 1) // s + 1
+            k, s, p, d = _pair(a["kernel"]), _pair(a["stride"]), _pair(a["padding"]), _pair(a["dilation"])
+            out = (int(a["out"]), (x[1] + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1,
+                   (x[2] + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1)
         elif op in ("lstm", "gru", "rnn"):
             out = (x[0], int(a["hidden"]) * (2 if a["bidirectional"] else 1))
         elif op == "conv_transpose2d" and len(x) == 2:  # (in - 1) s - 2 p + k + output_padding, the width's
@@ -694,10 +697,12 @@ class IRModule(nn.Module):
             return F.linear(x, w, self._p(n, "bias") if a["bias"] else None)
         if op == "conv2d" and x.dim() == 3:  # 1-D: [B, C, L]
             return F.conv1d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
-                            stride=_window_1d(a, "stride"), padding=_window_1d(a, "padding"), groups=int(a["groups"]))
+                            stride=_window_1d(a, "stride"), padding=_window_1d(a, "padding"),
+                            dilation=_window_1d(a, "dilation"), groups=int(a["groups"]))
         if op == "conv2d":
             return F.conv2d(x, self._p(n, "weight"), self._p(n, "bias") if a["bias"] else None,
-                            stride=_pair(a["stride"]), padding=_pair(a["padding"]), groups=int(a["groups"]))
+                            stride=_pair(a["stride"]), padding=_pair(a["padding"]), dilation=_pair(a["dilation"]),
+                            groups=int(a["groups"]))
         if op in ("lstm", "gru", "rnn"):  # PyTorch's own aten::lstm / gru / rnn_tanh / rnn_relu, batch_first, one layer, zero states
             H, bi = int(a["hidden"]), bool(a["bidirectional"])
             names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if a["bias"] else ("weight_ih", "weight_hh")

@@ -78,7 +78,8 @@ CASES = {
     # layers): each shared gradient is the sum of both depths'.
     "tiny-shared": ("tests/fixtures/tiny-shared.json", 4, []),
     # Conv1d over [C, L] (conv2d of a [C, L] input): padded, strided, grouped
-    # and 1x1, with BatchNorm1d, MaxPool1d, AvgPool1d and AdaptiveAvgPool1d(1);
+    # and dilated (2), and 1x1, with BatchNorm1d, MaxPool1d, AvgPool1d and
+    # AdaptiveAvgPool1d(1);
     # four convolutions, so that the CPU engine runs them through oneDNN as
     # 2-D ones of height 1.
     "tiny-conv1d": ("tests/fixtures/tiny-conv1d.json", 4, []),

@@ -11,7 +11,8 @@
 // under ZeRO-3 each expert gathered inside its layer's unit, its gradient
 // reduce-scattered on its own.
 // And on tests/fixtures/tiny-conv1d.json: 1-D convolutions (four, so oneDNN
-// runs them in fp32), BatchNorm1d (with the SyncBN knob too) and 1-D pooling.
+// runs them in fp32; one grouped and dilated), BatchNorm1d (with the SyncBN
+// knob too) and 1-D pooling.
 #include "../knob_grid.hpp"
 
 #include <fmt/format.h>
