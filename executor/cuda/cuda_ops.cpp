@@ -18,6 +18,7 @@
 #include "cuda/mixed_precision.hpp"
 #include "cuda/runtime.hpp"
 
+#include "dlplan/conv_window.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/exec/bf16.hpp"
 #include "dlplan/norm_width.hpp"
@@ -256,7 +257,7 @@ ConvGeom geometry(const OpContext& c) {
   cg.O = y[0];
   cg.groups = c.node->op == OpKind::conv2d ? c.node->attrs.integer("groups") : 1;
   // trainer.cpp's gpu_engine_lacks refuses a dilated convolution's plan first.
-  if (c.node->attrs.has("dilation") && c.node->attrs.pair("dilation") != std::array<int64_t, 2>{1, 1})
+  if (c.node->op == OpKind::conv2d && dilated(c.node->attrs))
     throw Error(fmt::format("node '{}': the CUDA engine has no dilated convolution", c.node->name));
   return cg;
 }

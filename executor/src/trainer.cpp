@@ -3,6 +3,7 @@
 // a wait, in exactly the order the planner counted.
 #include "dlplan/exec/trainer.hpp"
 
+#include "dlplan/conv_window.hpp"
 #include "dlplan/error.hpp"
 #include "dlplan/ledger.hpp"
 #include "dlplan/loader.hpp"
@@ -117,7 +118,7 @@ std::optional<std::string> gpu_engine_lacks(const Model& m) {
         m.tensor(n.inputs[0]).shape.size() == 2)
       return fmt::format("node '{}' is a 1-D {} (over [C, L]), which the CPU engine trains and the CUDA engine does "
                          "not yet", n.name, n.op == OpKind::conv2d ? "convolution" : "pooling");
-    if (n.op == OpKind::conv2d && n.attrs.has("dilation") && n.attrs.pair("dilation") != std::array<int64_t, 2>{1, 1})
+    if (n.op == OpKind::conv2d && dilated(n.attrs))
       return fmt::format("node '{}' is a dilated convolution (dilation {}), which the CPU engine trains and the CUDA "
                          "engine does not yet", n.name, n.attrs.values["dilation"].dump());
     if (n.op == OpKind::clip)

@@ -734,7 +734,8 @@ std::optional<Fusion> match_attention(const Graph& g, int softmax, std::string& 
   // The IR's attention reads one sequence a sample, x [b, T, D] (or [b T, D]
   // after GPT-2's Conv1D reshape). MobileViT folds its patches into the
   // batch ([b P, N, C]): P attentions a sample, planned through the generic ops.
-  if (auto xs = g.shape(f.x); xs && (xs->size() > 3 || (xs->size() == 3 && (*xs)[0] != graph_batch(g)))) {
+  const int64_t batch = graph_batch(g);  // (unknown: 0, and no rank-3 input is judged by it)
+  if (auto xs = g.shape(f.x); xs && (xs->size() > 3 || (xs->size() == 3 && batch > 0 && (*xs)[0] != batch))) {
     why = fmt::format("its input [{}] is not one sequence a sample, [batch, T, D]", fmt::join(*xs, ", "));
     return std::nullopt;
   }

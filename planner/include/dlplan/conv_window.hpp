@@ -41,6 +41,11 @@ inline ConvWindow conv_window(const Shape& x, const Attrs& a) {
   return w;
 }
 
+// A conv2d whose taps are spaced apart (dilation other than 1 on either axis).
+inline bool dilated(const Attrs& a) {
+  return a.values.contains("dilation") && a.pair("dilation") != std::array<int64_t, 2>{1, 1};
+}
+
 // conv_transpose2d's output_padding [a_h, a_w]: over [C, L] an integer is
 // the length's (height 0), as a 1-D window's padding.
 inline std::array<int64_t, 2> transposed_output_padding(const Shape& x, const Attrs& a) {
